@@ -1,0 +1,312 @@
+"""An embedded single-node Kafka broker for development and tests.
+
+kafkatx's zero-setup default is the ``noida-db`` broker from PyPI (the ``local``
+extra). :class:`LocalBroker` runs its binary directly, bound to 127.0.0.1, and
+owns the process: it is stopped by PID, and it can never outlive the
+interpreter that started it (atexit handler plus ``PR_SET_DEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["LocalBroker", "LocalBrokerError", "find_noida_binary"]
+
+log = logging.getLogger("kafkatx.local")
+
+_INSTALL_HINT = "pip install 'kafkatx[local]'"
+_LIVE: "weakref.WeakSet[LocalBroker]" = weakref.WeakSet()
+
+
+class LocalBrokerError(RuntimeError):
+    """The embedded broker could not be found, started or stopped."""
+
+
+def find_noida_binary() -> Path:
+    """Return the path of the noida-db binary shipped in the ``noida-db`` wheel."""
+    spec = importlib.util.find_spec("noida_db")
+    if spec is None or not spec.submodule_search_locations:
+        raise LocalBrokerError(
+            "the embedded Kafka broker needs the 'local' extra (the noida-db package), "
+            f"which is not installed; install it with: {_INSTALL_HINT}"
+        )
+    binary = Path(next(iter(spec.submodule_search_locations))) / "noida-db"
+    if not binary.is_file():
+        raise LocalBrokerError(
+            f"noida-db is installed but its binary is missing at {binary}; "
+            f"reinstall it with: {_INSTALL_HINT} --force-reinstall"
+        )
+    if not os.access(binary, os.X_OK):
+        raise LocalBrokerError(f"the noida-db binary at {binary} is not executable (chmod +x it)")
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_DEATHSIG
+    except Exception:  # pragma: no cover - non-Linux
+        pass
+
+
+class LocalBroker:
+    """A noida-db Kafka broker on 127.0.0.1, owned by this process.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`.
+    ``port=None`` picks a free port; ``data_dir=None`` uses a temporary
+    directory that is removed on :meth:`stop`. :meth:`restart` keeps the
+    data directory and the port, so clients reconnect to the same address.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+            raise LocalBrokerError(f"port must be an integer in 1..65535, got {port!r}")
+        self._requested_port = port
+        self._port: int | None = port
+        self._owns_data_dir = data_dir is None
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: object | None = None
+        self._lock = threading.RLock()
+
+    # -- properties -------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise LocalBrokerError("the broker has not been started")
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:<port>``, for the ``bootstrap.servers`` client setting."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise LocalBrokerError("the broker has not been started")
+        return self._data_dir
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> "LocalBroker":
+        """Start the broker and block until it answers metadata requests."""
+        with self._lock:
+            if self.running:
+                return self
+            binary = find_noida_binary()
+            self._prepare_data_dir()
+            attempts = 3 if self._requested_port is None else 1
+            for attempt in range(1, attempts + 1):
+                if self._requested_port is None and (self._port is None or attempt > 1):
+                    self._port = _free_port()
+                elif _port_in_use(self.port):
+                    raise LocalBrokerError(
+                        f"cannot start the local broker: port {self.port} on 127.0.0.1 is already "
+                        "in use (is another broker running? pick another port, or port=None for a free one)"
+                    )
+                try:
+                    self._spawn(binary)
+                    self._wait_ready()
+                    break
+                except LocalBrokerError:
+                    self._terminate()
+                    if attempt == attempts:
+                        raise
+                    log.warning("local broker failed to start on port %s, retrying on another port", self._port)
+            _LIVE.add(self)
+            log.info("local Kafka broker up at %s (pid %s, data %s)", self.bootstrap_servers, self.pid, self._data_dir)
+            return self
+
+    def stop(self) -> None:
+        """Stop the broker: SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""
+        with self._lock:
+            self._terminate()
+            _LIVE.discard(self)
+            if self._owns_data_dir and self._data_dir is not None:
+                shutil.rmtree(self._data_dir, ignore_errors=True)
+                self._data_dir = None
+                if self._requested_port is None:
+                    self._port = None
+
+    def restart(self) -> "LocalBroker":
+        """Stop and start again on the same port, keeping the data directory."""
+        with self._lock:
+            self._terminate()
+            return self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would. The data directory is kept."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._close_log()
+
+    def __enter__(self) -> "LocalBroker":
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running at {self.bootstrap_servers}" if self.running else "stopped"
+        return f"<LocalBroker {state}>"
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the broker's log, for error messages."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no broker log)"
+        kept = [ln for ln in text.splitlines() if "weak version" not in ln]  # harmless glibc notice
+        return "\n".join(kept[-lines:]) or "(broker log is empty)"
+
+    # -- internals --------------------------------------------------------
+    def _prepare_data_dir(self) -> None:
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="kafkatx-broker-"))
+            return
+        try:
+            self._data_dir.mkdir(parents=True, exist_ok=True)
+            probe = self._data_dir / ".kafkatx-write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise LocalBrokerError(
+                f"the broker data dir {str(self._data_dir)!r} cannot be written: {exc.strerror or exc}"
+            ) from exc
+
+    def _spawn(self, binary: Path) -> None:
+        cmd = [
+            str(binary), "start", "--only", "kafka", "--kafka-port", str(self.port),
+            "--host", "127.0.0.1", "--data-dir", str(self.data_dir),
+        ]  # fmt: skip
+        self._close_log()
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _close_log
+        self._log_file = log_file
+        in_main = threading.current_thread() is threading.main_thread()
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            # The death signal fires when the *thread* that forked exits, so only
+            # arm it from the main thread; atexit covers the other cases.
+            preexec_fn=_die_with_parent if in_main else None,
+        )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        delay = 0.005
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise LocalBrokerError(
+                    f"the local broker exited with code {self._proc.returncode} during startup "
+                    f"(port {self._port}); broker log:\n{self.log_tail()}"
+                )
+            if self._metadata_answers():
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        raise LocalBrokerError(
+            f"the local broker did not answer metadata on {self.bootstrap_servers} within "
+            f"{self.startup_timeout:.0f}s; broker log:\n{self.log_tail()}"
+        )
+
+    def _metadata_answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            admin.list_topics(timeout=2)
+            return True
+        except Exception:
+            return False
+
+    def _terminate(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("local broker pid %s ignored SIGTERM for %.0fs; killing it", proc.pid, self.stop_timeout)
+                proc.kill()
+                proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            with contextlib.suppress(Exception):
+                self._log_file.close()  # type: ignore[attr-defined]
+            self._log_file = None
+
+
+@atexit.register
+def _stop_all() -> None:
+    for broker in list(_LIVE):
+        with contextlib.suppress(Exception):
+            broker.stop()

@@ -1,0 +1,253 @@
+"""Plain functions to set up and inspect a Kafka cluster from tests.
+
+They take ``bootstrap_servers`` explicitly so they work against the local
+broker and against any external cluster alike. :class:`KafkaTestKit` binds
+them to one cluster for convenience.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafkatx.record import Record
+
+__all__ = [
+    "KafkaTestKit",
+    "create_topic",
+    "delete_topics",
+    "produce",
+    "read_topic",
+    "committed_offsets",
+    "end_offsets",
+    "unique_name",
+    "wait_for",
+]
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+_QUIET = {"log_level": 3}
+
+
+def unique_name(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05, message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {message}")
+        time.sleep(interval)
+
+
+def create_topic(
+    bootstrap_servers: str,
+    name: str | None = None,
+    partitions: int = 1,
+    config: Mapping[str, str] | None = None,
+    timeout: float = 15.0,
+) -> str:
+    """Create a topic (unique name by default) and wait until metadata shows it."""
+    name = name or unique_name()
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **_QUIET})
+    fut = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))],
+        operation_timeout=timeout,
+    )[name]
+    fut.result(timeout)
+    wait_for(
+        lambda: len(admin.list_topics(name, timeout=5).topics[name].partitions) == partitions,
+        timeout,
+        message=f"topic {name} to show {partitions} partitions",
+    )
+    return name
+
+
+def delete_topics(bootstrap_servers: str, names: Iterable[str], timeout: float = 10.0) -> None:
+    names = list(names)
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **_QUIET})
+    for fut in admin.delete_topics(names, operation_timeout=timeout).values():
+        try:
+            fut.result(timeout)
+        except KafkaException:
+            pass
+
+
+def produce(
+    bootstrap_servers: str,
+    topic: str,
+    records: Iterable[Any],
+    *,
+    partition: int | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> int:
+    """Produce records and flush. Each item is a value, a ``(key, value)`` tuple,
+    or a dict with ``value`` and optional ``key``, ``partition`` and ``headers``.
+    Returns the number produced; raises if any delivery failed."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 5, **_QUIET, **dict(config or {})})
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    count = 0
+    for item in records:
+        kwargs: dict[str, Any] = {}
+        if isinstance(item, dict):
+            kwargs = {k: item[k] for k in ("key", "headers", "partition") if item.get(k) is not None}
+            value = item.get("value")
+        elif isinstance(item, tuple):
+            kwargs["key"], value = item
+        else:
+            value = item
+        if partition is not None:
+            kwargs.setdefault("partition", partition)
+        while True:
+            try:
+                producer.produce(topic, value=value, on_delivery=on_delivery, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+    remaining = producer.flush(30)
+    if remaining or errors:
+        raise AssertionError(f"produce to {topic}: {remaining} undelivered, errors: {errors[:3]}")
+    return count
+
+
+def _to_record(msg: Any) -> Record:
+    ts_type, ts = msg.timestamp()
+    return Record(
+        topic=msg.topic(),
+        partition=msg.partition(),
+        offset=msg.offset(),
+        key=msg.key(),
+        value=msg.value(),
+        headers=[(k, v) for k, v in (msg.headers() or [])],
+        timestamp=ts,
+        timestamp_type={0: "NoTimestampType", 1: "CreateTime", 2: "LogAppendTime"}.get(ts_type, "CreateTime"),
+    )
+
+
+def read_topic(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    isolation: Isolation = "read_committed",
+    timeout: float = 30.0,
+) -> list[Record]:
+    """Read a whole topic from the beginning to its current end.
+
+    With ``read_committed`` the end is the last stable offset: aborted records
+    are skipped and an open transaction's records are not returned.
+    Records come back ordered by (partition, offset).
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": unique_name("kafkatx-reader"),
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": isolation,
+            **_QUIET,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        if meta.error is not None:
+            raise AssertionError(f"cannot read topic {topic}: {meta.error}")
+        parts = sorted(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, -2) for p in parts])  # OFFSET_BEGINNING
+        pending = set(parts)
+        out: list[Record] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out reading {topic}: partitions {sorted(pending)} never reached their end")
+            for msg in consumer.consume(1000, 0.2):
+                err = msg.error()
+                if err is None:
+                    out.append(_to_record(msg))
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                else:
+                    raise KafkaException(err)
+        out.sort(key=lambda r: (r.partition, r.offset))
+        return out
+    finally:
+        consumer.close()
+
+
+def committed_offsets(
+    bootstrap_servers: str,
+    group: str,
+    topic: str,
+    *,
+    timeout: float = 15.0,
+) -> dict[int, int]:
+    """The group's committed offsets for ``topic``, as ``{partition: offset}``.
+
+    Partitions without a committed offset are left out. Pending transactional
+    offsets are not returned until their transaction ends.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False, **_QUIET})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = consumer.committed([TopicPartition(topic, p) for p in sorted(parts)], timeout=timeout)
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def end_offsets(bootstrap_servers: str, topic: str, *, timeout: float = 10.0) -> dict[int, int]:
+    """The high watermark of each partition of ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": unique_name("kafkatx-wm"), **_QUIET})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in sorted(parts)}
+    finally:
+        consumer.close()
+
+
+class KafkaTestKit:
+    """The helpers above, bound to one cluster. Topics it creates are deleted by :meth:`cleanup`."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._created: list[str] = []
+
+    def topic(self, partitions: int = 1, name: str | None = None, config: Mapping[str, str] | None = None) -> str:
+        name = create_topic(self.bootstrap_servers, name or unique_name(), partitions, config)
+        self._created.append(name)
+        return name
+
+    def produce(self, topic: str, records: Iterable[Any], **kwargs: Any) -> int:
+        return produce(self.bootstrap_servers, topic, records, **kwargs)
+
+    def read(self, topic: str, *, isolation: Isolation = "read_committed", timeout: float = 30.0) -> list[Record]:
+        return read_topic(self.bootstrap_servers, topic, isolation=isolation, timeout=timeout)
+
+    def values(self, topic: str, *, isolation: Isolation = "read_committed") -> list[bytes | None]:
+        return [r.value for r in self.read(topic, isolation=isolation)]
+
+    def committed(self, group: str, topic: str, *, timeout: float = 15.0) -> dict[int, int]:
+        return committed_offsets(self.bootstrap_servers, group, topic, timeout=timeout)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return end_offsets(self.bootstrap_servers, topic)
+
+    def cleanup(self) -> None:
+        names, self._created = self._created, []
+        delete_topics(self.bootstrap_servers, names)
