@@ -1,0 +1,5 @@
+import sys
+
+from kafkatx.cli import main
+
+sys.exit(main())
