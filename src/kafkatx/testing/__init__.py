@@ -17,6 +17,7 @@ from kafkatx.testing.helpers import (
     end_offsets,
     produce,
     read_topic,
+    running,
     unique_name,
     wait_for,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "end_offsets",
     "produce",
     "read_topic",
+    "running",
     "unique_name",
     "wait_for",
 ]

@@ -7,9 +7,10 @@ them to one cluster for convenience.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -27,6 +28,7 @@ __all__ = [
     "end_offsets",
     "unique_name",
     "wait_for",
+    "running",
 ]
 
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -251,3 +253,21 @@ class KafkaTestKit:
     def cleanup(self) -> None:
         names, self._created = self._created, []
         delete_topics(self.bootstrap_servers, names)
+
+
+@contextlib.contextmanager
+def running(app: Any, *, timeout: float = 30.0) -> Iterator[Any]:
+    """Run ``app`` in the background for the duration of a ``with`` block.
+
+    On exit the App is stopped gracefully; if a container failed, its error
+    is raised (unless the block itself raised).
+    """
+    app.start()
+    try:
+        yield app
+    except BaseException:
+        app.stop(timeout=timeout)
+        raise
+    app.stop(timeout=timeout)
+    if app.failure is not None:
+        raise app.failure

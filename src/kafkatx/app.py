@@ -1,0 +1,450 @@
+"""The App: listeners declared with a decorator, run inside Kafka transactions.
+
+An App owns the client configuration, the process identity used in
+transactional.ids, the event bus, and the containers (one thread each) that
+run its listeners.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafkatx.errors import InvalidConfigurationError, KafkaTxError
+from kafkatx.events import Event, EventBus
+from kafkatx.listener.container import ListenerContainer
+from kafkatx.listener.context import bind_sink
+from kafkatx.listener.outputs import PendingOutput, encode, encode_headers
+from kafkatx.listener.producer import TransactionalProducer
+from kafkatx.listener.spec import ListenerSpec, build_spec
+
+__all__ = ["App", "Transaction"]
+
+log = logging.getLogger("kafkatx.app")
+
+F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=Event)
+
+ENV_BOOTSTRAP = "KAFKATX_BOOTSTRAP_SERVERS"
+ENV_INSTANCE = "KAFKATX_INSTANCE_ID"
+
+# Settings kafkatx owns: overriding them would silently break exactly-once.
+_FORBIDDEN_CONSUMER = {
+    "enable.auto.commit": "true would commit offsets outside the transaction",
+    "isolation.level": "read_uncommitted would let handlers see aborted records",
+}
+_FORBIDDEN_PRODUCER = {
+    "transactional.id": "kafkatx derives it from the app name, group and instance id (see fencing=)",
+    "enable.idempotence": "transactions require idempotence",
+}
+
+#: Default transaction.timeout.ms. Shorter means an instance that crashed
+#: without a stable instance id blocks its partitions for less time; longer
+#: tolerates slower batches (Spark jobs, in-place retries). 30 s is 10x a
+#: slow batch and half of librdkafka's 60 s default.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
+
+
+class App:
+    """A kafkatx application.
+
+    ``name`` is the default group.id and transactional.id prefix.
+    ``bootstrap_servers`` falls back to ``$KAFKATX_BOOTSTRAP_SERVERS`` (resolved
+    at start, so ``kafkatx run --local`` can supply it). ``instance_id``
+    (or ``$KAFKATX_INSTANCE_ID``) is this process's stable identity: with it,
+    a restarted instance fences its predecessor and aborts its open
+    transaction at once; without it a random id is used and crash recovery
+    waits for ``transaction.timeout.ms``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        bootstrap_servers: str | None = None,
+        group_id: str | None = None,
+        transactional_id_prefix: str | None = None,
+        instance_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        consumer_config: Mapping[str, Any] | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        create_topics: bool = False,
+        topic_partitions: int = 1,
+        shutdown_timeout: float = 30.0,
+        max_producer_recreations: int = 5,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidConfigurationError(f"App name must be a non-empty string, got {name!r}")
+        if isinstance(transaction_timeout_ms, bool) or not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1000:
+            raise InvalidConfigurationError(f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}")
+        self.name = name
+        self.bootstrap_servers = bootstrap_servers
+        self.group_id = group_id or name
+        self.transactional_id_prefix = transactional_id_prefix or name
+        self._instance_id = instance_id
+        self.config = dict(config or {})
+        self.consumer_config_overrides = dict(consumer_config or {})
+        self.producer_config_overrides = dict(producer_config or {})
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.create_topics = create_topics
+        self.topic_partitions = topic_partitions
+        self.shutdown_timeout = shutdown_timeout
+        self.max_producer_recreations = max_producer_recreations
+        self.events = EventBus()
+        self.listeners: list[ListenerSpec] = []
+        self.containers: list[ListenerContainer] = []
+        self._lock = threading.RLock()
+        self._stopped = threading.Event()
+        self._running = False
+        self._tx_local = threading.local()
+        self._tx_counter = 0
+        for key in _FORBIDDEN_PRODUCER:
+            if key in self.config or key in self.producer_config_overrides:
+                raise InvalidConfigurationError(f"do not set {key!r}: {_FORBIDDEN_PRODUCER[key]}")
+        self._check_consumer_overrides({**self.config, **self.consumer_config_overrides})
+
+    # -- declaring listeners ------------------------------------------------------
+    def listener(self, *topics: str, **options: Any) -> Callable[[F], F]:
+        """Declare a handler for ``topics``; see the README for the options.
+
+        ``@app.listener("orders", output="orders-enriched", max_attempts=3, dlq=True)``
+        """
+        if len(topics) == 1 and callable(topics[0]) and not isinstance(topics[0], str):
+            raise InvalidConfigurationError("use @app.listener('topic', ...) with at least one topic name")
+
+        def decorator(handler: F) -> F:
+            self.add_listener(handler, *topics, **options)
+            return handler
+
+        return decorator
+
+    def add_listener(self, handler: Callable[..., Any], *topics: str, **options: Any) -> ListenerSpec:
+        """The non-decorator form of :meth:`listener`."""
+        spec = build_spec(handler, topics, **options)
+        with self._lock:
+            if self._running:
+                raise InvalidConfigurationError("listeners must be declared before the App starts")
+            if any(s.name == spec.name for s in self.listeners):
+                raise InvalidConfigurationError(f"a listener named {spec.name!r} already exists; pass name=...")
+            self._check_consumer_overrides(spec.consumer_config)
+            self.listeners.append(spec)
+        return spec
+
+    def on(self, event_type: type[E]) -> Callable[[Callable[[E], None]], Callable[[E], None]]:
+        """Subscribe a callback to an event type: ``@app.on(RecordRecovered)``."""
+
+        def decorator(callback: Callable[[E], None]) -> Callable[[E], None]:
+            self.events.subscribe(event_type, callback)
+            return callback
+
+        return decorator
+
+    # -- identity and client configuration (the containers' runtime) ---------------
+    @property
+    def instance_id(self) -> str:
+        if self._instance_id is None:
+            env = os.environ.get(ENV_INSTANCE)
+            if env:
+                self._instance_id = env
+            else:
+                self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                log.warning(
+                    "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
+                    "the transaction this process left open blocks its partitions until transaction.timeout.ms "
+                    "(%d ms) expires; a stable id lets the restarted process abort it at once.",
+                    ENV_INSTANCE, self._instance_id, self.transaction_timeout_ms,
+                )  # fmt: skip
+        return self._instance_id
+
+    @instance_id.setter
+    def instance_id(self, value: str) -> None:
+        self._instance_id = value
+
+    def resolved_bootstrap_servers(self) -> str:
+        servers = self.bootstrap_servers or self.config.get("bootstrap.servers") or os.environ.get(ENV_BOOTSTRAP)
+        if not servers:
+            raise InvalidConfigurationError(
+                f"App {self.name!r} has no Kafka bootstrap servers: pass App(..., bootstrap_servers='host:9092'), "
+                f"set ${ENV_BOOTSTRAP}, or use `kafkatx run --local` for an embedded broker"
+            )
+        return str(servers)
+
+    @property
+    def transaction_retry_timeout(self) -> float:
+        return self.transaction_timeout_ms / 2000.0
+
+    def _base_config(self) -> dict[str, Any]:
+        return {**self.config, "bootstrap.servers": self.resolved_bootstrap_servers()}
+
+    def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]:
+        cfg = {
+            "auto.offset.reset": "earliest",
+            **self._base_config(),
+            **self.consumer_config_overrides,
+            **spec.consumer_config,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+        }
+        cfg.setdefault("client.id", f"{self.name}-{spec.name}-{worker}")
+        return cfg
+
+    def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:
+        cfg = {
+            "linger.ms": 5,
+            "allow.auto.create.topics": False,
+            **self._base_config(),
+            **self.producer_config_overrides,
+            **(spec.producer_config if spec is not None else {}),
+            "transaction.timeout.ms": self.transaction_timeout_ms,
+            "enable.idempotence": True,
+        }
+        cfg.setdefault("client.id", transactional_id)
+        mto = cfg.get("message.timeout.ms")
+        if mto is not None and int(mto) > self.transaction_timeout_ms:
+            raise InvalidConfigurationError(
+                f"message.timeout.ms ({mto}) must not exceed transaction_timeout_ms ({self.transaction_timeout_ms})"
+            )
+        return cfg
+
+    def group_transactional_id(self, group_id: str, index: int) -> str:
+        """KIP-447 mode: stable per process and container, so a restart fences its predecessor."""
+        return f"{self.transactional_id_prefix}-{group_id}-{self.instance_id}-{index}"
+
+    def partition_transactional_id(self, group_id: str, topic: str, partition: int) -> str:
+        """KIP-98 mode: one id per input partition, the same in every process."""
+        return f"{self.transactional_id_prefix}-{group_id}.{topic}.{partition}"
+
+    def _check_consumer_overrides(self, cfg: Mapping[str, Any]) -> None:
+        if str(cfg.get("enable.auto.commit", "false")).lower() == "true":
+            raise InvalidConfigurationError(f"enable.auto.commit=true is not allowed: {_FORBIDDEN_CONSUMER['enable.auto.commit']}")
+        if str(cfg.get("isolation.level", "read_committed")) != "read_committed":
+            raise InvalidConfigurationError(f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}")
+
+    # -- startup checks ---------------------------------------------------------
+    def _admin(self) -> AdminClient:
+        return AdminClient({**self._base_config(), "log_level": 3})
+
+    def _prepare_topics(self) -> None:
+        """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
+        admin = self._admin()
+        try:
+            meta = admin.list_topics(timeout=15)
+        except KafkaException as exc:
+            raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
+        setup = _SetupContext(self, admin, meta)
+        for spec in self.listeners:
+            for topic in spec.topics:
+                setup.require(topic, f"input topic of listener {spec.name!r}")
+            if spec.output:
+                setup.require(spec.output, f"output topic of listener {spec.name!r}")
+            setup.input_topics = spec.topics
+            spec.recoverer.setup(setup)
+
+    # -- running --------------------------------------------------------------
+    def start(self) -> None:
+        """Start all listener containers in background threads and return."""
+        with self._lock:
+            if self._running:
+                raise RuntimeError(f"App {self.name!r} is already running")
+            if not self.listeners:
+                raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
+            self.resolved_bootstrap_servers()
+            _ = self.instance_id
+            self._prepare_topics()
+            self._stopped.clear()
+            self.containers = []
+            index = 0
+            for spec in self.listeners:
+                for worker in range(spec.concurrency):
+                    self.containers.append(ListenerContainer(spec, self, worker, index))
+                    index += 1
+            self._running = True
+            for c in self.containers:
+                c.start()
+        log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
+
+    def container_exited(self, container: ListenerContainer) -> None:
+        """Called by a container thread as it ends; a failure stops the whole App."""
+        if container.failure is not None and not self._stopped.is_set():
+            log.error("stopping app %s because listener %s failed", self.name, container.name)
+            self.stop(wait=False)
+        if all(not c.alive or c is container for c in self.containers):
+            self._stopped.set()
+
+    def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop all containers. Thread-safe. Each finishes (or aborts) its open
+        transaction and closes its clients; nothing half-done is committed."""
+        for c in list(self.containers):
+            c.stop()
+        if wait and threading.current_thread() not in {getattr(c, "_thread", None) for c in self.containers}:
+            deadline = time.monotonic() + (self.shutdown_timeout if timeout is None else timeout)
+            for c in list(self.containers):
+                if not c.join(max(0.0, deadline - time.monotonic())):
+                    log.warning("listener %s did not stop within the shutdown timeout", c.name)
+        with self._lock:
+            if all(not c.alive for c in self.containers):
+                self._running = False
+                self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every container has stopped; True if they have."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def failure(self) -> BaseException | None:
+        return next((c.failure for c in self.containers if c.failure is not None), None)
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Start and block until :meth:`stop`, SIGINT or SIGTERM (a second signal forces the exit).
+
+        Raises the error that stopped a container, if one did.
+        """
+        handlers_installed = install_signal_handlers and threading.current_thread() is threading.main_thread()
+        previous: dict[int, Any] = {}
+        signals_seen = 0
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen == 1:
+                log.info("%s received: stopping gracefully (send it again to force exit)", signal.Signals(signum).name)
+                for c in self.containers:
+                    c.stop()
+            else:
+                log.warning("second signal: forcing exit")
+                raise SystemExit(128 + signum)
+
+        if handlers_installed:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            self.start()
+            while not self._stopped.wait(0.2):
+                pass
+            self.stop()
+        finally:
+            if handlers_installed:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+            self._running = any(c.alive for c in self.containers)
+        failure = self.failure
+        if failure is not None:
+            raise failure
+
+    # -- producer-initiated transactions --------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """``with app.transaction() as tx: tx.send(...)``: commit on exit, abort on error.
+
+        The exception is re-raised after the abort; kafkatx does not retry a
+        producer-initiated transaction (the caller decides). ``kafkatx.send()``
+        inside the block joins it too.
+        """
+        producer = self._thread_producer()
+        producer.begin()
+        tx = Transaction(producer)
+        previous = bind_sink(tx)
+        try:
+            yield tx
+        except BaseException:
+            try:
+                producer.abort()
+            except KafkaTxError:
+                producer.discard()
+                log.warning("abort failed; the producer was replaced", exc_info=True)
+            raise
+        finally:
+            bind_sink(previous)
+        try:
+            producer.commit()
+        except KafkaTxError:
+            try:
+                producer.abort()
+            except KafkaTxError:
+                producer.discard()
+            raise
+
+    def _thread_producer(self) -> TransactionalProducer:
+        producer = getattr(self._tx_local, "producer", None)
+        if producer is None:
+            with self._lock:
+                self._tx_counter += 1
+                n = self._tx_counter
+            txn_id = f"{self.transactional_id_prefix}-{self.instance_id}-producer-{n}"
+            producer = TransactionalProducer(self.producer_config(None, txn_id), txn_id, retry_timeout=self.transaction_retry_timeout)
+            self._tx_local.producer = producer
+        return producer  # type: ignore[no-any-return]
+
+
+class Transaction:
+    """A producer-initiated transaction (see :meth:`App.transaction`)."""
+
+    serializer = None
+
+    def __init__(self, producer: TransactionalProducer) -> None:
+        self._producer = producer
+        self.sent = 0
+
+    def add(self, output: PendingOutput) -> None:
+        self._producer.produce(output)
+        self.sent += 1
+
+    def send(self, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None) -> None:
+        self.add(PendingOutput(topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))
+
+
+class _SetupContext:
+    """What recoverers see at startup: topic metadata and topic creation."""
+
+    def __init__(self, app: App, admin: AdminClient, meta: Any) -> None:
+        self._app, self._admin, self._meta = app, admin, meta
+        self.input_topics: tuple[str, ...] = ()
+
+    def partitions(self, topic: str) -> int | None:
+        t = self._meta.topics.get(topic)
+        if t is None or t.error is not None:
+            return None
+        return len(t.partitions)
+
+    def require(self, topic: str, what: str) -> None:
+        if self.partitions(topic) is not None:
+            return
+        if not self._app.create_topics:
+            raise InvalidConfigurationError(
+                f"{what}: topic {topic!r} does not exist. Create it, or pass App(create_topics=True) "
+                "to let kafkatx create missing topics"
+            )
+        self.create_topic(topic, self._app.topic_partitions, why=what)
+
+    def create_topic(self, topic: str, partitions: int, *, why: str) -> None:
+        fut = self._admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
+        try:
+            fut.result(15)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != 36:  # TOPIC_ALREADY_EXISTS: someone else won the race
+                raise InvalidConfigurationError(
+                    f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
+                    "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
+                ) from exc  # fmt: skip
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            self._meta = self._admin.list_topics(timeout=5)
+            if self.partitions(topic) == partitions:
+                break
+            time.sleep(0.05)
+        log.info("created %s %r with %d partition(s)", why, topic, partitions)

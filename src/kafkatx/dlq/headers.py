@@ -1,0 +1,142 @@
+"""Dead-letter headers, with the names and binary encodings Spring for Apache Kafka uses.
+
+Java and Python services can then read each other's dead-letter topics:
+partition is a 4-byte big-endian int, offset and timestamp 8-byte big-endian
+longs, everything else UTF-8.
+"""
+
+from __future__ import annotations
+
+import struct
+import traceback
+from dataclasses import dataclass
+
+from kafkatx.record import Headers, Record
+from kafkatx.rollback.classifier import exception_fqcn, root_cause
+
+__all__ = [
+    "ORIGINAL_TOPIC", "ORIGINAL_PARTITION", "ORIGINAL_OFFSET", "ORIGINAL_TIMESTAMP",
+    "ORIGINAL_TIMESTAMP_TYPE", "ORIGINAL_CONSUMER_GROUP", "EXCEPTION_FQCN", "EXCEPTION_CAUSE_FQCN",
+    "EXCEPTION_MESSAGE", "EXCEPTION_STACKTRACE", "ATTEMPTS", "DeadLetterInfo", "dead_letter_headers",
+    "parse_dead_letter_headers",
+]  # fmt: skip
+
+ORIGINAL_TOPIC = "kafka_dlt-original-topic"
+ORIGINAL_PARTITION = "kafka_dlt-original-partition"
+ORIGINAL_OFFSET = "kafka_dlt-original-offset"
+ORIGINAL_TIMESTAMP = "kafka_dlt-original-timestamp"
+ORIGINAL_TIMESTAMP_TYPE = "kafka_dlt-original-timestamp-type"
+ORIGINAL_CONSUMER_GROUP = "kafka_dlt-original-consumer-group"
+EXCEPTION_FQCN = "kafka_dlt-exception-fqcn"
+EXCEPTION_CAUSE_FQCN = "kafka_dlt-exception-cause-fqcn"
+EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
+EXCEPTION_STACKTRACE = "kafka_dlt-exception-stacktrace"
+# kafkatx's own addition (Spring has no equivalent): how many deliveries failed.
+ATTEMPTS = "kafkatx_dlt-attempts"
+
+_EXCEPTION_PREFIX = "kafka_dlt-exception-"
+_ORIGINAL_PREFIX = "kafka_dlt-original-"
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+
+
+def _message(exc: BaseException) -> str:
+    msg = str(exc)
+    root = root_cause(exc)
+    if root is not exc and str(root) and str(root) != msg:
+        msg = f"{msg}; {root}"
+    return msg
+
+
+def dead_letter_headers(
+    record: Record,
+    exception: BaseException,
+    *,
+    group_id: str | None,
+    attempts: int,
+    keep_history: bool = False,
+    max_stacktrace_bytes: int = 16_384,
+) -> Headers:
+    """The record's own headers plus the dead-letter headers.
+
+    Earlier ``kafka_dlt-exception-*`` headers are always stripped, so repeated
+    dead-lettering does not grow a record (Spring's default). Earlier
+    ``kafka_dlt-original-*`` headers are replaced too unless ``keep_history``,
+    which appends them as a hop history like Spring's default does.
+    """
+    kept = [
+        (k, v)
+        for k, v in record.headers
+        if not k.startswith(_EXCEPTION_PREFIX)
+        and k != ATTEMPTS
+        and (keep_history or not k.startswith(_ORIGINAL_PREFIX))
+    ]
+    stack = "".join(traceback.format_exception(exception)).encode("utf-8", "replace")
+    if len(stack) > max_stacktrace_bytes:
+        stack = stack[: max_stacktrace_bytes - 15] + b"\n...[truncated]"
+    kept += [
+        (ORIGINAL_TOPIC, record.topic.encode()),
+        (ORIGINAL_PARTITION, _INT.pack(record.partition)),
+        (ORIGINAL_OFFSET, _LONG.pack(record.offset)),
+        (ORIGINAL_TIMESTAMP, _LONG.pack(record.timestamp)),
+        (ORIGINAL_TIMESTAMP_TYPE, record.timestamp_type.encode()),
+    ]
+    if group_id:
+        kept.append((ORIGINAL_CONSUMER_GROUP, group_id.encode()))
+    kept += [
+        (EXCEPTION_FQCN, exception_fqcn(exception).encode()),
+        (EXCEPTION_CAUSE_FQCN, exception_fqcn(root_cause(exception)).encode()),
+        (EXCEPTION_MESSAGE, _message(exception).encode("utf-8", "replace")),
+        (EXCEPTION_STACKTRACE, stack),
+        (ATTEMPTS, _INT.pack(attempts)),
+    ]
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """The provenance decoded from a dead-lettered record's headers (the last hop)."""
+
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp: int | None
+    original_timestamp_type: str | None
+    consumer_group: str | None
+    exception_fqcn: str | None
+    exception_cause_fqcn: str | None
+    exception_message: str | None
+    exception_stacktrace: str | None
+    attempts: int | None
+
+
+def parse_dead_letter_headers(headers: Headers | None) -> DeadLetterInfo:
+    """Decode dead-letter headers (written by kafkatx or by Spring); the last value of each wins."""
+    last: dict[str, bytes] = {}
+    for k, v in headers or ():
+        if v is not None:
+            last[k] = v
+
+    def text(name: str) -> str | None:
+        v = last.get(name)
+        return v.decode("utf-8", "replace") if v is not None else None
+
+    def number(name: str, codec: struct.Struct) -> int | None:
+        v = last.get(name)
+        if v is None or len(v) != codec.size:
+            return None
+        return int(codec.unpack(v)[0])
+
+    return DeadLetterInfo(
+        original_topic=text(ORIGINAL_TOPIC),
+        original_partition=number(ORIGINAL_PARTITION, _INT),
+        original_offset=number(ORIGINAL_OFFSET, _LONG),
+        original_timestamp=number(ORIGINAL_TIMESTAMP, _LONG),
+        original_timestamp_type=text(ORIGINAL_TIMESTAMP_TYPE),
+        consumer_group=text(ORIGINAL_CONSUMER_GROUP),
+        exception_fqcn=text(EXCEPTION_FQCN),
+        exception_cause_fqcn=text(EXCEPTION_CAUSE_FQCN),
+        exception_message=text(EXCEPTION_MESSAGE),
+        exception_stacktrace=text(EXCEPTION_STACKTRACE),
+        attempts=number(ATTEMPTS, _INT),
+    )

@@ -1,0 +1,138 @@
+"""DeadLetterPublishingRecoverer: park a failed record on a dead-letter topic, atomically.
+
+It runs inside the after-rollback transaction, so the dead-letter record and
+the failed record's offset commit together or not at all. A send that fails
+fails the recovery (the record is kept and recovery retried): it is never
+swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kafkatx.dlq.headers import dead_letter_headers
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.listener.context import send
+from kafkatx.record import Headers, Record
+from kafkatx.recoverers import Recoverer, current_recovery
+
+__all__ = ["DeadLetterPublishingRecoverer", "DeadLetterPublishError", "DEFAULT_SUFFIX"]
+
+log = logging.getLogger("kafkatx.dlq")
+
+DEFAULT_SUFFIX = "-dlt"  # Spring for Apache Kafka's suffix since 3.3 (it was ".DLT" before)
+
+TopicResolver = Callable[[Record, BaseException], str]
+PartitionResolver = Callable[[Record, BaseException], int | None]
+HeadersFunction = Callable[[Record, BaseException], Headers | Mapping[str, bytes] | None]
+
+
+class DeadLetterPublishError(RuntimeError):
+    """The dead-letter record could not be written; the original record is kept."""
+
+
+class DeadLetterPublishingRecoverer(Recoverer):
+    """Publishes a failed record to ``<topic>-dlt`` with Spring-compatible headers.
+
+    - ``topic``: a fixed topic name, a function ``(record, exc) -> name``, or
+      None for ``<original topic><suffix>``.
+    - ``partition``: a fixed partition, a function, or None: the original
+      partition when the dead-letter topic has that many, else the producer
+      picks.
+    - ``headers``: extra headers, a mapping or a function ``(record, exc)``.
+    - Key, value and original headers are copied as raw bytes. Earlier
+      exception headers are stripped so repeated dead-lettering does not grow
+      the record; ``keep_header_history=True`` keeps earlier
+      ``kafka_dlt-original-*`` headers as a hop history.
+    - ``create_topics``: create missing dead-letter topics at startup with the
+      source topic's partition count (if False, or if creation is refused,
+      startup fails with a clear error).
+    """
+
+    def __init__(
+        self,
+        topic: str | TopicResolver | None = None,
+        partition: int | PartitionResolver | None = None,
+        headers: Mapping[str, bytes | str] | HeadersFunction | None = None,
+        *,
+        suffix: str = DEFAULT_SUFFIX,
+        keep_header_history: bool = False,
+        max_stacktrace_bytes: int = 16_384,
+        create_topics: bool = True,
+        delivery_timeout: float = 30.0,
+    ) -> None:
+        if topic is not None and not (isinstance(topic, str) or callable(topic)):
+            raise TypeError(f"topic must be a name, a function (record, exception) -> name, or None; got {topic!r}")
+        if partition is not None and not (isinstance(partition, int) or callable(partition)):
+            raise TypeError(f"partition must be an int, a function, or None; got {partition!r}")
+        if not suffix:
+            raise ValueError("suffix must not be empty")
+        self.topic = topic
+        self.partition = partition
+        self.headers = headers
+        self.suffix = suffix
+        self.keep_header_history = keep_header_history
+        self.max_stacktrace_bytes = max_stacktrace_bytes
+        self.create_topics = create_topics
+        self.delivery_timeout = delivery_timeout
+
+    def destination(self, record: Record, exception: BaseException) -> str:
+        if self.topic is None:
+            return record.topic + self.suffix
+        if isinstance(self.topic, str):
+            return self.topic
+        return self.topic(record, exception)
+
+    def setup(self, context: Any) -> None:
+        """Check (and create if allowed) the dead-letter topic of each input topic."""
+        if callable(self.topic) and not isinstance(self.topic, str):
+            return  # dynamic destinations are checked when used
+        for source in context.input_topics:
+            target = self.topic if isinstance(self.topic, str) else source + self.suffix
+            if context.partitions(target) is not None:
+                continue
+            if not self.create_topics:
+                raise InvalidConfigurationError(
+                    f"dead-letter topic {target!r} for {source!r} does not exist and create_topics=False; create it"
+                )
+            context.create_topic(target, context.partitions(source) or 1, why=f"dead-letter topic for {source!r}")
+
+    def recover(self, record: Record, exception: BaseException) -> None:
+        ctx = current_recovery()
+        if ctx is None:
+            raise RuntimeError("DeadLetterPublishingRecoverer must run inside a kafkatx recovery transaction")
+        topic = self.destination(record, exception)
+        count = ctx.partition_count(topic)
+        if count is None:
+            raise DeadLetterPublishError(f"dead-letter topic {topic!r} does not exist (or is not readable)")
+        if self.partition is None:
+            partition = record.partition if record.partition < count else None
+        elif isinstance(self.partition, int):
+            partition = self.partition
+        else:
+            partition = self.partition(record, exception)
+        if partition is not None and not 0 <= partition < count:
+            partition = None
+        headers = dead_letter_headers(
+            record,
+            exception,
+            group_id=ctx.group_id,
+            attempts=record.attempt,
+            keep_history=self.keep_header_history,
+            max_stacktrace_bytes=self.max_stacktrace_bytes,
+        )
+        extra = self.headers(record, exception) if callable(self.headers) else self.headers
+        if extra:
+            items = extra.items() if isinstance(extra, Mapping) else extra
+            headers += [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
+        send(topic, record.value, key=record.key, headers=headers, partition=partition)
+        errors = ctx.flush()
+        if errors:
+            raise DeadLetterPublishError(f"dead-letter publication of {record.coordinates} to {topic!r} failed: {'; '.join(errors)}")
+        log.info(
+            "dead-lettered %s to %s after %d attempt(s): %s: %s",
+            record.coordinates, topic, record.attempt, type(exception).__name__, exception,
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset, "attempt": record.attempt},
+        )  # fmt: skip

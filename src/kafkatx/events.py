@@ -1,0 +1,174 @@
+"""Lifecycle events: what a container did, for callbacks, metrics and tests.
+
+Subscribe with ``@app.on(EventType)`` (or ``app.on(Event)`` for all). Callbacks
+run synchronously on the container's thread, so keep them short; an
+exception in a callback is logged and never breaks processing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kafkatx.record import Record
+
+__all__ = [
+    "Event",
+    "ContainerStarted",
+    "ContainerStopped",
+    "PartitionsAssigned",
+    "PartitionsRevoked",
+    "ContainerIdle",
+    "TransactionCommitted",
+    "TransactionAborted",
+    "HandlerFailed",
+    "RecordRetryScheduled",
+    "RecordRecovered",
+    "RecoveryFailed",
+    "ProducerRecreated",
+    "KafkaErrorHandled",
+    "EventBus",
+]
+
+log = logging.getLogger("kafkatx.events")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of all events. ``listener`` names the listener, ``worker`` its thread index."""
+
+    listener: str
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStarted(Event):
+    topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStopped(Event):
+    """``reason`` is ``"normal"``, ``"fenced"``, ``"error"`` or ``"config"``."""
+
+    reason: str = "normal"
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsAssigned(Event):
+    partitions: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsRevoked(Event):
+    partitions: tuple[tuple[str, int], ...] = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerIdle(Event):
+    idle_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionCommitted(Event):
+    records: int = 0
+    outputs: int = 0
+    seconds: float = 0.0
+    kind: str = "batch"  # "batch", "after_rollback" or "producer"
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionAborted(Event):
+    records: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerFailed(Event):
+    record: Record | None = None
+    exception: BaseException | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRetryScheduled(Event):
+    record: Record | None = None
+    attempt: int = 1
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRecovered(Event):
+    record: Record | None = None
+    exception: BaseException | None = None
+    recoverer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFailed(Event):
+    record: Record | None = None
+    exception: BaseException | None = None
+    recovery_error: BaseException | None = None
+    failures: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerRecreated(Event):
+    """A producer was replaced after an application-recoverable error (e.g. fencing)."""
+
+    transactional_id: str = ""
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaErrorHandled(Event):
+    """A Kafka error was classified and handled (retried, aborted, recreated)."""
+
+    operation: str = ""
+    error_class: str = ""
+    error: BaseException | None = None
+    action: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+E = TypeVar("E", bound=Event)
+
+
+class EventBus:
+    """Synchronous dispatch of events to subscribers, by event type (and its bases)."""
+
+    def __init__(self) -> None:
+        self._subs: dict[type[Event], list[Callable[[Any], None]]] = {}
+        self._lock = threading.Lock()
+        self._cache: dict[type[Event], tuple[Callable[[Any], None], ...]] = {}
+
+    def subscribe(self, event_type: type[E], callback: Callable[[E], None]) -> None:
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise TypeError(f"subscribe to an Event subclass, got {event_type!r}")
+        if not callable(callback):
+            raise TypeError(f"event callback must be callable, got {callback!r}")
+        with self._lock:
+            self._subs.setdefault(event_type, []).append(callback)
+            self._cache = {}
+
+    def wants(self, event_type: type[Event]) -> bool:
+        return bool(self._targets(event_type))
+
+    def _targets(self, event_type: type[Event]) -> tuple[Callable[[Any], None], ...]:
+        targets = self._cache.get(event_type)
+        if targets is None:
+            with self._lock:
+                targets = tuple(cb for t in event_type.__mro__ for cb in self._subs.get(t, ()))  # type: ignore[arg-type]
+                self._cache[event_type] = targets
+        return targets
+
+    def publish(self, event: Event) -> None:
+        for callback in self._targets(type(event)):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("event callback %r failed on %s", callback, type(event).__name__)

@@ -1,0 +1,235 @@
+"""A transactional producer with KIP-1050 error handling around every call.
+
+Retriable errors are retried here (tenacity, bounded by the retry timeout)
+and never reach handlers; everything else leaves as a typed
+:class:`~kafkatx.errors.KafkaTxError` so the container can react by class.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from kafkatx.errors import (
+    ApplicationRecoverableError,
+    ErrorClass,
+    KafkaTxError,
+    classify,
+    retry_call,
+)
+from kafkatx.listener.outputs import OutputError, PendingOutput
+
+__all__ = ["TransactionalProducer", "UnknownTopicError"]
+
+log = logging.getLogger("kafkatx.producer")
+
+
+class UnknownTopicError(OutputError):
+    """A record was sent to a topic that does not exist."""
+
+
+class RecordRejectedError(OutputError):
+    """The client refused an output record (too large, invalid); retrying cannot help."""
+
+
+class TransactionalProducer:
+    """One transactional.id and the confluent-kafka Producer currently holding it.
+
+    The Producer is created lazily and replaced after application-recoverable
+    errors (fencing): :meth:`discard` drops it and the next :meth:`begin`
+    creates a new one with the same transactional.id and calls
+    ``init_transactions``, which also aborts any transaction a predecessor
+    left open.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        transactional_id: str,
+        *,
+        retry_timeout: float,
+        on_retry: Callable[[ErrorClass, KafkaError, int], None] | None = None,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self._config = {**config, "transactional.id": transactional_id}
+        self._config.setdefault("delivery.report.only.error", True)
+        self._config["on_delivery"] = self._on_delivery
+        self.retry_timeout = retry_timeout
+        self._on_retry = on_retry
+        self._producer: Producer | None = None
+        self.in_transaction = False
+        self.delivery_errors: list[str] = []
+        self._known_topics: dict[str, int] = {}
+        self.generation = 0  # bumped each time a new Producer takes over the id
+
+    # -- lifecycle ----------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._producer is not None
+
+    def ensure(self) -> Producer:
+        """The live Producer, creating and initialising one if needed."""
+        if self._producer is None:
+            producer = Producer(self._config)
+            try:
+                self._call("init_transactions", lambda: producer.init_transactions(self._api_timeout()))
+            except BaseException:
+                producer.close(0) if hasattr(producer, "close") else None
+                raise
+            self._producer = producer
+            self.generation += 1
+            log.debug("transactional producer %s initialised (generation %d)", self.transactional_id, self.generation)
+        return self._producer
+
+    def discard(self) -> None:
+        """Throw the Producer away (after fencing or at shutdown); purges unsent records."""
+        producer, self._producer = self._producer, None
+        self.in_transaction = False
+        self._known_topics.clear()
+        if producer is not None:
+            try:
+                producer.purge()
+            except Exception:
+                pass
+            try:
+                producer.close(1.0)
+            except Exception:
+                log.debug("closing producer %s failed", self.transactional_id, exc_info=True)
+
+    def close(self) -> None:
+        """Abort any open transaction and close the Producer."""
+        if self._producer is not None and self.in_transaction:
+            try:
+                self.abort()
+            except KafkaTxError:
+                log.warning("abort at close of %s failed", self.transactional_id, exc_info=True)
+        self.discard()
+
+    # -- transaction API ----------------------------------------------------
+    def begin(self) -> None:
+        producer = self.ensure()
+        self.delivery_errors.clear()
+        self._call("begin_transaction", producer.begin_transaction)
+        self.in_transaction = True
+
+    def produce(self, out: PendingOutput) -> None:
+        producer = self._producer
+        assert producer is not None and self.in_transaction, "produce outside a transaction"
+        if out.topic not in self._known_topics and self.partition_count(out.topic) is None:
+            raise UnknownTopicError(
+                f"output topic {out.topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
+            )
+        while True:
+            try:
+                if out.partition is None:
+                    producer.produce(out.topic, out.value, out.key, headers=out.headers)
+                else:
+                    producer.produce(out.topic, out.value, out.key, out.partition, headers=out.headers)
+                return
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+            except KafkaException as exc:
+                raise self._produce_error(exc, out) from exc
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        producer = self._producer
+        assert producer is not None
+        self._call(
+            "send_offsets_to_transaction",
+            lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+        )
+
+    def commit(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
+        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()))
+        self.in_transaction = False
+
+    def abort(self) -> None:
+        """Abort the open transaction. Never raises an abortable error (KIP-1050):
+        an abort that fails is application-recoverable, so the producer is replaced."""
+        producer = self._producer
+        if producer is None:
+            self.in_transaction = False
+            return
+        try:
+            self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()))
+        except KafkaTxError as exc:
+            if isinstance(exc, ApplicationRecoverableError):
+                raise
+            raise ApplicationRecoverableError(
+                f"abort_transaction failed for {self.transactional_id}: {exc}", error=exc.error, operation="abort_transaction"
+            ) from exc
+        finally:
+            self.in_transaction = False
+
+    def flush(self, timeout: float = 30.0) -> list[str]:
+        """Wait for everything sent so far; return the delivery errors seen."""
+        producer = self._producer
+        if producer is not None:
+            remaining = producer.flush(timeout)
+            if remaining:
+                return [*self.delivery_errors, f"{remaining} record(s) not delivered within {timeout:g}s"]
+        return list(self.delivery_errors)
+
+    def partition_count(self, topic: str, *, refresh: bool = False) -> int | None:
+        """Partitions of ``topic`` from metadata (cached), or None if it does not exist."""
+        if not refresh and topic in self._known_topics:
+            return self._known_topics[topic]
+        producer = self.ensure()
+        try:
+            meta = producer.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return None
+        if meta is None or meta.error is not None or not meta.partitions:
+            self._known_topics.pop(topic, None)
+            return None
+        self._known_topics[topic] = len(meta.partitions)
+        return self._known_topics[topic]
+
+    # -- internals ----------------------------------------------------------
+    def _api_timeout(self) -> float:
+        return max(1.0, min(self.retry_timeout, 30.0))
+
+    def _call(self, operation: str, fn: Callable[[], Any]) -> Any:
+        return retry_call(
+            fn,
+            operation=operation,
+            timeout=self.retry_timeout,
+            refresh=self._refresh,
+            on_retry=self._on_retry,
+        )
+
+    def _refresh(self) -> None:
+        if self._producer is not None:
+            self._producer.list_topics(timeout=5)
+
+    def _produce_error(self, exc: KafkaException, out: PendingOutput) -> BaseException:
+        err: KafkaError = exc.args[0]
+        code = err.code()
+        if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return UnknownTopicError(f"output topic {out.topic!r} does not exist ({err.str()})")
+        if code == KafkaError._UNKNOWN_PARTITION:
+            return UnknownTopicError(f"output topic {out.topic!r} has no partition {out.partition}")
+        cls = classify(err, path="produce")
+        if cls in (ErrorClass.INVALID_CONFIGURATION, ErrorClass.HANDLER_FAILURE) or code in (
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError._MSG_TIMED_OUT,
+            KafkaError._INVALID_ARG,
+        ):
+            size = len(out.value or b"") + len(out.key or b"")
+            return RecordRejectedError(f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}")
+        return KafkaTxError.from_kafka(exc, operation="produce", path="produce")
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0

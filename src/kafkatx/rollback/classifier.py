@@ -1,0 +1,103 @@
+"""Which handler exceptions are worth retrying.
+
+Like Spring's ExceptionClassifier, a type listed as not retryable matches the
+exception or anything on its ``__cause__``/``__context__`` chain, and such a
+record is recovered at its first failure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+from kafkatx.listener.outputs import OutputError
+
+__all__ = ["DeserializationError", "DEFAULT_NOT_RETRYABLE", "ExceptionClassifier", "cause_chain", "root_cause", "exception_fqcn"]
+
+
+class DeserializationError(ValueError):
+    """Raise it (or a subclass) when a record's bytes cannot be decoded.
+
+    It is not retryable by default: the same bytes will not decode next time.
+    """
+
+
+DEFAULT_NOT_RETRYABLE: tuple[type[BaseException], ...] = (
+    DeserializationError,  # kafkatx's own marker for undecodable records
+    json.JSONDecodeError,  # malformed JSON payloads
+    UnicodeDecodeError,  # payloads that are not valid text
+    OutputError,  # a handler returned something that cannot be produced
+    TypeError,  # programming/type errors repeat on every attempt (Spring: ClassCastException)
+)
+
+
+def cause_chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, then its causes (``__cause__``, else ``__context__``), without cycles."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    *_, last = cause_chain(exc)
+    return last
+
+
+def exception_fqcn(exc: BaseException) -> str:
+    """``module.Qualname`` of an exception, or the original class a wrapper reports.
+
+    Wrappers that lose the original object (a Spark job error, for example)
+    expose ``original_fqcn``.
+    """
+    original = getattr(exc, "original_fqcn", None)
+    if isinstance(original, str) and original:
+        return original
+    cls = type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class ExceptionClassifier:
+    """Decides retryable vs not, walking the cause chain.
+
+    ``not_retryable`` adds to the default set unless ``include_defaults`` is
+    False; ``retryable`` carves exceptions back out (it wins over a matching
+    not-retryable base class only when it is the more specific match).
+    """
+
+    def __init__(
+        self,
+        not_retryable: Iterable[type[BaseException]] = (),
+        *,
+        retryable: Iterable[type[BaseException]] = (),
+        include_defaults: bool = True,
+    ) -> None:
+        nr = tuple(not_retryable)
+        rt = tuple(retryable)
+        for t in (*nr, *rt):
+            if not (isinstance(t, type) and issubclass(t, BaseException)):
+                raise TypeError(f"not_retryable/retryable must hold exception types, got {t!r}")
+        self.not_retryable = (DEFAULT_NOT_RETRYABLE if include_defaults else ()) + nr
+        self.retryable = rt
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        for link in cause_chain(exc):
+            nr = _closest(type(link), self.not_retryable)
+            rt = _closest(type(link), self.retryable)
+            if nr is None and rt is None:
+                continue
+            if rt is None:
+                return False
+            if nr is None:
+                return True
+            return type(link).__mro__.index(rt) <= type(link).__mro__.index(nr)
+        return True
+
+
+def _closest(cls: type, candidates: tuple[type[BaseException], ...]) -> type | None:
+    for base in cls.__mro__:
+        if base in candidates:
+            return base
+    return None
