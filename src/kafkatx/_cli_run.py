@@ -1,9 +1,118 @@
-"""``kafkatx run module:attr``: placeholder until the container lands."""
+"""``kafkatx run module:attr``: run an App from the command line."""
+
 from __future__ import annotations
+
 import argparse
+import importlib
+import logging
+import os
+import sys
 from typing import Any
 
+from kafkatx.errors import InvalidConfigurationError
+
+__all__ = ["add_parser", "load_app"]
+
+log = logging.getLogger("kafkatx.cli")
+
+EX_USAGE = 64
+EX_CONFIG = 78
+
+
+def load_app(target: str) -> Any:
+    """Import ``module:attr`` (``attr`` may be an App or a zero-argument factory returning one)."""
+    from kafkatx.app import App
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected module:attribute (for example examples.orders:app), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
+        raise
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, App) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise ValueError(f"{target} is a {type(obj).__name__}, not a kafkatx.App")
+    return obj
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        app = load_app(args.target)
+    except ValueError as exc:
+        print(f"kafkatx run: {exc}", file=sys.stderr)
+        return EX_USAGE
+    if args.instance_id:
+        app.instance_id = args.instance_id
+    if args.bootstrap_servers:
+        app.bootstrap_servers = args.bootstrap_servers
+    if args.create_topics:
+        app.create_topics = True
+    broker = None
+    try:
+        if args.local:
+            from kafkatx.local import LocalBroker, LocalBrokerError
+
+            try:
+                broker = LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
+            except LocalBrokerError as exc:
+                print(f"kafkatx run: {exc}", file=sys.stderr)
+                return 1
+            app.bootstrap_servers = broker.bootstrap_servers
+            app.create_topics = True  # a fresh embedded broker has no topics yet
+            print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
+        if args.metrics_port is not None:
+            from kafkatx.metrics import serve_metrics
+
+            serve_metrics(app, args.metrics_port)
+        status = None
+        if args.status or (args.status is None and sys.stderr.isatty()):
+            try:
+                from kafkatx._status import StatusLine
+
+                status = StatusLine(app).start()
+            except ImportError:
+                status = None
+        try:
+            app.run()
+        finally:
+            if status is not None:
+                status.stop()
+    except InvalidConfigurationError as exc:
+        print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"kafkatx run: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
 def add_parser(sub: Any) -> None:
-    r = sub.add_parser("run", help="run an App")
-    r.add_argument("target")
-    r.set_defaults(func=lambda a: 2)
+    r = sub.add_parser("run", help="run an App: kafkatx run module:app")
+    r.add_argument("target", help="module:attribute of a kafkatx.App (or a function returning one)")
+    r.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the App's, or $KAFKATX_BOOTSTRAP_SERVERS)")
+    r.add_argument("--instance-id", help="stable identity of this process, used in transactional.ids ($KAFKATX_INSTANCE_ID)")
+    r.add_argument("--local", action="store_true", help="start an embedded Kafka broker for the lifetime of the process")
+    r.add_argument("--local-port", type=int, default=None, help="port of the embedded broker (default: a free one)")
+    r.add_argument("--local-data-dir", default=None, help="data dir of the embedded broker (default: temporary)")
+    r.add_argument("--create-topics", action="store_true", help="create missing input/output topics")
+    r.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    r.add_argument("--status", dest="status", action="store_true", default=None, help="show a live status line")
+    r.add_argument("--no-status", dest="status", action="store_false", help="never show the live status line")
+    r.set_defaults(func=_run)

@@ -110,6 +110,7 @@ class App:
         self._running = False
         self._tx_local = threading.local()
         self._tx_counter = 0
+        self._shutdown_hooks: list[Callable[[], None]] = []
         for key in _FORBIDDEN_PRODUCER:
             if key in self.config or key in self.producer_config_overrides:
                 raise InvalidConfigurationError(f"do not set {key!r}: {_FORBIDDEN_PRODUCER[key]}")
@@ -141,6 +142,28 @@ class App:
             self._check_consumer_overrides(spec.consumer_config)
             self.listeners.append(spec)
         return spec
+
+    def spark_listener(self, *topics: str, **options: Any) -> Callable[[F], F]:
+        """Declare a PySpark job as a handler: each batch becomes a DataFrame (needs the ``spark`` extra)."""
+        try:
+            from kafkatx.spark import spark_listener
+        except ImportError as exc:
+            raise InvalidConfigurationError(
+                f"spark listeners need the 'spark' extra: pip install 'kafkatx[spark]' ({exc})"
+            ) from exc
+        return spark_listener(self, topics, options)  # type: ignore[no-any-return]
+
+    def add_shutdown_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once all containers have stopped (e.g. to stop a SparkSession)."""
+        self._shutdown_hooks.append(hook)
+
+    def _run_shutdown_hooks(self) -> None:
+        hooks, self._shutdown_hooks = self._shutdown_hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("shutdown hook %r failed", hook)
 
     def on(self, event_type: type[E]) -> Callable[[Callable[[E], None]], Callable[[E], None]]:
         """Subscribe a callback to an event type: ``@app.on(RecordRecovered)``."""
@@ -299,6 +322,8 @@ class App:
             if all(not c.alive for c in self.containers):
                 self._running = False
                 self._stopped.set()
+                if wait:
+                    self._run_shutdown_hooks()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every container has stopped; True if they have."""

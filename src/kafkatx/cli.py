@@ -54,6 +54,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from kafkatx import _cli_run
 
     _cli_run.add_parser(sub)
+    try:
+        from kafkatx.dlq import cli as dlq_cli
+    except ImportError:  # pragma: no cover - during development of the dlq tools
+        dlq_cli = None  # type: ignore[assignment]
+    if dlq_cli is not None and hasattr(dlq_cli, "add_parser"):
+        dlq_cli.add_parser(sub)
     return parser
 
 

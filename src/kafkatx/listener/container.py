@@ -145,6 +145,11 @@ class ListenerContainer:
         self._recreations: collections.deque[float] = collections.deque()
         self._buffer = _RecordBuffer(spec.serializer)
         self.started = threading.Event()
+        # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
+        factory = spec.options.get("unit_runner")
+        self._unit_runner: Callable[[list[Message], TransactionalProducer], None] = (
+            factory(self) if factory is not None else self._run_unit
+        )
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -293,10 +298,10 @@ class ListenerContainer:
                 units.setdefault((m.topic(), m.partition()), []).append(m)
             for tp, unit in units.items():
                 if tp in self._assigned:
-                    self._run_unit(unit, self._producer_for(tp))
+                    self._unit_runner(unit, self._producer_for(tp))
         else:
             assert self._group_producer is not None
-            self._run_unit(batch, self._group_producer)
+            self._unit_runner(batch, self._group_producer)
 
     def _consumer_error(self, msg: Message) -> None:
         err: KafkaError = msg.error()
