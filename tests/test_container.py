@@ -1,0 +1,192 @@
+"""The transactional listener container against the local broker: exactly-once, outputs, send()."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from kafkatx import App, InvalidConfigurationError, Output, Record, send
+from kafkatx.events import TransactionAborted, TransactionCommitted
+from kafkatx.listener.context import NotInTransactionError
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+
+def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
+    return App(unique_name("app"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **kwargs)  # type: ignore[arg-type]
+
+
+def test_exactly_once_across_partitions_and_committed_offsets(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=3)
+    n = 2000
+    kafka.produce(src, [(b"k%d" % i, b"v%d" % i) for i in range(n)])
+    app = make_app(kafka)
+    seen: Counter[int] = Counter()
+
+    @app.listener(src, output=out, max_batch_records=100)
+    def upper(record: Record) -> tuple[bytes | None, bytes]:
+        seen[record.attempt] += 1
+        assert record.value is not None
+        return record.key, record.value.upper()
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == kafka.end_offsets(src), 60, message="all offsets committed")
+    outputs = kafka.read(out)
+    assert sorted(r.value for r in outputs) == sorted(b"V%d" % i for i in range(n))
+    assert {r.key for r in outputs} == {b"k%d" % i for i in range(n)}
+    assert seen == {1: n}, "every record handled exactly once, on its first attempt"
+
+
+def test_aborted_attempts_are_visible_only_to_read_uncommitted(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"boom", b"c"])
+    app = make_app(kafka)
+    failed = threading.Event()
+
+    @app.listener(src, output=out, max_batch_records=10, max_batch_ms=500)
+    def handler(record: Record) -> bytes | None:
+        send(out, b"side-" + (record.value or b""))  # joins the transaction
+        if record.value == b"boom" and not failed.is_set():
+            failed.set()
+            time.sleep(0.3)  # past linger.ms: the aborted attempt's records really reach the log
+            raise RuntimeError("transient")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 3}, 30)
+    committed = [r.value for r in kafka.read(out)]
+    assert sorted(committed) == sorted([b"a", b"boom", b"c", b"side-a", b"side-boom", b"side-c"])
+    uncommitted = [r.value for r in kafka.read(out, isolation="read_uncommitted")]
+    # The aborted attempt had written a's outputs before boom failed; boom's own send() was
+    # buffered until its handler returned, so it never reached the log at all.
+    assert Counter(uncommitted) - Counter(committed) == Counter([b"a", b"side-a"])
+
+
+def test_every_return_shape_and_send(kafka: KafkaTestKit) -> None:
+    src, out, other = kafka.topic(), kafka.topic(partitions=2), kafka.topic()
+    kafka.produce(src, [json.dumps({"kind": k}).encode() for k in ["none", "str", "tuple", "output", "gen", "list", "send"]])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, serializer=lambda v: json.dumps(v).encode())
+    def handler(record: Record) -> object:
+        kind = json.loads(record.value or b"{}")["kind"]
+        if kind == "none":
+            return None
+        if kind == "str":
+            return "text"
+        if kind == "tuple":
+            return ("key", b"tuple-value")
+        if kind == "output":
+            return Output({"x": 1}, key="k", topic=other, headers={"h": "v"}, partition=0)
+        if kind == "gen":
+            return (f"gen-{i}" for i in range(3))
+        if kind == "list":
+            return [b"l1", ("k2", "l2"), None]
+        send(other, "sent", key=b"sk", headers=[("s", b"1")])
+        return None
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 7}, 30)
+    main = sorted(r.value for r in kafka.read(out))
+    assert main == sorted([b"text", b"tuple-value", b"gen-0", b"gen-1", b"gen-2", b"l1", b"l2"])
+    side = {r.value: r for r in kafka.read(other)}
+    assert side[b'{"x": 1}'].key == b"k" and side[b'{"x": 1}'].headers == [("h", b"v")]
+    assert side[b"sent"].key == b"sk" and side[b"sent"].headers == [("s", b"1")]
+    keyed = {r.value: r.key for r in kafka.read(out)}
+    assert keyed[b"tuple-value"] == b"key" and keyed[b"l2"] == b"k2"
+
+
+def test_send_outside_a_handler_is_a_clear_error() -> None:
+    with pytest.raises(NotInTransactionError, match="outside a transaction"):
+        send("topic", b"value")
+
+
+@pytest.mark.parametrize("fencing", ["group", "partition"])
+def test_several_listeners_and_topics_one_transaction_per_record(kafka: KafkaTestKit, fencing: str) -> None:
+    a, b, c, out1, out2 = (kafka.topic(partitions=2) for _ in range(5))
+    kafka.produce(a, [b"a%d" % i for i in range(20)])
+    kafka.produce(b, [b"b%d" % i for i in range(20)])
+    kafka.produce(c, [b"c%d" % i for i in range(20)])
+    app = make_app(kafka)
+    commits: list[TransactionCommitted] = []
+    app.on(TransactionCommitted)(commits.append)
+
+    @app.listener(a, b, output=out1, max_batch_records=1, fencing=fencing)
+    def first(record: Record) -> bytes:
+        return record.topic.encode() + b":" + (record.value or b"")
+
+    @app.listener(c, output=out2, fencing=fencing, group_id=app.group_id + "-c")
+    def second(record: Record) -> bytes:
+        return (record.value or b"").upper()
+
+    with running(app):
+        wait_for(lambda: len(kafka.values(out1)) == 40 and len(kafka.values(out2)) == 20, 60)
+        wait_for(lambda: kafka.committed(app.group_id + "-c", c) == kafka.end_offsets(c), 30)
+    assert sorted(kafka.values(out1)) == sorted([f"{a}:a{i}".encode() for i in range(20)] + [f"{b}:b{i}".encode() for i in range(20)])
+    assert sorted(kafka.values(out2)) == sorted(b"C%d" % i for i in range(20))
+    per_record = [e for e in commits if e.listener == "test_several_listeners_and_topics_one_transaction_per_record.<locals>.first"]
+    assert per_record and all(e.records == 1 for e in per_record), "max_batch_records=1 gives one transaction per record"
+    assert len(per_record) == 40
+
+
+def test_graceful_stop_never_commits_half_a_batch(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"%d" % i for i in range(50)])
+    app = make_app(kafka)
+    entered, release = threading.Event(), threading.Event()
+    aborted: list[TransactionAborted] = []
+    app.on(TransactionAborted)(aborted.append)
+
+    @app.listener(src, output=out, max_batch_records=50, max_batch_ms=1000)
+    def slow(record: Record) -> bytes | None:
+        if record.offset == 10:
+            entered.set()
+            release.wait(10)
+        return record.value
+
+    app.start()
+    assert entered.wait(20)
+    app.stop(wait=False)  # stop requested mid-batch: the batch still completes as a whole
+    release.set()
+    assert app.wait(30)
+    assert app.failure is None
+    values = kafka.values(out)
+    committed = kafka.committed(app.group_id, src)
+    assert len(values) == committed.get(0, 0), "outputs and offsets committed together"
+    assert values == [b"%d" % i for i in range(len(values))]
+    assert len(values) == 50, "the open batch was finished, not cut in half"
+    assert not aborted
+
+
+def test_producer_initiated_transaction_commits_or_aborts(kafka: KafkaTestKit) -> None:
+    out = kafka.topic()
+    app = make_app(kafka)
+    with app.transaction() as tx:
+        tx.send(out, b"one")
+        send(out, b"two")  # joins the same transaction
+    with pytest.raises(ValueError, match="boom"):
+        with app.transaction() as tx:
+            tx.send(out, b"never")
+            raise ValueError("boom")
+    assert kafka.values(out) == [b"one", b"two"]
+
+
+def test_bootstrap_servers_from_environment(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"x"])
+    monkeypatch.setenv("KAFKATX_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    app = App(unique_name("env"), instance_id="t")
+    app.listener(src, output=out)(lambda r: r.value)
+    with running(app):
+        wait_for(lambda: kafka.values(out) == [b"x"], 30)
+
+
+def test_missing_bootstrap_servers_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKATX_BOOTSTRAP_SERVERS", raising=False)
+    app = App("nobootstrap")
+    app.listener("in")(lambda r: None)
+    with pytest.raises(InvalidConfigurationError, match="KAFKATX_BOOTSTRAP_SERVERS"):
+        app.start()
