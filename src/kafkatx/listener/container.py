@@ -481,7 +481,7 @@ class ListenerContainer:
                 continue
             except RecoveryError as exc:
                 if self._abort(producer, 1, str(exc), msgs):
-                    self._recovery_failed(msgs, failure, exc)
+                    self._recovery_failed(msgs, failure, exc, producer)
                 return
             except TransactionAbortableError as exc:
                 attempts += 1
@@ -502,7 +502,9 @@ class ListenerContainer:
             )  # fmt: skip
             return
 
-    def _recovery_failed(self, msgs: list[Message], failure: _HandlerFailure, exc: RecoveryError) -> None:
+    def _recovery_failed(
+        self, msgs: list[Message], failure: _HandlerFailure, exc: RecoveryError, producer: TransactionalProducer
+    ) -> None:
         record = exc.record
         state = self.tracker.record_recovery_failure(record)
         if state.last_exception is None:
@@ -521,8 +523,34 @@ class ListenerContainer:
             record.coordinates, state.recovery_failures, type(exc.exception).__name__, exc.exception, delay,
             extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
         )  # fmt: skip
-        self._seek_to_start(msgs)
+        if not self._commit_processed(msgs, failure, producer):
+            self._seek_to_start(msgs)
         self._pause((record.topic, record.partition), delay)
+
+    def _commit_processed(self, msgs: list[Message], failure: _HandlerFailure, producer: TransactionalProducer) -> bool:
+        """Commit the batch-mates before a record whose recovery failed, keeping only that record.
+
+        Without this, every failed recovery (a dead-letter topic that is down)
+        would roll the healthy records back with it, over and over.
+        """
+        scope = _RollbackScope(self, msgs, failure, producer)
+        try:
+            producer.begin()
+            previous = bind_sink(self._buffer)
+            try:
+                scope.replay_processed()
+            finally:
+                bind_sink(previous)
+            scope.send_offsets()
+            producer.commit()
+        except (_HandlerFailure, TransactionAbortableError) as exc:
+            log.debug("could not commit the batch-mates of %s: %s", failure.record.coordinates, exc)
+            return self._abort(producer, failure.index, "batch-mates not committed", msgs) and False
+        except ApplicationRecoverableError as exc:
+            self._recreate_producer(producer, exc, msgs)  # rewinds to the committed offsets
+            return True
+        scope.apply()
+        return True
 
     # -- Kafka error reactions ------------------------------------------------------
     def _abort(self, producer: TransactionalProducer, records: int, reason: str, msgs: list[Message]) -> bool:

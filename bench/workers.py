@@ -1,0 +1,262 @@
+"""One benchmark run, in its own process: ``python bench/workers.py '<json config>'``.
+
+``bench/run.py`` starts this script once per run, so each run's peak RSS is
+its own, and reads the last stdout line (``RESULT {...}``). Runs:
+
+- ``raw-batch``   hand-written confluent-kafka EOS loop, consume(1000) per transaction (run 1)
+- ``raw-record``  hand-written loop, one transaction per record (run 3b)
+- ``kafkatx``     kafkatx App + @app.listener, options from the config (runs 2, 3, 4, 4b)
+
+Nothing here imports kafkatx unless the run uses it, so the baseline's RSS
+is the client's alone. The quixstreams run (5) lives in ``quix_worker.py``
+because it needs its own virtualenv.
+
+Timing and latency (identical in every runner, see docs/BENCHMARKS.md):
+
+- ``t0``: just before the clients are created (so ``t0 -> t_last`` includes
+  producer init, group join and the first fetch: "wall").
+- ``t_first``: the first record is handed to the transform.
+- ``t_last``: the commit_transaction that made the last output visible returned.
+- Latency, sampled on every record whose offset is a multiple of
+  ``sample_every``: from the first time the record is handed to the
+  transform to the return of the commit_transaction that made its output
+  (or dead-letter record) visible to read_committed consumers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+perf = time.perf_counter
+
+
+class Tracker:
+    """Sampled handling-to-commit latency, transactions, handler calls."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.every = int(cfg["sample_every"])
+        self.first: dict[tuple[int, int], float] = {}
+        self.pending: list[tuple[int, int]] = []
+        self.lat: list[float] = []
+        self.committed_txns = 0
+        self.aborted_txns = 0
+        self.committed_records = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+
+    def seen(self, partition: int, offset: int) -> None:
+        key = (partition, offset)
+        if key not in self.first:
+            self.first[key] = perf()
+        self.pending.append(key)
+
+    def committed(self, records: int) -> None:
+        now = perf()
+        self.committed_txns += 1
+        self.committed_records += records
+        first = self.first
+        for key in self.pending:
+            t = first.pop(key, None)
+            if t is not None:
+                self.lat.append(now - t)
+        self.pending.clear()
+        self.t_last = now
+
+    def aborted(self) -> None:
+        self.aborted_txns += 1
+        self.pending.clear()  # those records are handled again; their first time is kept
+
+    def result(self, t0: float, records: int) -> dict[str, Any]:
+        lat = sorted(self.lat)
+
+        def pct(q: float) -> float | None:
+            if not lat:
+                return None
+            return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000.0
+
+        assert self.t_first is not None and self.t_last is not None
+        return {
+            "records": records,
+            "wall_s": self.t_last - t0,
+            "startup_s": self.t_first - t0,
+            "processing_s": self.t_last - self.t_first,
+            "txns_committed": self.committed_txns,
+            "txns_aborted": self.aborted_txns,
+            "committed_records": self.committed_records,
+            "latency_samples": len(lat),
+            "latency_p50_ms": pct(0.50),
+            "latency_p99_ms": pct(0.99),
+            "latency_max_ms": lat[-1] * 1000.0 if lat else None,
+        }
+
+
+def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": cfg["bootstrap"],
+        "group.id": cfg["group"],
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    }
+
+
+def _producer_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": cfg["bootstrap"],
+        "transactional.id": cfg["group"] + "-txn",
+        "linger.ms": 5,  # kafkatx's default, and librdkafka's
+        "delivery.report.only.error": True,
+    }
+
+
+def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The hand-written EOS loop (runs 1 and 3b)."""
+    from confluent_kafka import Consumer, Producer
+
+    n, out, batch, every = cfg["records"], cfg["output"], cfg["batch"], cfg["sample_every"]
+    tr = Tracker(cfg)
+    seen = tr.seen
+    t0 = perf()
+    producer = Producer(_producer_config(cfg))
+    producer.init_transactions(30)
+    consumer = Consumer(_consumer_config(cfg))
+    consumer.subscribe([cfg["input"]])
+    produce = producer.produce
+    done = 0
+    deadline = time.monotonic() + cfg["timeout"]
+    try:
+        while done < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timed out after {cfg['timeout']}s with {done}/{n} records committed")
+            msgs = consumer.consume(batch, 0.1)
+            if not msgs:
+                continue
+            if tr.t_first is None:
+                tr.t_first = perf()
+            producer.begin_transaction()
+            for m in msgs:
+                if m.error() is not None:
+                    raise SystemExit(f"consumer error: {m.error()}")
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                produce(out, m.value().upper())
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+            )
+            producer.commit_transaction(30)
+            tr.committed(len(msgs))
+            done += len(msgs)
+    finally:
+        consumer.close()
+    return tr.result(t0, n)
+
+
+class PoisonError(RuntimeError):
+    """Raised by the handler for poison records (retryable, so max_attempts applies)."""
+
+
+def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
+    """kafkatx: App + @app.listener (runs 2, 3, 4, 4b)."""
+    import threading
+
+    from kafkatx import App
+    from kafkatx.events import HandlerFailed, TransactionAborted, TransactionCommitted
+
+    n, every, parts = cfg["records"], cfg["sample_every"], cfg["partitions"]
+    tr = Tracker(cfg)
+    seen = tr.seen
+    finished = threading.Event()
+    app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench")
+    options: dict[str, Any] = dict(cfg.get("options") or {})
+    poison = bool(cfg.get("poison"))
+    calls = bytearray(n) if poison else None
+    failures = [0]
+
+    if poison:
+
+        def handler(record: Any) -> bytes:
+            if tr.t_first is None:
+                tr.t_first = perf()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            i = o * parts + record.partition
+            if i < n:
+                calls[i] = min(255, calls[i] + 1)  # type: ignore[index]
+            v = record.value
+            if v[10:16] == b"poison":
+                raise PoisonError(f"poison record {v[:9].decode()}")
+            return v.upper()  # type: ignore[no-any-return]
+
+    else:
+
+        def handler(record: Any) -> bytes:
+            if tr.t_first is None:
+                tr.t_first = perf()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return record.value.upper()  # type: ignore[no-any-return]
+
+    app.add_listener(handler, cfg["input"], output=cfg["output"], name="bench", **options)
+
+    @app.on(TransactionCommitted)
+    def _committed(ev: Any) -> None:
+        tr.committed(ev.records)
+        if tr.committed_records >= n:
+            finished.set()
+
+    @app.on(TransactionAborted)
+    def _aborted(ev: Any) -> None:
+        tr.aborted()
+
+    @app.on(HandlerFailed)
+    def _failed(ev: Any) -> None:
+        failures[0] += 1
+
+    t0 = perf()
+    app.start()
+    try:
+        ok = finished.wait(cfg["timeout"])
+        if app.failure is not None:
+            raise SystemExit(f"kafkatx failed: {app.failure!r}")
+        if not ok:
+            raise SystemExit(f"timed out after {cfg['timeout']}s with {tr.committed_records}/{n} records committed")
+    finally:
+        app.stop(timeout=30)
+    res = tr.result(t0, n)
+    res["handler_failures"] = failures[0]
+    if calls is not None:
+        poison_idx = {i for i in range(n) if cfg["poison_every"] and i % cfg["poison_every"] == cfg["poison_offset"]}
+        nonpoison = [c for i, c in enumerate(calls) if i not in poison_idx]
+        res["handler_calls"] = sum(calls)
+        res["max_calls_per_good_record"] = max(nonpoison) if nonpoison else 0
+        res["good_records_reprocessed"] = sum(1 for c in nonpoison if c > 1)
+        res["extra_good_calls"] = sum(nonpoison) - len(nonpoison)
+        res["calls_per_poison_record"] = (
+            sum(calls[i] for i in poison_idx) / len(poison_idx) if poison_idx else 0
+        )
+    return res
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kind = cfg["kind"]
+    if kind == "raw":
+        res = run_raw(cfg)
+    elif kind == "kafkatx":
+        res = run_kafkatx(cfg)
+    else:
+        raise SystemExit(f"unknown run kind {kind!r}")
+    sys.stdout.write("RESULT " + json.dumps(res) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

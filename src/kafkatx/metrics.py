@@ -1,0 +1,513 @@
+"""Prometheus metrics for a kafkatx App, derived from its event bus.
+
+Every counter is fed by events the containers publish once per transaction or
+failure (never once per record), so instrumenting an App adds nothing to the
+per-record path. Consumer lag comes from librdkafka's statistics callback,
+which fires inside the consumer's poll every ``statistics.interval.ms``.
+
+``serve_metrics(app, port)`` serves ``/metrics`` over HTTP (what
+``kafkatx run --metrics-port`` does); ``instrument(app)`` only registers the
+metrics, for applications that serve a registry themselves. Both need the
+``metrics`` extra: ``pip install 'kafkatx[metrics]'``.
+
+Metric names, labels and the lag definition are documented in
+``docs/OBSERVABILITY.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.events import (
+    ContainerStarted,
+    ContainerStopped,
+    HandlerFailed,
+    KafkaErrorHandled,
+    PartitionsAssigned,
+    PartitionsRevoked,
+    ProducerRecreated,
+    RecordRecovered,
+    RecordRetryScheduled,
+    RecoveryFailed,
+    TransactionAborted,
+    TransactionCommitted,
+)
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from kafkatx.app import App
+
+__all__ = ["Metrics", "MetricsServer", "instrument", "serve_metrics", "DEFAULT_STATS_INTERVAL_MS", "INSTALL_HINT"]
+
+log = logging.getLogger("kafkatx.metrics")
+
+INSTALL_HINT = "pip install 'kafkatx[metrics]'"
+
+#: librdkafka ``statistics.interval.ms`` set for lag, unless the App sets its own.
+#: Building the statistics JSON costs librdkafka some CPU, so not every second.
+DEFAULT_STATS_INTERVAL_MS = 5_000
+
+#: Commit latency buckets (seconds): a healthy commit takes a few ms to ~100 ms;
+#: the top buckets catch batches that approach transaction.timeout.ms.
+COMMIT_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_LIVE_STATES = frozenset({"active", "offset-query", "offset-wait", "validate-epoch-wait"})
+_INVALID = -1001  # RD_KAFKA_OFFSET_INVALID in librdkafka statistics
+
+TP = tuple[str, int]
+LagSink = Callable[[str, str, int, "int | None"], None]
+
+
+def _prometheus() -> Any:
+    """Import prometheus_client, or explain how to install it."""
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise InvalidConfigurationError(
+            f"kafkatx metrics need the 'metrics' extra (prometheus_client), which is not installed: {INSTALL_HINT}"
+        ) from exc
+    return prometheus_client
+
+
+def listener_label(listener: str, worker: int) -> str:
+    """The listener's declared name: ``orders#2`` (worker 2 of ``orders``) becomes ``orders``.
+
+    Workers of one listener share its series, so dashboards aggregate by
+    listener without regex tricks; per-partition lag still tells them apart.
+    """
+    suffix = f"#{worker}"
+    return listener[: -len(suffix)] if listener.endswith(suffix) else listener
+
+
+# --------------------------------------------------------------------------
+# Consumer lag from librdkafka statistics (no prometheus_client needed, so the
+# status line can use it too)
+# --------------------------------------------------------------------------
+
+
+class _LagTracker:
+    """Per-partition consumer lag of one App's listeners, from librdkafka statistics.
+
+    Why not librdkafka's own ``consumer_lag``: it is measured from the
+    consumer's committed offset, which a transactional App never updates in
+    the consumer (offsets commit through the producer), so it stays -1. We
+    use ``ls_offset - app_offset`` instead: the last stable offset (what a
+    read_committed consumer can reach) minus the consumer's position (the
+    next record it will hand to the handler). A container commits each batch
+    before it polls again, so this is the committed lag to within one batch.
+    """
+
+    def __init__(self, app: App) -> None:
+        self._app_ref = weakref.ref(app)  # the App owns us (through its event bus), not the reverse
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, str, int], int] = {}
+        self._assigned: dict[str, set[TP]] = {}
+        self._clients: dict[str, str] = {}
+        self._sinks: list[LagSink] = []
+        self._user_cb: Callable[[str], None] | None = None
+        self._interval_ms: int | None = None
+        self._installed = False
+        app.events.subscribe(PartitionsAssigned, self._on_assigned)
+        app.events.subscribe(PartitionsRevoked, self._on_revoked)
+        app.events.subscribe(ContainerStopped, self._on_stopped)
+
+    # -- wiring --------------------------------------------------------------
+    def install(self, interval_ms: int) -> None:
+        """Ask librdkafka for statistics through ``app.consumer_config_overrides``.
+
+        A ``statistics.interval.ms`` the user set is kept; a ``stats_cb`` the
+        user set still receives every statistics JSON. Only consumers created
+        after this call report lag, hence the warning for a running App.
+        """
+        if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or interval_ms < 1:
+            raise InvalidConfigurationError(f"stats_interval_ms must be an integer >= 1, got {interval_ms!r}")
+        app = self._app_ref()
+        if app is None:
+            return
+        overrides = app.consumer_config_overrides
+        with self._lock:
+            if not self._installed:
+                existing = overrides.get("stats_cb")
+                if existing is not None and existing is not self._on_stats:
+                    self._user_cb = existing
+                overrides["stats_cb"] = self._on_stats
+                self._installed = True
+                if "statistics.interval.ms" not in overrides:
+                    self._interval_ms = interval_ms
+                    overrides["statistics.interval.ms"] = interval_ms
+            elif self._interval_ms is not None and interval_ms < self._interval_ms:
+                # A second user (the status line wants ~1 s) may ask for fresher data.
+                self._interval_ms = interval_ms
+                overrides["statistics.interval.ms"] = interval_ms
+        if any(c.alive for c in app.containers):
+            log.warning(
+                "App %s is already running: consumer lag is reported for consumers created from now on "
+                "(instrument the App before start() to get it at once)", app.name,
+            )  # fmt: skip
+
+    def add_sink(self, sink: LagSink) -> None:
+        """``sink(listener, topic, partition, lag)`` on each update; ``lag=None`` drops the series."""
+        with self._lock:
+            self._sinks.append(sink)
+
+    def total(self) -> int | None:
+        """Sum of all partitions' lag, or None before the first statistics arrived."""
+        with self._lock:
+            return sum(self._lag.values()) if self._lag else None
+
+    def snapshot(self) -> dict[tuple[str, str, int], int]:
+        with self._lock:
+            return dict(self._lag)
+
+    # -- events -----------------------------------------------------------------
+    def _on_assigned(self, event: PartitionsAssigned) -> None:
+        with self._lock:
+            self._assigned.setdefault(listener_label(event.listener, event.worker), set()).update(event.partitions)
+
+    def _on_revoked(self, event: PartitionsRevoked) -> None:
+        self._drop(listener_label(event.listener, event.worker), event.partitions)
+
+    def _on_stopped(self, event: ContainerStopped) -> None:
+        listener = listener_label(event.listener, event.worker)
+        with self._lock:
+            tps = tuple(self._assigned.get(listener, ()))
+        self._drop(listener, tps)
+
+    def _drop(self, listener: str, tps: tuple[TP, ...]) -> None:
+        dropped = []
+        with self._lock:
+            assigned = self._assigned.get(listener, set())
+            for tp in tps:
+                assigned.discard(tp)
+                if self._lag.pop((listener, *tp), None) is not None:
+                    dropped.append(tp)
+            sinks = tuple(self._sinks)
+        for topic, partition in dropped:
+            for sink in sinks:
+                sink(listener, topic, partition, None)
+
+    # -- statistics (runs inside consumer.consume() on a container thread) -----------
+    def _on_stats(self, stats_json: str) -> None:
+        # An exception here would propagate out of consume() and stop the container.
+        if self._user_cb is not None:
+            try:
+                self._user_cb(stats_json)
+            except Exception:
+                log.exception("the App's own stats_cb failed")
+        try:
+            self._update(json.loads(stats_json))
+        except Exception:
+            log.debug("could not read consumer lag from librdkafka statistics", exc_info=True)
+
+    def _update(self, stats: dict[str, Any]) -> None:
+        if stats.get("type") != "consumer":
+            return
+        listener = self._listener_for(str(stats.get("client_id", "")))
+        updates: list[tuple[str, int, int]] = []
+        with self._lock:
+            assigned = self._assigned.get(listener, set())
+            for topic, tstats in (stats.get("topics") or {}).items():
+                for pid, p in (tstats.get("partitions") or {}).items():
+                    partition = int(pid)
+                    if partition < 0 or (topic, partition) not in assigned:
+                        continue  # -1 is librdkafka's internal "unassigned" partition
+                    lag = _partition_lag(p)
+                    if lag is not None:
+                        self._lag[(listener, topic, partition)] = lag
+                        updates.append((topic, partition, lag))
+            sinks = tuple(self._sinks)
+        for topic, partition, lag in updates:
+            for sink in sinks:
+                sink(listener, topic, partition, lag)
+
+    def _listener_for(self, client_id: str) -> str:
+        """Which listener a consumer's statistics belong to, from its client.id.
+
+        kafkatx's default client.id is ``<app>-<listener>-<worker>``; with a
+        custom client.id shared by several listeners, the client.id itself is
+        used as the listener label.
+        """
+        name = self._clients.get(client_id)
+        if name is None:
+            owners: dict[str, set[str]] = {}
+            app = self._app_ref()
+            for spec in app.listeners if app is not None else ():
+                group = spec.group_id or app.group_id
+                for worker in range(spec.concurrency):
+                    try:
+                        cid = str(app.consumer_config(spec, group, worker).get("client.id"))
+                    except Exception:
+                        continue
+                    owners.setdefault(cid, set()).add(spec.name)
+            name = next(iter(owners[client_id])) if len(owners.get(client_id, ())) == 1 else client_id
+            self._clients[client_id] = name
+        return name
+
+
+def _partition_lag(p: dict[str, Any]) -> int | None:
+    """Lag of one partition's statistics, or None if librdkafka does not know it yet."""
+    if p.get("fetch_state") not in _LIVE_STATES:
+        return None
+    end = p.get("ls_offset", _INVALID)
+    if not isinstance(end, int) or end < 0:
+        end = p.get("hi_offset", _INVALID)
+    position = p.get("app_offset", _INVALID)
+    if not isinstance(position, int) or position < 0:
+        position = p.get("committed_offset", _INVALID)  # nothing consumed yet since assignment
+    if not isinstance(end, int) or not isinstance(position, int) or end < 0 or position < 0:
+        return None
+    return max(0, end - position)
+
+
+_TRACKERS: weakref.WeakKeyDictionary[App, _LagTracker] = weakref.WeakKeyDictionary()
+_TRACKERS_LOCK = threading.Lock()
+
+
+def lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> _LagTracker:
+    """The App's lag tracker, created and installed once (shared by metrics and the status line)."""
+    with _TRACKERS_LOCK:
+        tracker = _TRACKERS.get(app)
+        if tracker is None:
+            tracker = _TRACKERS[app] = _LagTracker(app)
+    tracker.install(interval_ms)
+    return tracker
+
+
+# --------------------------------------------------------------------------
+# Prometheus metrics
+# --------------------------------------------------------------------------
+
+
+class _Families:
+    """The metric families of one registry; several Apps may share them, told apart by ``app``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        pc = _prometheus()
+        base = ("app", "listener")
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+            return pc.Counter(name, doc, (*base, *extra), registry=registry)
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+            return pc.Gauge(name, doc, (*base, *extra), registry=registry)
+
+        self.records = counter("kafkatx_records_processed", "Records whose processing committed (handled, or recovered after failing)")
+        self.outputs = counter("kafkatx_outputs_produced", "Records produced by handlers in committed transactions")
+        self.failures = counter("kafkatx_handler_failures", "Handler failures (each failed attempt counts)")
+        self.retries = counter("kafkatx_record_retries", "Redeliveries scheduled after a handler failure")
+        self.recovered = counter("kafkatx_records_recovered", "Records handed to the recoverer (e.g. sent to the DLQ)", ("recoverer",))
+        self.recovery_failures = counter("kafkatx_recovery_failures", "Recoverer failures (the record is kept and recovery retried)")
+        self.committed = counter("kafkatx_transactions_committed", "Committed transactions", ("kind",))
+        self.aborted = counter("kafkatx_transactions_aborted", "Aborted transactions")
+        self.recreations = counter("kafkatx_producer_recreations", "Producers replaced after fencing or another application-recoverable error")
+        self.kafka_errors = counter("kafkatx_kafka_errors", "Kafka errors handled, by KIP-1050 error class", ("error_class",))
+        self.latency = pc.Histogram(
+            "kafkatx_commit_latency_seconds", "Duration of committed transactions, begin to commit",
+            base, buckets=COMMIT_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.lag = gauge("kafkatx_consumer_lag", "Records on the partition not yet processed (last stable offset - position)", ("topic", "partition"))
+        self.assigned = gauge("kafkatx_assigned_partitions", "Partitions currently assigned to the listener")
+        self.running = gauge("kafkatx_containers_running", "Listener containers (consumer threads) running")
+
+
+_FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
+_METRICS: weakref.WeakKeyDictionary[App, Metrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+class Metrics:
+    """An App's Prometheus metrics. Create it with :func:`instrument`.
+
+    ``registry`` holds them (a dedicated ``CollectorRegistry`` unless you
+    passed one), so two Apps in one process never clash.
+    """
+
+    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: _LagTracker) -> None:
+        self._app_ref = weakref.ref(app)
+        self.registry = registry
+        self._f = families
+        self._app_name = app.name
+        self._lag = lag
+        self._assigned: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        on = app.events.subscribe
+        on(TransactionCommitted, self._committed)
+        on(TransactionAborted, self._simple(families.aborted))
+        on(HandlerFailed, self._simple(families.failures))
+        on(RecordRetryScheduled, self._simple(families.retries))
+        on(RecordRecovered, self._recovered)
+        on(RecoveryFailed, self._simple(families.recovery_failures))
+        on(ProducerRecreated, self._simple(families.recreations))
+        on(KafkaErrorHandled, self._kafka_error)
+        on(ContainerStarted, self._started)
+        on(ContainerStopped, self._stopped)
+        on(PartitionsAssigned, self._partitions)
+        on(PartitionsRevoked, self._partitions)
+        lag.add_sink(self._lag_update)
+
+    @property
+    def app(self) -> App | None:
+        """The instrumented App (None once it was garbage-collected)."""
+        return self._app_ref()
+
+    def _labels(self, event: Any) -> tuple[str, str]:
+        return self._app_name, listener_label(event.listener, event.worker)
+
+    def _simple(self, family: Any) -> Callable[[Any], None]:
+        def count(event: Any) -> None:
+            family.labels(*self._labels(event)).inc()
+
+        return count
+
+    def _committed(self, event: TransactionCommitted) -> None:
+        labels = self._labels(event)
+        f = self._f
+        f.committed.labels(*labels, event.kind).inc()
+        if event.records:
+            f.records.labels(*labels).inc(event.records)
+        if event.outputs:
+            f.outputs.labels(*labels).inc(event.outputs)
+        f.latency.labels(*labels).observe(event.seconds)
+
+    def _recovered(self, event: RecordRecovered) -> None:
+        self._f.recovered.labels(*self._labels(event), event.recoverer or "unknown").inc()
+
+    def _kafka_error(self, event: KafkaErrorHandled) -> None:
+        self._f.kafka_errors.labels(*self._labels(event), event.error_class or "UNKNOWN").inc()
+
+    def _started(self, event: ContainerStarted) -> None:
+        labels = self._labels(event)
+        self._f.running.labels(*labels).inc()
+        self._f.assigned.labels(*labels).set(0)  # so the series exists before the first assignment
+
+    def _stopped(self, event: ContainerStopped) -> None:
+        self._f.running.labels(*self._labels(event)).dec()
+        self._set_assigned(event.listener, event.worker, 0)
+
+    def _partitions(self, event: PartitionsAssigned | PartitionsRevoked) -> None:
+        n = len(event.partitions)
+        with self._lock:
+            current = self._assigned.get((event.listener, event.worker), 0)
+        self._set_assigned(event.listener, event.worker, current + n if isinstance(event, PartitionsAssigned) else current - n)
+
+    def _set_assigned(self, container: str, worker: int, count: int) -> None:
+        """Per container, summed per listener: workers of one listener share a series."""
+        listener = listener_label(container, worker)
+        with self._lock:
+            self._assigned[(container, worker)] = max(0, count)
+            total = sum(n for (c, w), n in self._assigned.items() if listener_label(c, w) == listener)
+        self._f.assigned.labels(self._app_name, listener).set(total)
+
+    def _lag_update(self, listener: str, topic: str, partition: int, lag: int | None) -> None:
+        labels = (self._app_name, listener, topic, str(partition))
+        if lag is None:
+            try:
+                self._f.lag.remove(*labels)
+            except KeyError:
+                pass
+        else:
+            self._f.lag.labels(*labels).set(lag)
+
+    def total_lag(self) -> int | None:
+        """Sum of the App's consumer lag over all partitions (None until statistics arrive)."""
+        return self._lag.total()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format, e.g. for your own /metrics endpoint."""
+        return bytes(_prometheus().generate_latest(self.registry))
+
+
+def instrument(
+    app: App,
+    *,
+    registry: CollectorRegistry | None = None,
+    stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS,
+) -> Metrics:
+    """Register ``app``'s metrics and subscribe them to its events; idempotent per App.
+
+    Call it before ``app.start()``: consumer lag needs librdkafka statistics,
+    which are switched on (``statistics.interval.ms``, ``stats_cb``) in the
+    consumers' configuration. ``registry`` defaults to a new
+    ``CollectorRegistry`` for this App; pass ``prometheus_client.REGISTRY``
+    to serve kafkatx's metrics along with your own. A second call returns the
+    same :class:`Metrics` (``registry`` must then be omitted or the same).
+    """
+    pc = _prometheus()
+    with _METRICS_LOCK:
+        existing = _METRICS.get(app)
+        if existing is not None:
+            if registry is not None and registry is not existing.registry:
+                raise InvalidConfigurationError(
+                    f"App {app.name!r} is already instrumented with another registry; call instrument() once per App"
+                )
+            lag_tracker(app, stats_interval_ms)
+            return existing
+        if registry is None:
+            registry = pc.CollectorRegistry(auto_describe=True)
+        families = _FAMILIES.get(registry)
+        if families is None:
+            families = _FAMILIES[registry] = _Families(registry)
+        metrics = _METRICS[app] = Metrics(app, registry, families, lag_tracker(app, stats_interval_ms))
+    return metrics
+
+
+class MetricsServer:
+    """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
+
+    def __init__(self, metrics: Metrics, server: Any, thread: threading.Thread, addr: str) -> None:
+        self.metrics = metrics
+        self._server = server
+        self._thread = thread
+        self.addr = addr
+        self.port: int = int(server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and free the port. Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join(5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"MetricsServer({self.url})"
+
+
+def serve_metrics(app: App, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Instrument ``app`` and serve its metrics at ``http://addr:port/metrics`` from a daemon thread.
+
+    ``port=0`` picks a free port (read it from ``.port``). The default
+    address only accepts local scrapes; pass ``addr="0.0.0.0"`` for a
+    Prometheus running elsewhere.
+    """
+    pc = _prometheus()
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidConfigurationError(f"metrics port must be an integer in 0..65535, got {port!r}")
+    metrics = instrument(app)
+    try:
+        server, thread = pc.start_http_server(port, addr, registry=metrics.registry)
+    except OSError as exc:
+        raise InvalidConfigurationError(
+            f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}. Pick another port (0 picks a free one)"
+        ) from exc
+    handle = MetricsServer(metrics, server, thread, addr)
+    log.info("serving metrics of app %s at %s", app.name, handle.url)
+    return handle

@@ -1,0 +1,366 @@
+"""After-rollback processing against the local broker: attempts, back-off, seek-back, DLT."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections import Counter
+
+import pytest
+import tenacity
+
+from kafkatx import (
+    App,
+    DefaultAfterRollbackProcessor,
+    Record,
+    RecoveryExhaustedError,
+    RollbackContext,
+    send,
+)
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import PartitionsRevoked, RecordRecovered, RecoveryFailed, TransactionAborted, TransactionCommitted
+from kafkatx.testing import KafkaTestKit, delete_topics, running, unique_name, wait_for
+
+
+class PoisonError(Exception):
+    pass
+
+
+def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
+    return App(unique_name("arp"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **kwargs)  # type: ignore[arg-type]
+
+
+def all_committed(kafka: KafkaTestKit, app: App, topic: str) -> bool:
+    return kafka.committed(app.group_id, topic) == kafka.end_offsets(topic)
+
+
+def test_seed_002_scenario_two_attempts_then_dead_letter(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    kafka.produce(src, [{"key": b"k1", "value": b"ok-1", "partition": 1}])
+    kafka.produce(src, [{"key": b"bad", "value": b"poison", "partition": 1, "headers": [("trace", b"t-1")]}])
+    kafka.produce(src, [{"key": b"k2", "value": b"ok-2", "partition": 1}, {"value": b"ok-3", "partition": 0}])
+    app = make_app(kafka)
+    calls: Counter[bytes] = Counter()
+    attempts: list[int] = []
+
+    @app.listener(src, output=out, max_attempts=2, dlq=True)
+    def handler(record: Record) -> bytes:
+        calls[record.value or b""] += 1
+        if record.value == b"poison":
+            attempts.append(record.attempt)
+            raise PoisonError("cannot process poison")
+        return (record.value or b"").upper()
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30, message="offsets committed")
+    assert attempts == [1, 2], "tried twice, attempt numbers 1 then 2"
+    assert sorted(kafka.values(out)) == [b"OK-1", b"OK-2", b"OK-3"], "later records were processed, once each"
+    dlt = kafka.read(src + "-dlt")
+    assert len(dlt) == 1
+    dead = dlt[0]
+    assert (dead.key, dead.value, dead.partition) == (b"bad", b"poison", 1), "raw bytes, same partition"
+    assert dead.header("trace") == b"t-1", "original headers kept"
+    info = parse_dead_letter_headers(dead.headers)
+    assert info.original_topic == src and info.original_partition == 1 and info.original_offset == 1
+    assert info.exception_fqcn == f"{__name__}.PoisonError"
+    assert info.exception_message == "cannot process poison"
+    assert info.consumer_group == app.group_id
+    assert info.attempts == 2
+    assert "PoisonError" in (info.exception_stacktrace or "")
+    assert dead.header("kafka_dlt-original-partition") == struct.pack(">i", 1), "Spring's 4-byte int"
+    assert dead.header("kafka_dlt-original-offset") == struct.pack(">q", 1), "Spring's 8-byte long"
+    assert dead.header("kafka_dlt-original-timestamp-type") == b"CreateTime"
+    # read_committed shows no trace of the failed attempts; read_uncommitted may
+    assert Counter(kafka.values(out)) == Counter([b"OK-1", b"OK-2", b"OK-3"])
+
+
+def test_fails_once_then_succeeds_with_attempt_two(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"flaky", b"c"])
+    app = make_app(kafka)
+    seen: list[tuple[bytes, int]] = []
+
+    @app.listener(src, output=out, dlq=True)
+    def handler(record: Record) -> bytes | None:
+        seen.append((record.value or b"", record.attempt))
+        if record.value == b"flaky" and record.attempt == 1:
+            raise ConnectionError("transient")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert kafka.values(out) == [b"a", b"flaky", b"c"], "exactly one output each"
+    assert (b"flaky", 2) in seen and (b"flaky", 1) in seen
+    assert [a for v, a in seen if v == b"a"] == [1, 1], "a batch-mate is re-run once, and its attempt is not counted"
+    assert kafka.read(src + "-dlt") == []
+
+
+def test_not_retryable_goes_to_dlt_at_first_failure_and_defaults_cover_decoding(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"value-error", b"\xff\xfe not utf8", b"fine"])
+    app = make_app(kafka)
+    calls: Counter[bytes] = Counter()
+
+    @app.listener(src, output=out, max_attempts=5, dlq=unique_name("custom-dlt"), not_retryable=(ValueError,))
+    def handler(record: Record) -> str:
+        calls[record.value or b""] += 1
+        if record.value == b"value-error":
+            raise RuntimeError("wrapped") from ValueError("bad amount")  # matched along the cause chain
+        return (record.value or b"").decode("utf-8")  # UnicodeDecodeError: not retryable by default
+
+    dlt = app.listeners[0].recoverer.destination(Record(src, 0, 0, None, None), Exception())  # type: ignore[attr-defined]
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert calls[b"value-error"] == 1 and calls[b"\xff\xfe not utf8"] == 1
+    assert kafka.values(out) == [b"fine"]
+    dead = kafka.read(dlt)
+    assert [parse_dead_letter_headers(r.headers).exception_fqcn for r in dead] == [
+        "builtins.RuntimeError",
+        "builtins.UnicodeDecodeError",
+    ]
+    assert parse_dead_letter_headers(dead[0].headers).exception_cause_fqcn == "builtins.ValueError"
+    assert parse_dead_letter_headers(dead[0].headers).exception_message == "wrapped; bad amount"
+
+
+def test_backoff_is_honoured(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"x"])
+    app = make_app(kafka)
+    stamps: list[float] = []
+
+    @app.listener(src, output=out, max_attempts=3, backoff=tenacity.wait_exponential(multiplier=0.4, max=5))
+    def handler(record: Record) -> bytes | None:
+        stamps.append(time.monotonic())
+        if len(stamps) < 3:
+            raise ConnectionError("down")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: kafka.values(out) == [b"x"], 30)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert 0.35 <= gaps[0] < 3.0 and 0.75 <= gaps[1] < 4.0, gaps  # 0.4 s then 0.8 s
+
+
+def test_long_backoff_does_not_leave_the_group_and_other_partitions_flow(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    kafka.produce(src, [{"value": b"slow", "partition": 0}])
+    app = make_app(kafka, consumer_config={"max.poll.interval.ms": 6000, "session.timeout.ms": 6000})
+    revoked: list[PartitionsRevoked] = []
+    app.on(PartitionsRevoked)(revoked.append)
+    stamps: list[float] = []
+
+    @app.listener(src, output=out, max_attempts=2, backoff=10)
+    def handler(record: Record) -> bytes | None:
+        if record.value == b"slow":
+            stamps.append(time.monotonic())
+            if len(stamps) == 1:
+                raise ConnectionError("first attempt fails")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: len(stamps) == 1, 20)
+        kafka.produce(src, [{"value": b"other", "partition": 1}])
+        wait_for(lambda: b"other" in kafka.values(out), 8, message="partition 1 served during the back-off")
+        wait_for(lambda: len(stamps) == 2, 25)
+        wait_for(lambda: all_committed(kafka, app, src), 10)
+        revoked_while_running = list(revoked)  # close() revokes too; only count what came before
+    assert stamps[1] - stamps[0] >= 9.5
+    assert not revoked_while_running, "a 10 s back-off with max.poll.interval.ms=6000 caused a rebalance"
+    assert sorted(kafka.values(out)) == [b"other", b"slow"]
+
+
+def test_stop_interrupts_a_backoff(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    kafka.produce(src, [b"x"])
+    app = make_app(kafka)
+    failed = threading.Event()
+
+    @app.listener(src, backoff=60)
+    def handler(record: Record) -> None:
+        failed.set()
+        raise ConnectionError("down")
+
+    app.start()
+    assert failed.wait(20)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    app.stop()
+    assert time.monotonic() - t0 < 5
+    assert kafka.committed(app.group_id, src) == {}, "the failed record was not committed"
+
+
+def test_batch_with_one_percent_poison(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    n = 1000
+    kafka.produce(src, [b"poison-%d" % i if i % 100 == 37 else b"ok-%d" % i for i in range(n)])
+    app = make_app(kafka)
+    calls: Counter[bytes] = Counter()
+    tx: Counter[str] = Counter()
+    app.on(TransactionCommitted)(lambda e: tx.update(["commit-" + e.kind]))
+    app.on(TransactionAborted)(lambda e: tx.update(["abort"]))
+
+    @app.listener(src, output=out, max_attempts=3, dlq=True, max_batch_records=500)
+    def handler(record: Record) -> bytes:
+        calls[record.value or b""] += 1
+        if (record.value or b"").startswith(b"poison"):
+            raise PoisonError(record.value)
+        return (record.value or b"").upper()
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 60)
+    outputs = kafka.values(out)
+    assert len(outputs) == 990 and len(set(outputs)) == 990
+    dead = kafka.read(src + "-dlt")
+    assert sorted(r.value for r in dead) == sorted(b"poison-%d" % i for i in range(n) if i % 100 == 37)
+    assert all(calls[b"poison-%d" % i] == 3 for i in range(n) if i % 100 == 37)
+    # batch-mates are re-run at most once per failure: 10 poison x 3 failures bounds the re-runs
+    assert sum(c - 1 for v, c in calls.items() if v.startswith(b"ok")) <= 10 * 3 * 500
+    # the cost floor: each failure costs one abort and one after-rollback transaction
+    assert tx["abort"] == 30 and tx["commit-after_rollback"] == 30, tx
+
+
+def test_recoverer_failure_loses_nothing_and_recovers_once_the_dlt_is_back(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    dlt = src + "-dlt"
+    kafka.produce(src, [b"ok-1", b"poison", b"ok-2"])
+    app = make_app(kafka)
+    failures: list[RecoveryFailed] = []
+    app.on(RecoveryFailed)(failures.append)
+    recovered: list[RecordRecovered] = []
+    app.on(RecordRecovered)(recovered.append)
+    calls: Counter[bytes] = Counter()
+
+    @app.listener(src, output=out, max_attempts=1, dlq=True, recovery_backoff=0.2)
+    def handler(record: Record) -> bytes | None:
+        calls[record.value or b""] += 1
+        if record.value == b"poison":
+            raise PoisonError("poison")
+        return record.value
+
+    with running(app):  # the DLT is created at startup...
+        delete_topics(kafka.bootstrap_servers, [dlt])  # ...and then goes away
+        wait_for(lambda: len(failures) >= 2, 30, message="recovery failing while the DLT is missing")
+        assert kafka.committed(app.group_id, src).get(0, 0) <= 1, "the poison record is never committed without its DLT copy"
+        kafka.topic(name=dlt)
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert [r.value for r in kafka.read(dlt)] == [b"poison"]
+    assert sorted(kafka.values(out)) == [b"ok-1", b"ok-2"]
+    assert calls[b"poison"] == 1, "recovery is retried without calling the handler again"
+    assert len(recovered) == 1
+
+
+def test_last_resort_stop_after_max_recovery_failures(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"ok", b"poison"])
+    app = make_app(kafka)
+
+    def broken_recoverer(record: Record, exc: BaseException) -> None:
+        raise OSError("archive unreachable")
+
+    @app.listener(src, output=out, max_attempts=1, dlq=broken_recoverer, max_recovery_failures=3, recovery_backoff=0.05)
+    def handler(record: Record) -> bytes | None:
+        if record.value == b"poison":
+            raise PoisonError("poison")
+        return record.value
+
+    app.start()
+    assert app.wait(30), "the container stops by itself"
+    assert isinstance(app.failure, RecoveryExhaustedError)
+    assert "failed 3 time(s)" in str(app.failure) and "archive unreachable" in str(app.failure)
+    assert kafka.committed(app.group_id, src) == {0: 1}, "ok committed, poison kept for the next start"
+    assert kafka.values(out) == [b"ok"]
+
+
+def test_custom_recoverer_sends_in_the_same_transaction(kafka: KafkaTestKit) -> None:
+    src, out, audit = kafka.topic(), kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"poison", b"ok"])
+    app = make_app(kafka)
+    recovered: list[tuple[bytes, int, str]] = []
+
+    def to_audit(record: Record, exc: BaseException) -> None:
+        recovered.append((record.value or b"", record.attempt, type(exc).__name__))
+        send(audit, b"parked:" + (record.value or b""))
+
+    @app.listener(src, output=out, max_attempts=2, dlq=to_audit)
+    def handler(record: Record) -> bytes | None:
+        if record.value == b"poison":
+            raise PoisonError("x")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert recovered == [(b"poison", 2, "PoisonError")]
+    assert kafka.values(audit) == [b"parked:poison"]
+    assert kafka.values(out) == [b"ok"]
+
+
+def test_custom_after_rollback_processor_is_used(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"poison", b"b"])
+    app = make_app(kafka)
+    seen: list[tuple[bytes, list[bytes], list[bytes]]] = []
+
+    class SkipAtOnce:
+        """Skips the failed record on its first failure, committing its offset."""
+
+        def process(self, context: RollbackContext) -> None:
+            seen.append((context.failed.value or b"", [r.value or b"" for r in context.processed],
+                         [r.value or b"" for r in context.records]))  # fmt: skip
+            context.replay_processed()
+            context.commit_offset(context.failed)
+
+    @app.listener(src, output=out, after_rollback=SkipAtOnce(), max_batch_records=10, max_batch_ms=300)
+    def handler(record: Record) -> bytes | None:
+        if record.value == b"poison":
+            raise PoisonError("x")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert seen == [(b"poison", [b"a"], [b"poison", b"b"])]
+    assert kafka.values(out) == [b"a", b"b"]
+
+
+def test_default_after_rollback_processor_can_be_configured_directly(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"poison"])
+    app = make_app(kafka)
+    parked: list[int] = []
+    arp = DefaultAfterRollbackProcessor(lambda r, e: parked.append(r.attempt), max_attempts=4)
+
+    @app.listener(src, output=out, after_rollback=arp)
+    def handler(record: Record) -> None:
+        raise PoisonError("x")
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert parked == [4]
+
+
+@pytest.mark.parametrize("retry", ["in_place"])
+def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit, retry: str) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    kafka.produce(src, [b"poison-%d" % i if i % 50 == 7 else b"ok-%d" % i for i in range(400)])
+    app = make_app(kafka)
+    tx: Counter[str] = Counter()
+    app.on(TransactionAborted)(lambda e: tx.update(["abort"]))
+    calls: Counter[bytes] = Counter()
+
+    @app.listener(src, output=out, max_attempts=3, dlq=True, retry=retry, max_batch_records=400)
+    def handler(record: Record) -> bytes:
+        calls[record.value or b""] += 1
+        send(out, b"side-" + (record.value or b""))
+        if (record.value or b"").startswith(b"poison"):
+            raise PoisonError("x")
+        return record.value or b""
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    poison = [b"poison-%d" % i for i in range(400) if i % 50 == 7]
+    assert sorted(r.value for r in kafka.read(src + "-dlt")) == sorted(poison)
+    values = kafka.values(out)
+    assert len(values) == 2 * (400 - len(poison)) and len(set(values)) == len(values)
+    assert not any(v.startswith(b"side-poison") for v in kafka.values(out, isolation="read_uncommitted"))
+    assert tx["abort"] == 0, "in-place retries never abort the batch"
+    assert all(calls[p] == 3 for p in poison) and all(c == 1 for v, c in calls.items() if v.startswith(b"ok"))
