@@ -26,7 +26,7 @@ def main() -> None:
     from quixstreams.checkpointing import checkpoint as ckpt
 
     n, every = cfg["records"], cfg["sample_every"]
-    state: dict[str, Any] = {"t_first": None, "t_last": None, "seen": 0, "txns": 0, "aborts": 0}
+    state: dict[str, Any] = {"t_first": None, "t_last": None, "seen": 0, "txns": 0, "aborts": 0, "cpu_first": 0.0, "cpu_last": 0.0}
     first: dict[int, float] = {}
     pending: list[int] = []
     lat: list[float] = []
@@ -41,6 +41,7 @@ def main() -> None:
             now = perf()
             state["txns"] += 1
             state["t_last"] = now
+            state["cpu_last"] = time.thread_time()
             for key in pending:
                 t = first.pop(key, None)
                 if t is not None:
@@ -76,6 +77,7 @@ def main() -> None:
 
     def upper(value: bytes) -> bytes:
         if state["t_first"] is None:
+            state["cpu_first"] = time.thread_time()
             state["t_first"] = perf()
         state["seen"] += 1
         i = state["seen"]
@@ -106,6 +108,7 @@ def main() -> None:
         "latency_p50_ms": pct(0.50),
         "latency_p99_ms": pct(0.99),
         "latency_max_ms": lat[-1] * 1000.0 if lat else None,
+        "thread_cpu_s": state["cpu_last"] - state["cpu_first"],
         "quixstreams_commit_interval_s": app._config.commit_interval,
     }
     sys.stdout.write("RESULT " + json.dumps(res) + "\n")

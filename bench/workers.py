@@ -47,6 +47,13 @@ class Tracker:
         self.committed_records = 0
         self.t_first: float | None = None
         self.t_last: float | None = None
+        self.cpu_first = 0.0  # CPU time of the processing thread (contention-proof cost)
+        self.cpu_last = 0.0
+
+    def start(self) -> None:
+        """Called on the processing thread when the first record is handed to the transform."""
+        self.cpu_first = time.thread_time()
+        self.t_first = perf()
 
     def seen(self, partition: int, offset: int) -> None:
         key = (partition, offset)
@@ -65,6 +72,7 @@ class Tracker:
                 self.lat.append(now - t)
         self.pending.clear()
         self.t_last = now
+        self.cpu_last = time.thread_time()
 
     def aborted(self) -> None:
         self.aborted_txns += 1
@@ -91,6 +99,7 @@ class Tracker:
             "latency_p50_ms": pct(0.50),
             "latency_p99_ms": pct(0.99),
             "latency_max_ms": lat[-1] * 1000.0 if lat else None,
+            "thread_cpu_s": self.cpu_last - self.cpu_first,
         }
 
 
@@ -136,7 +145,7 @@ def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
             if not msgs:
                 continue
             if tr.t_first is None:
-                tr.t_first = perf()
+                tr.start()
             producer.begin_transaction()
             for m in msgs:
                 if m.error() is not None:
@@ -181,7 +190,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
 
         def handler(record: Any) -> bytes:
             if tr.t_first is None:
-                tr.t_first = perf()
+                tr.start()
             o = record.offset
             if o % every == 0:
                 seen(record.partition, o)
@@ -197,7 +206,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
 
         def handler(record: Any) -> bytes:
             if tr.t_first is None:
-                tr.t_first = perf()
+                tr.start()
             o = record.offset
             if o % every == 0:
                 seen(record.partition, o)

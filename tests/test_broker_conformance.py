@@ -74,3 +74,49 @@ def test_same_transactional_id_fences_the_first_producer(kafka: KafkaTestKit) ->
     assert err.fatal(), err
     assert err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
     assert kafka.values(topic) == [b"successor"]
+
+
+def test_live_read_committed_consumer_sees_commits_after_an_abort(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+    """A consumer that is caught up while a producer aborts must still get the later commits.
+
+    noida-db 0.2.3 fails this: after an aborted transaction whose records
+    reached the log, a live read_committed consumer skips every later
+    committed record of the same producer (its position moves to the end),
+    while a fresh reader sees them. Real Kafka passes. Consequence: on the
+    local broker, do not chain a read_committed consumer behind a
+    transactional producer that aborts; read outputs with a fresh reader.
+    """
+    import threading
+    import time
+
+    if not request.config.getoption("--kafka-bootstrap"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="noida-db 0.2.3: live read_committed skips after aborts"))
+    topic = kafka.topic()
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique_name("live"), "log_level": 3,
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            got.extend(m.value() for m in consumer.consume(100, 0.1) if m.error() is None)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        time.sleep(1.5)  # joined and caught up
+        p = _txn_producer(kafka.bootstrap_servers, unique_name("txn"))
+        for i, action in enumerate(["commit", "abort", "commit"]):
+            p.begin_transaction()
+            p.produce(topic, f"{action}-{i}".encode())
+            p.flush(10)
+            p.commit_transaction(10) if action == "commit" else p.abort_transaction(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(got) < 2:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join()
+        consumer.close()
+    assert got == [b"commit-0", b"commit-2"]

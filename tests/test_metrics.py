@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import builtins
+import io
+import logging
+import time
 import urllib.request
 from typing import Any
 
@@ -10,6 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafkatx import App, InvalidConfigurationError, Record
+from kafkatx._status import StatusLine
+from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.metrics import instrument, serve_metrics
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
@@ -43,7 +48,9 @@ def present(samples: dict[Any, float], name: str) -> list[dict[str, str]]:
 def test_counters_histogram_and_lag_of_a_failing_record(kafka: KafkaTestKit) -> None:
     topic = kafka.topic(partitions=2)
     out = kafka.topic()
-    app = App(unique_name("metrics"), bootstrap_servers=kafka.bootstrap_servers, instance_id="m1", create_topics=True)
+    app = App(
+        unique_name("metrics"), bootstrap_servers=kafka.bootstrap_servers, instance_id="m1", create_topics=True
+    )
 
     @app.listener(topic, output=out, max_attempts=2, dlq=True, name="orders")
     def handle(record: Record) -> bytes:
@@ -84,6 +91,7 @@ def test_counters_histogram_and_lag_of_a_failing_record(kafka: KafkaTestKit) -> 
         assert value(s, "kafkatx_commit_latency_seconds_sum", **labels) > 0
         assert value(s, "kafkatx_assigned_partitions", **labels) == 2
         assert value(s, "kafkatx_containers_running", **labels) == 1
+        assert abs(value(s, "kafkatx_last_commit_timestamp_seconds", **labels) - time.time()) < 60
         assert sorted(lbl["partition"] for lbl in present(s, "kafkatx_consumer_lag")) == ["0", "1"]
         assert {lbl["topic"] for lbl in present(s, "kafkatx_consumer_lag")} == {topic}
 
@@ -97,27 +105,30 @@ def test_counters_histogram_and_lag_of_a_failing_record(kafka: KafkaTestKit) -> 
         scrape(server.url)  # the port is closed
 
 
-def test_lag_counts_records_not_yet_processed(kafka: KafkaTestKit) -> None:
-    """While the handler is held back, lag shows the backlog; then it drains to 0."""
-    import threading
-
+def test_lag_shows_the_backlog_then_drains_to_zero(kafka: KafkaTestKit) -> None:
     topic = kafka.topic()
-    gate = threading.Event()
     app = App(unique_name("lag"), bootstrap_servers=kafka.bootstrap_servers, instance_id="l1")
 
     @app.listener(topic, max_batch_records=1, name="slow")
     def handle(record: Record) -> None:
-        gate.wait(10)
+        time.sleep(0.05)  # 40 records take 2 s: the consumer polls (and reports lag) in between
 
     metrics = instrument(app, stats_interval_ms=100)
-    kafka.produce(topic, [b"x"] * 20)
+    kafka.produce(topic, [b"x"] * 40)
+    seen: list[int] = []
+
+    def drained() -> bool:
+        lag = metrics.total_lag()
+        if lag is not None:
+            seen.append(lag)
+        return bool(seen) and lag == 0
+
     with running(app):
-        # The first record is in the handler, so at least 18 wait behind it.
-        wait_for(lambda: (metrics.total_lag() or 0) >= 18, timeout=15, message="lag to show the backlog")
-        gate.set()
-        wait_for(lambda: metrics.total_lag() == 0, timeout=15, message="lag to drain to 0")
-    text = metrics.exposition().decode()
-    assert "kafkatx_records_processed_total" in text
+        wait_for(drained, timeout=20, message="lag to drain to 0")
+    assert max(seen) >= 20, f"lag never showed the backlog: {seen}"
+    families = text_string_to_metric_families(metrics.exposition().decode())
+    samples = {(s.name, s.labels.get("listener")): s.value for f in families for s in f.samples}
+    assert samples[("kafkatx_records_processed_total", "slow")] == 40
 
 
 def test_two_apps_in_one_process_get_separate_registries() -> None:
@@ -131,7 +142,8 @@ def test_two_apps_in_one_process_get_separate_registries() -> None:
 
 def test_users_stats_cb_and_interval_are_kept() -> None:
     seen: list[str] = []
-    app = App(unique_name("a"), bootstrap_servers="x:1", consumer_config={"statistics.interval.ms": 60000, "stats_cb": seen.append})
+    user_config = {"statistics.interval.ms": 60000, "stats_cb": seen.append}
+    app = App(unique_name("a"), bootstrap_servers="x:1", consumer_config=user_config)
     instrument(app)
     overrides = app.consumer_config_overrides
     assert overrides["statistics.interval.ms"] == 60000
@@ -165,3 +177,68 @@ def test_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPat
         serve_metrics(app, 0)
     with pytest.raises(InvalidConfigurationError, match=r"pip install 'kafkatx\[metrics\]'"):
         instrument(app)
+
+
+# -- the live status line (kafkatx run on a terminal) ------------------------------------
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_status_line_counts_rate_and_clears_on_stop() -> None:
+    app = App(unique_name("st"), bootstrap_servers="x:1")
+    tty = FakeTerminal()
+    status = StatusLine(app, stream=tty, interval=60).start()
+    try:
+        status.render(now=100.0)
+        app.events.publish(TransactionCommitted("l", 0, records=500, seconds=0.01))
+        record = Record("t", 0, 7, None, b"x")
+        app.events.publish(HandlerFailed("l", 0, record, ValueError("x"), 1))
+        app.events.publish(TransactionAborted("l", 0, 1, "failed"))
+        app.events.publish(RecordRecovered("l", 0, record, ValueError("x"), "DeadLetterPublishingRecoverer"))
+        text = status.render(now=102.0)
+    finally:
+        status.stop()
+    assert text == f"kafkatx {app.name} | 250 rec/s | processed 500 | failed 1 | dlq 1 | aborted 1 | lag ?"
+    app.events.publish(TransactionCommitted("l", 0, records=5))
+    assert status.processed == 500  # stopped: no longer counting
+
+
+def test_status_line_live_on_a_terminal_shares_it_with_logging(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic()
+    app = App(unique_name("st"), bootstrap_servers=kafka.bootstrap_servers, instance_id="s1")
+
+    @app.listener(topic, name="live")
+    def handle(record: Record) -> None:
+        pass
+
+    tty = FakeTerminal()
+    handler = logging.StreamHandler(tty)
+    logger = logging.getLogger(unique_name("status-test"))
+    logger.addHandler(handler)
+    kafka.produce(topic, [b"x"] * 7)
+    status = StatusLine(app, stream=tty, interval=0.05).start()
+    try:
+        with running(app):
+            wait_for(lambda: "processed 7 " in tty.getvalue() and "lag 0" in tty.getvalue(), timeout=20,
+                     message="the status line to show 7 processed and lag 0")  # fmt: skip
+            logger.warning("a log line")
+    finally:
+        status.stop()
+        logger.removeHandler(handler)
+    out = tty.getvalue()
+    assert "\r\x1b[Ka log line\n" in out  # the status line was erased before the log line
+    assert out.endswith("\r\x1b[K")  # and erased on stop
+    assert handler.stream is tty  # logging's stream restored
+
+
+def test_status_line_does_nothing_without_a_terminal() -> None:
+    app = App(unique_name("st"), bootstrap_servers="x:1")
+    pipe = io.StringIO()
+    status = StatusLine(app, stream=pipe, interval=0.01).start()
+    time.sleep(0.05)
+    status.stop()
+    assert pipe.getvalue() == ""
+    assert "stats_cb" not in app.consumer_config_overrides

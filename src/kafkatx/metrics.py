@@ -298,21 +298,36 @@ class _Families:
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
             return pc.Gauge(name, doc, (*base, *extra), registry=registry)
 
-        self.records = counter("kafkatx_records_processed", "Records whose processing committed (handled, or recovered after failing)")
+        self.records = counter(
+            "kafkatx_records_processed", "Records whose processing committed (handled, or recovered after failing)"
+        )
         self.outputs = counter("kafkatx_outputs_produced", "Records produced by handlers in committed transactions")
         self.failures = counter("kafkatx_handler_failures", "Handler failures (each failed attempt counts)")
         self.retries = counter("kafkatx_record_retries", "Redeliveries scheduled after a handler failure")
-        self.recovered = counter("kafkatx_records_recovered", "Records handed to the recoverer (e.g. sent to the DLQ)", ("recoverer",))
-        self.recovery_failures = counter("kafkatx_recovery_failures", "Recoverer failures (the record is kept and recovery retried)")
+        self.recovered = counter(
+            "kafkatx_records_recovered", "Records handed to the recoverer (e.g. sent to the DLQ)", ("recoverer",)
+        )
+        self.recovery_failures = counter(
+            "kafkatx_recovery_failures", "Recoverer failures (the record is kept and recovery retried)"
+        )
         self.committed = counter("kafkatx_transactions_committed", "Committed transactions", ("kind",))
         self.aborted = counter("kafkatx_transactions_aborted", "Aborted transactions")
-        self.recreations = counter("kafkatx_producer_recreations", "Producers replaced after fencing or another application-recoverable error")
-        self.kafka_errors = counter("kafkatx_kafka_errors", "Kafka errors handled, by KIP-1050 error class", ("error_class",))
+        self.recreations = counter(
+            "kafkatx_producer_recreations", "Producers replaced after fencing or another application-recoverable error"
+        )
+        self.kafka_errors = counter(
+            "kafkatx_kafka_errors", "Kafka errors handled, by KIP-1050 error class", ("error_class",)
+        )
         self.latency = pc.Histogram(
             "kafkatx_commit_latency_seconds", "Duration of committed transactions, begin to commit",
             base, buckets=COMMIT_LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
-        self.lag = gauge("kafkatx_consumer_lag", "Records on the partition not yet processed (last stable offset - position)", ("topic", "partition"))
+        self.last_commit = gauge("kafkatx_last_commit_timestamp_seconds", "Unix time of the last committed transaction")
+        self.lag = gauge(
+            "kafkatx_consumer_lag",
+            "Records on the partition not processed yet (last stable offset - consumer position)",
+            ("topic", "partition"),
+        )
         self.assigned = gauge("kafkatx_assigned_partitions", "Partitions currently assigned to the listener")
         self.running = gauge("kafkatx_containers_running", "Listener containers (consumer threads) running")
 
@@ -336,6 +351,7 @@ class Metrics:
         self._app_name = app.name
         self._lag = lag
         self._assigned: dict[tuple[str, int], int] = {}
+        self._running: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         on = app.events.subscribe
         on(TransactionCommitted, self._committed)
@@ -375,6 +391,7 @@ class Metrics:
         if event.outputs:
             f.outputs.labels(*labels).inc(event.outputs)
         f.latency.labels(*labels).observe(event.seconds)
+        f.last_commit.labels(*labels).set_to_current_time()
 
     def _recovered(self, event: RecordRecovered) -> None:
         self._f.recovered.labels(*self._labels(event), event.recoverer or "unknown").inc()
@@ -383,19 +400,25 @@ class Metrics:
         self._f.kafka_errors.labels(*self._labels(event), event.error_class or "UNKNOWN").inc()
 
     def _started(self, event: ContainerStarted) -> None:
-        labels = self._labels(event)
-        self._f.running.labels(*labels).inc()
-        self._f.assigned.labels(*labels).set(0)  # so the series exists before the first assignment
+        with self._lock:
+            self._running.add((event.listener, event.worker))
+        self._f.running.labels(*self._labels(event)).inc()
+        self._set_assigned(event.listener, event.worker, 0)  # the series exists before the first assignment
 
     def _stopped(self, event: ContainerStopped) -> None:
-        self._f.running.labels(*self._labels(event)).dec()
+        with self._lock:
+            was_running = (event.listener, event.worker) in self._running
+            self._running.discard((event.listener, event.worker))
+        if was_running:  # a container that failed to open stops without having started
+            self._f.running.labels(*self._labels(event)).dec()
         self._set_assigned(event.listener, event.worker, 0)
 
     def _partitions(self, event: PartitionsAssigned | PartitionsRevoked) -> None:
         n = len(event.partitions)
         with self._lock:
             current = self._assigned.get((event.listener, event.worker), 0)
-        self._set_assigned(event.listener, event.worker, current + n if isinstance(event, PartitionsAssigned) else current - n)
+        delta = n if isinstance(event, PartitionsAssigned) else -n
+        self._set_assigned(event.listener, event.worker, current + delta)
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""

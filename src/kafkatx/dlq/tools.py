@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -42,6 +41,7 @@ __all__ = [
     "parse_filter",
     "replay_dlq",
     "replay_transactional_id",
+    "replayed_headers",
     "resolve_bootstrap_servers",
 ]
 
@@ -59,9 +59,21 @@ REPLAYED_FROM = "kafkatx_replayed-from"
 _STRIPPED_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-", "retry_topic-")
 
 _OFFSET_BEGINNING = -2
-_QUIET = {"log_level": 3}
 # Settings the tools own; a user override would break read_committed or exactly-once.
 _OWNED = ("group.id", "enable.auto.commit", "isolation.level", "transactional.id", "enable.idempotence")
+
+
+class _ClientLog:
+    """librdkafka's own log lines, demoted to DEBUG: a tool's errors carry their cause, and a
+    refused connection would otherwise print a line every few milliseconds (``-vv`` shows them)."""
+
+    _log = logging.getLogger("kafkatx.dlq.librdkafka")
+
+    def log(self, _level: int, msg: str, *args: Any) -> None:
+        self._log.debug(msg, *args)
+
+
+_QUIET = {"logger": _ClientLog()}
 
 
 class DlqToolError(RuntimeError):
@@ -146,13 +158,6 @@ def _entry(msg: Message) -> DeadLetterEntry:
         headers=headers,
         info=parse_dead_letter_headers(headers),
     )
-
-
-def format_time(ms: int | None) -> str:
-    """``YYYY-MM-DD HH:MM:SS.mmmZ`` (UTC) for tables, ``-`` when unknown."""
-    if ms is None or ms < 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 # ---------------------------------------------------------------------------
@@ -312,6 +317,7 @@ def _consumer(servers: str, group: str, config: Mapping[str, Any]) -> Consumer:
         {
             **_QUIET,
             "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100,  # reach partition EOF quickly; the tools read bounded ranges
             **config,
             "bootstrap.servers": servers,
             "group.id": group,
@@ -328,7 +334,9 @@ def _partitions(client: Any, servers: str, topic: str, what: str = "topic") -> l
     try:
         meta = client.list_topics(topic, timeout=10).topics.get(topic)
     except KafkaException as exc:
-        raise DlqToolError(f"cannot read metadata of {what} {topic!r} from {servers}: {exc.args[0].str()}") from None
+        raise DlqToolError(
+            f"cannot read metadata of {what} {topic!r} from {servers} (is the broker reachable?): {exc.args[0].str()}"
+        ) from None
     if meta is None or meta.error is not None or not meta.partitions:
         reason = f" ({meta.error.str()})" if meta is not None and meta.error is not None else ""
         raise DlqToolError(f"{what} {topic!r} does not exist on {servers}{reason}")
@@ -534,9 +542,9 @@ def replay_dlq(
 
     Starts at the group's committed offsets on the DLT (the beginning if it
     has none) and stops at the end offsets taken at the start. Every batch of
-    up to ``batch_size`` records is one transaction holding the re-published
-    records and the group's new offsets, so after a crash the same call
-    resumes after the last committed batch. Records that fail a filter are
+    up to ``batch_size`` DLT records (replayed or skipped) is one transaction
+    holding the re-published records and the group's new offsets, so after a
+    crash the same call resumes after the last committed batch. Records that fail a filter are
     skipped, and the group moves past them too (offsets are a position, not a
     set: not committing them would replay the records after them again).
     ``limit`` stops after that many replayed records. ``dry_run`` reads from
@@ -633,6 +641,7 @@ class _Replay:
         positions = dict(committed)  # what the group has committed (or will have, in a dry run)
         done: dict[int, int] = {}  # positions handled in the open batch
         batch: list[PendingOutput] = []
+        handled = 0  # records in the open batch, replayed or skipped
         total = sum(max(0, stops[p] - starts[p]) for p in starts)
         bar = tqdm(total=total, desc=f"replay {self.topic}", unit="rec", disable=not progress or total == 0, leave=False)
         try:
@@ -650,8 +659,10 @@ class _Replay:
                 self._handle(entry, batch)
                 done[event.partition] = event.offset + 1
                 bar.update(1)
-                if len(batch) >= batch_size:
+                handled += 1
+                if handled >= batch_size:
                     self._commit(batch, done, positions)
+                    handled = 0
             self._commit(batch, done, positions)
         except BaseException:
             if self.producer is not None and self.producer.in_transaction:

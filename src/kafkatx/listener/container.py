@@ -68,6 +68,7 @@ log = logging.getLogger("kafkatx.container")
 TP = tuple[str, int]
 _TS_TYPES = ("NoTimestampType", "CreateTime", "LogAppendTime")
 _FENCE_WINDOW_S = 60.0
+_IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
 
 
 class ContainerError(RuntimeError):
@@ -143,6 +144,9 @@ class ListenerContainer:
         self._assigned: set[TP] = set()
         self._paused_until: dict[TP, float] = {}
         self._recreations: collections.deque[float] = collections.deque()
+        self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
+        self._last_activity = time.monotonic()
+        self._positions_checked = True
         self._buffer = _RecordBuffer(spec.serializer)
         self.started = threading.Event()
         # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
@@ -263,6 +267,7 @@ class ListenerContainer:
         self.tracker.clear_partitions(tps)
         for tp in tps:
             self._paused_until.pop(tp, None)
+            self._committed.pop(tp, None)
             producer = self._partition_producers.pop(tp, None)
             if producer is not None:
                 producer.close()
@@ -282,6 +287,8 @@ class ListenerContainer:
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
         msgs = consumer.consume(spec.max_batch_records, timeout)
         if not msgs:
+            if not self._positions_checked and time.monotonic() - self._last_activity > _IDLE_FIXUP_S:
+                self._commit_positions_past_markers()
             return
         batch = [m for m in msgs if m.error() is None]
         if len(batch) != len(msgs):
@@ -289,9 +296,15 @@ class ListenerContainer:
                 if m.error() is not None:
                     self._consumer_error(m)
         if self._paused_until:
-            batch = [m for m in batch if (m.topic(), m.partition()) not in self._paused_until]
+            held = _first_offsets([m for m in batch if (m.topic(), m.partition()) in self._paused_until])
+            if held:  # fetched before the pause took effect: rewind so they come back after it
+                batch = [m for m in batch if (m.topic(), m.partition()) not in held]
+                for tp, offset in held.items():
+                    self._seek(tp, offset)
         if not batch:
             return
+        self._last_activity = time.monotonic()
+        self._positions_checked = False
         if spec.fencing == "partition":
             units: dict[TP, list[Message]] = {}
             for m in batch:
@@ -302,6 +315,44 @@ class ListenerContainer:
         else:
             assert self._group_producer is not None
             self._unit_runner(batch, self._group_producer)
+
+    def _commit_positions_past_markers(self) -> None:
+        """When idle, commit positions that moved past transaction markers or aborted records.
+
+        A read_committed consumer skips those control records, so without this
+        the committed offset stays one (or more) short of the end and lag never
+        reaches zero (Spring's ``fixTxOffsets``, on by default here).
+        """
+        self._positions_checked = True
+        consumer = self._consumer
+        if consumer is None or not self._committed:
+            return
+        tps = [TopicPartition(t, p) for (t, p) in self._committed if (t, p) in self._assigned and (t, p) not in self._paused_until]
+        if not tps:
+            return
+        ahead: dict[TP, int] = {}
+        for tp in consumer.position(tps):
+            key = (tp.topic, tp.partition)
+            if tp.offset > self._committed.get(key, tp.offset):
+                ahead[key] = tp.offset
+        by_producer: dict[int, tuple[TransactionalProducer, dict[TP, int]]] = {}
+        for tp, offset in ahead.items():
+            producer = self._producer_for(tp)
+            by_producer.setdefault(id(producer), (producer, {}))[1][tp] = offset
+        for producer, offsets in by_producer.values():
+            try:
+                producer.begin()
+                producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], consumer.consumer_group_metadata())
+                producer.commit()
+            except KafkaTxError as exc:
+                log.debug("offset fix-up skipped: %s", exc)
+                try:
+                    producer.abort()
+                except KafkaTxError:
+                    producer.discard()
+                continue
+            self._committed.update(offsets)
+            log.debug("listener %s committed positions past transaction markers: %s", self.name, offsets)
 
     def _consumer_error(self, msg: Message) -> None:
         err: KafkaError = msg.error()
@@ -407,6 +458,7 @@ class ListenerContainer:
             producer.commit()
         finally:
             bind_sink(previous)
+        self._committed.update(offsets)
         self.publish(TransactionCommitted(self.name, self.worker, len(msgs), outputs, time.perf_counter() - started))
 
     def _retry_in_place(self, record: Record, exc: BaseException, producer: TransactionalProducer) -> bool:
@@ -714,6 +766,7 @@ class _RollbackScope:
 
     def apply(self) -> None:
         """After the commit: rewind every partition to its first record not committed, and pause."""
+        self._c._committed.update(self._offsets)
         for record in self._recovered:
             self.tracker.clear(record)
         for tp, first in _first_offsets(self._msgs).items():

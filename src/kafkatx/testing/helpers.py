@@ -124,6 +124,7 @@ def produce(
                 producer.poll(0.05)
         count += 1
     remaining = producer.flush(30)
+    producer.close()
     if remaining or errors:
         raise AssertionError(f"produce to {topic}: {remaining} undelivered, errors: {errors[:3]}")
     return count

@@ -1,0 +1,547 @@
+"""kafkatx throughput benchmark: every run on the same workload, one broker, one invocation.
+
+    python bench/run.py                      # all runs, 200k x 100 B records, 8 partitions
+    python bench/run.py --quick              # small smoke run (~1 min)
+    python bench/run.py --runs 1,2 --repeat 3 --json /tmp/out.json
+
+Starts the embedded broker (kafkatx.local.LocalBroker), preloads the input,
+then runs each selected run in a fresh subprocess (bench/workers.py, or
+bench/quix_worker.py inside bench/.venv-quix for run 5), so peak RSS is
+per run. After each run the outputs are read back under read_committed and
+checked: exactly the expected records, each once, and the dead-letter topic
+holds exactly the poison records. See docs/BENCHMARKS.md for the
+definitions and the latest figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+QUIX_VENV = HERE / ".venv-quix"
+QUIX_VERSION = "3.28.1"
+POISON_OFFSET = 50  # record i is poison when i % poison_every == POISON_OFFSET
+
+RUNS: dict[str, dict[str, Any]] = {
+    "1": {"label": "hand-written EOS loop, <=1000 rec/txn (baseline)", "kind": "raw", "batch": 1000, "input": "main"},
+    "2": {"label": "kafkatx, default batch transactions", "kind": "kafkatx", "options": {}, "input": "main"},
+    "3": {"label": "kafkatx, 1 txn per record (max_batch_records=1)", "kind": "kafkatx",
+          "options": {"max_batch_records": 1}, "input": "small"},
+    "3b": {"label": "hand-written loop, 1 txn per record", "kind": "raw", "batch": 1, "input": "small"},
+    "4": {"label": "kafkatx, 1% poison, rollback path (max_attempts=3, dlq)", "kind": "kafkatx",
+          "options": {"max_attempts": 3}, "input": "main", "poison": True},
+    "4b": {"label": "kafkatx, 1% poison, retry='in_place' (max_attempts=3, dlq)", "kind": "kafkatx",
+           "options": {"max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
+    "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main"},
+}  # fmt: skip
+ORDER = ["1", "2", "3", "3b", "4", "4b", "5"]
+
+
+# -- workload ------------------------------------------------------------------
+def make_value(i: int, size: int, poison_every: int) -> bytes:
+    """``000000042:record:abcdefghij...`` padded to ``size`` bytes; lower case so upper() changes it."""
+    kind = "poison" if poison_every and i % poison_every == POISON_OFFSET else "record"
+    head = f"{i:09d}:{kind}:"
+    filler = "abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1)
+    return (head + filler)[: max(size, len(head))].encode()
+
+
+def is_poison(i: int, poison_every: int) -> bool:
+    return bool(poison_every) and i % poison_every == POISON_OFFSET
+
+
+def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, poison_every: int) -> float:
+    """Produce record i to partition i % partitions (so offset = i // partitions)."""
+    from kafkatx.testing import produce
+
+    started = time.perf_counter()
+    produce(
+        bootstrap,
+        topic,
+        ({"value": make_value(i, size, poison_every), "partition": i % partitions} for i in range(n)),
+        config={"linger.ms": 20, "batch.num.messages": 10000, "enable.idempotence": True},
+    )
+    return time.perf_counter() - started
+
+
+# -- keeping the machine quiet ---------------------------------------------------
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet_broker(broker: Any, *, idle_share: float = 0.03, timeout: float = 60.0) -> float:
+    """Wait until the broker has finished its snapshots (noida writes kafka.json 1-2 s after
+    each change, which costs CPU and stalls requests): its CPU use stays under ``idle_share``
+    of a core for 1 s and the snapshot file is 2 s old. Returns the seconds waited."""
+    started = time.monotonic()
+    snapshot = broker.data_dir / "kafka.json"
+    while time.monotonic() - started < timeout:
+        try:
+            before = _cpu_seconds(broker.pid)
+            time.sleep(1.0)
+            busy = _cpu_seconds(broker.pid) - before
+            age = time.time() - snapshot.stat().st_mtime if snapshot.exists() else 99.0
+        except (OSError, TypeError):
+            return time.monotonic() - started  # no /proc (not Linux): nothing to wait for
+        if busy <= idle_share and age >= 2.0:
+            break
+    return time.monotonic() - started
+
+
+# -- one run -------------------------------------------------------------------
+def _machine_busy_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+class LoadMeter:
+    """CPU used during a run by everything except the run's process and the broker: the noise."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+        try:
+            self.busy0, _ = _machine_busy_jiffies()
+            self.broker0 = _cpu_seconds(broker_pid) if broker_pid else 0.0
+        except OSError:
+            self.busy0 = -1
+        self.self0 = sum(os.times()[:2])
+        self.t0 = time.monotonic()
+
+    def stop(self, child_cpu: float) -> dict[str, float]:
+        wall = time.monotonic() - self.t0
+        if self.busy0 < 0 or wall <= 0:
+            return {}
+        busy1, _ = _machine_busy_jiffies()
+        broker = (_cpu_seconds(self.broker_pid) - self.broker0) if self.broker_pid else 0.0
+        mine = sum(os.times()[:2]) - self.self0
+        other = (busy1 - self.busy0) / self.tick - child_cpu - broker - mine
+        return {"broker_cores": broker / wall, "other_cores": max(0.0, other) / wall}
+
+
+def run_worker(cmd: list[str], log_path: Path, timeout: float) -> tuple[dict[str, Any] | None, int, float, str, float]:
+    """Start a run's process; return (result, exit code, peak RSS MiB and CPU seconds from wait4, error text)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        out = b""
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                proc.kill()
+                break
+            if sel.select(min(remaining, 1.0)):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+        sel.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.stdout.close()
+    rss_mib = usage.ru_maxrss / 1024.0  # KiB on Linux
+    cpu_s = usage.ru_utime + usage.ru_stime
+    result = None
+    for line in out.decode(errors="replace").splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+    error = ""
+    if result is None:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+        error = f"exit code {proc.returncode}; log {log_path}:\n    " + "\n    ".join(tail)
+    return result, proc.returncode, rss_mib, error, cpu_s
+
+
+def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str | None, n: int, args: Any) -> dict[str, Any]:
+    """Read outputs under read_committed: every expected record exactly once, DLT == poison records."""
+    from kafkatx.testing import read_topic
+
+    loaded = args.poison_every if run["input"] == "main" else 0  # how the input was preloaded
+    poison_every = loaded if run.get("poison") else 0
+    expected = {make_value(i, args.size, loaded).upper() for i in range(n) if not is_poison(i, poison_every)}
+    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120)]
+    check: dict[str, Any] = {
+        "outputs": len(out),
+        "outputs_expected": len(expected),
+        "outputs_distinct": len(set(out)),
+        "outputs_ok": len(out) == len(expected) and set(out) == expected,
+    }
+    ok = check["outputs_ok"]
+    if dlt_topic is not None:
+        poison = {make_value(i, args.size, loaded) for i in range(n) if is_poison(i, poison_every)}
+        dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60)]
+        check.update(dlt=len(dlt), dlt_expected=len(poison), dlt_ok=len(dlt) == len(poison) and set(dlt) == poison)
+        ok = ok and check["dlt_ok"]
+    check["ok"] = ok
+    return check
+
+
+# -- quixstreams venv ------------------------------------------------------------
+def ensure_quix_venv() -> tuple[Path | None, str]:
+    """Create bench/.venv-quix with quixstreams on first use; (python, note)."""
+    python = QUIX_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import quixstreams, confluent_kafka; print(quixstreams.__version__)"]
+    if python.exists():
+        r = subprocess.run(probe, capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip() == QUIX_VERSION:
+            return python, ""
+    print(f"# creating {QUIX_VENV.relative_to(ROOT)} with quixstreams=={QUIX_VERSION} (first use only) ...", flush=True)
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    r = subprocess.run([base, "-m", "venv", "--clear", str(QUIX_VENV)], capture_output=True, text=True)
+    if r.returncode != 0 or not (QUIX_VENV / "bin" / "pip").exists():
+        return None, f"run 5 skipped: could not create a virtualenv with pip ({(r.stderr or r.stdout).strip()[-200:]})"
+    r = subprocess.run(
+        [str(QUIX_VENV / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", f"quixstreams=={QUIX_VERSION}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        return None, f"run 5 skipped: pip install quixstreams=={QUIX_VERSION} failed: {(r.stderr or r.stdout).strip()[-300:]}"
+    r = subprocess.run(probe, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"run 5 skipped: quixstreams does not import in {QUIX_VENV}: {r.stderr.strip()[-300:]}"
+    return python, ""
+
+
+# -- machine ------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    import confluent_kafka
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        noida = version("noida-db")
+        kafkatx = version("kafkatx")
+    except Exception:
+        noida = kafkatx = "?"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "broker": f"noida-db {noida} (kafkatx.local.LocalBroker)",
+        "kafkatx": kafkatx,
+        "load_before": os.getloadavg()[0],
+    }
+
+
+# -- summary ------------------------------------------------------------------------
+def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median repetition by records/s, plus the spread."""
+    ok = [r for r in reps if r.get("result")]
+    if not ok:
+        return {}
+    rates = [r["result"]["records"] / r["result"]["processing_s"] for r in ok]
+    med = statistics.median(rates)
+    best = min(ok, key=lambda r: abs(r["result"]["records"] / r["result"]["processing_s"] - med))
+    res = best["result"]
+    s = {
+        "records": res["records"],
+        "records_per_s": med,
+        "records_per_s_all": rates,
+        "wall_records_per_s": statistics.median(r["result"]["records"] / r["result"]["wall_s"] for r in ok),
+        "processing_s": res["processing_s"],
+        "wall_s": res["wall_s"],
+        "startup_s": res["startup_s"],
+        "latency_p50_ms": res["latency_p50_ms"],
+        "latency_p99_ms": res["latency_p99_ms"],
+        "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
+        "cpu_us_per_record": statistics.median(r["result"]["thread_cpu_s"] / r["result"]["records"] * 1e6 for r in ok),
+        "process_cpu_us_per_record": statistics.median(r["process_cpu_s"] / r["result"]["records"] * 1e6 for r in ok),
+        "other_cores_max": max((r.get("other_cores", 0.0) for r in ok), default=0.0),
+        "txns_committed": res["txns_committed"],
+        "txns_aborted": res["txns_aborted"],
+        "verified": all(r["check"].get("ok") for r in ok) and len(ok) == len(reps),
+    }
+    for key in ("handler_failures", "handler_calls", "max_calls_per_good_record", "good_records_reprocessed",
+                "extra_good_calls", "calls_per_poison_record", "quixstreams_commit_interval_s"):  # fmt: skip
+        if key in res:
+            s[key] = res[key]
+    return s
+
+
+def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Ratios, poison costs and target checks."""
+    derived: dict[str, Any] = {}
+    rate = {k: v["records_per_s"] for k, v in summary.items() if v}
+    if "1" in rate:
+        for k in rate:
+            derived.setdefault(k, {})["ratio_vs_1"] = rate[k] / rate["1"]
+    if "3" in rate and "3b" in rate:
+        derived.setdefault("3", {})["ratio_vs_3b"] = rate["3"] / rate["3b"]
+    for k in ("4", "4b"):
+        if k in rate and "2" in rate and poisons:
+            s, base = summary[k], summary["2"]
+            extra_s = s["processing_s"] - s["records"] / rate["2"]
+            txns = s["txns_committed"] + s["txns_aborted"]
+            base_txns = (base["txns_committed"] + base["txns_aborted"]) * s["records"] / base["records"]
+            d = derived.setdefault(k, {})
+            d["ratio_vs_2"] = rate[k] / rate["2"]
+            d["poison_records"] = poisons
+            d["extra_ms_per_poison"] = extra_s * 1000.0 / poisons
+            d["extra_txns_per_poison"] = (txns - base_txns) / poisons
+            d["aborted_txns_per_poison"] = s["txns_aborted"] / poisons
+            if s.get("handler_failures"):
+                d["good_reruns_per_failure"] = s.get("extra_good_calls", 0) / s["handler_failures"]
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, value: float | None, goal: float, text: str) -> None:
+        if value is not None:
+            targets.append({"target": name, "value": value, "goal": goal, "met": value >= goal, "text": text})
+
+    target("run 2 / run 1", derived.get("2", {}).get("ratio_vs_1"), 0.9, "kafkatx batch >= 0.9 x hand-written loop")
+    target("run 3 / run 3b", derived.get("3", {}).get("ratio_vs_3b"), 0.9, "kafkatx per-record txn >= 0.9 x hand-written")
+    target("run 4b / run 2", derived.get("4b", {}).get("ratio_vs_2"), 0.6, "in-place retry >= 0.6 x clean batch run")
+    if "4" in summary and summary["4"]:
+        mx = summary["4"].get("max_calls_per_good_record")
+        if mx is not None:
+            targets.append({
+                "target": "run 4 batch-mate re-runs", "value": mx, "goal": 2, "met": mx <= 2,
+                "text": "no good record handled more than twice (once, plus one replay after the failure it shared a txn with)",
+            })  # fmt: skip
+        if "4" in derived and "extra_txns_per_poison" in derived["4"]:
+            v = derived["4"]["extra_txns_per_poison"]
+            targets.append({
+                "target": "run 4 txns per poison", "value": v, "goal": 6.0, "met": v <= 6.5,
+                "text": "rollback path: ~2 transactions (abort + after-rollback commit) per failed attempt, 3 attempts",
+            })  # fmt: skip
+    return derived, targets
+
+
+def fmt(v: Any, spec: str = ".0f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: list[str], markdown: bool = False) -> str:
+    head = ["run", "what", "records", "rec/s", "vs 1", "wall rec/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU us/rec",
+            "txns ok/abort", "exactly-once"]
+    rows = []
+    for k in order:
+        s = summary.get(k)
+        if not s:
+            rows.append([k, RUNS[k]["label"], "-", "failed/skipped", "", "", "", "", "", "", "", "no"])
+            continue
+        d = derived.get(k, {})
+        rows.append([
+            k, RUNS[k]["label"], f"{s['records']:,}", f"{s['records_per_s']:,.0f}", fmt(d.get("ratio_vs_1"), ".3f"),
+            f"{s['wall_records_per_s']:,.0f}", fmt(s["latency_p50_ms"], ".1f"), fmt(s["latency_p99_ms"], ".1f"),
+            f"{s['peak_rss_mib']:.0f}", f"{s['cpu_us_per_record']:.1f}", f"{s['txns_committed']:,}/{s['txns_aborted']:,}",
+            "yes" if s["verified"] else "NO",
+        ])  # fmt: skip
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    right = {2, 3, 4, 5, 6, 7, 8, 9, 10}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list[str]:
+    out = []
+    for k in ("3",):
+        if "ratio_vs_3b" in derived.get(k, {}):
+            out.append(f"run 3 vs 3b: {derived[k]['ratio_vs_3b']:.3f}")
+    for k in ("4", "4b"):
+        d, s = derived.get(k, {}), summary.get(k) or {}
+        if "extra_ms_per_poison" in d:
+            out.append(
+                f"run {k}: {d['poison_records']} poison records; extra {d['extra_ms_per_poison']:.2f} ms and "
+                f"{d['extra_txns_per_poison']:.2f} transactions ({d['aborted_txns_per_poison']:.2f} aborted) per poison record "
+                f"vs run 2; {s.get('calls_per_poison_record', 0):.1f} handler calls per poison record; "
+                f"good records re-run: {s.get('good_records_reprocessed', 0):,} "
+                f"({d.get('good_reruns_per_failure', 0):.1f} per handler failure), max handler calls per good record "
+                f"{s.get('max_calls_per_good_record', '-')}; vs run 2 {d['ratio_vs_2']:.3f}"
+            )
+    if summary.get("5", {}).get("quixstreams_commit_interval_s") is not None:
+        out.append(f"run 5: quixstreams commit_interval = {summary['5']['quixstreams_commit_interval_s']} s")
+    return out
+
+
+# -- main ---------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=200_000, help="records for runs 1, 2, 4, 4b, 5 (default 200000)")
+    p.add_argument("--small-records", type=int, default=5_000, help="records for the per-record-transaction runs 3, 3b (default 5000)")
+    p.add_argument("--partitions", type=int, default=8, help="partitions of every topic (default 8)")
+    p.add_argument("--size", type=int, default=100, help="record value size in bytes (default 100)")
+    p.add_argument("--runs", default=",".join(ORDER), help=f"comma-separated runs to do (default {','.join(ORDER)})")
+    p.add_argument("--repeat", type=int, default=1, help="repetitions of each run, interleaved; the median is reported")
+    p.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON results")
+    p.add_argument("--quick", action="store_true", help="small smoke run: 4000 records, 200 for runs 3/3b")
+    p.add_argument("--poison-every", type=int, default=100, help="runs 4/4b: one poison record per N (default 100 = 1%%)")
+    p.add_argument("--sample-every", type=int, default=10, help="latency sample: records whose offset is a multiple of N")
+    p.add_argument("--quix-commit-interval", type=float, default=None, help="run 5: quixstreams commit_interval (default: its own, 5 s)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown (for docs/BENCHMARKS.md)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.records, args.small_records = 4_000, 200
+    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = [r for r in args.runs if r not in RUNS]
+    if unknown:
+        p.error(f"unknown run(s) {unknown}; choose from {ORDER}")
+    args.runs = [r for r in ORDER if r in args.runs]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))  # in case kafkatx is not installed editable
+    from kafkatx.local import LocalBroker
+    from kafkatx.testing import create_topic, delete_topics
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    logs = RESULTS / "logs"
+    logs.mkdir(exist_ok=True)
+    notes: list[str] = []
+    quix_python = None
+    if "5" in args.runs:
+        quix_python, note = ensure_quix_venv()
+        if note:
+            notes.append(note)
+            print("# " + note, flush=True)
+            args.runs = [r for r in args.runs if r != "5"]
+
+    machine = machine_info()
+    n_main, n_small, parts = args.records, args.small_records, args.partitions
+    poisons = sum(1 for i in range(n_main) if is_poison(i, args.poison_every))
+    started = time.perf_counter()
+    reps: dict[str, list[dict[str, Any]]] = {k: [] for k in args.runs}
+    state_dir = Path(tempfile.mkdtemp(prefix="kafkatx-bench-quix-state-"))
+    with LocalBroker() as broker:
+        bs = broker.bootstrap_servers
+        print(f"# broker {bs} (pid {broker.pid}); {n_main:,} records of {args.size} B, {parts} partitions; "
+              f"runs {','.join(args.runs)} x{args.repeat}", flush=True)  # fmt: skip
+        inputs: dict[str, tuple[str, int]] = {}
+        if any(RUNS[k]["input"] == "main" for k in args.runs):
+            inputs["main"] = (create_topic(bs, "bench-in", parts), n_main)
+            t = preload(bs, "bench-in", n_main, parts, args.size, args.poison_every)
+            print(f"# preloaded {n_main:,} records in {t:.1f}s", flush=True)
+        if any(RUNS[k]["input"] == "small" for k in args.runs):
+            inputs["small"] = (create_topic(bs, "bench-in-small", parts), n_small)
+            preload(bs, "bench-in-small", n_small, parts, args.size, 0)
+        for rep in range(args.repeat):
+            for k in args.runs:
+                run = RUNS[k]
+                topic, n = inputs[run["input"]]
+                tag = f"{k}-{rep}"
+                out_topic = create_topic(bs, f"bench-out-{tag}", parts)
+                dlt_topic = create_topic(bs, f"bench-dlt-{tag}", parts) if run.get("poison") else None
+                cfg: dict[str, Any] = {
+                    "kind": run["kind"], "bootstrap": bs, "input": topic, "output": out_topic,
+                    "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}", "records": n, "partitions": parts,
+                    "sample_every": args.sample_every, "timeout": args.timeout, "batch": run.get("batch", 1000),
+                    "options": dict(run.get("options", {})), "poison": bool(run.get("poison")),
+                    "poison_every": args.poison_every, "poison_offset": POISON_OFFSET,
+                }  # fmt: skip
+                if dlt_topic:
+                    cfg["options"]["dlq"] = dlt_topic
+                if run["kind"] == "quix":
+                    cfg["state_dir"] = str(state_dir / tag)
+                    cfg["commit_interval"] = args.quix_commit_interval
+                    cmd = [str(quix_python), str(HERE / "quix_worker.py"), json.dumps(cfg)]
+                else:
+                    cmd = [sys.executable, str(HERE / "workers.py"), json.dumps(cfg)]
+                wait_for_quiet_broker(broker)
+                print(f"# run {k:>2} (rep {rep + 1}/{args.repeat}): {run['label']} ...", end="", flush=True)
+                meter = LoadMeter(broker.pid)
+                result, code, rss, error, cpu_s = run_worker(cmd, logs / f"run-{tag}.log", args.timeout + 60)
+                load = meter.stop(cpu_s)
+                entry: dict[str, Any] = {
+                    "rep": rep, "result": result, "exit_code": code, "peak_rss_mib": rss, "process_cpu_s": cpu_s, **load,
+                }  # fmt: skip
+                if result is None:
+                    entry["error"] = error
+                    entry["check"] = {"ok": False}
+                    print(f" FAILED\n  {error}", flush=True)
+                else:
+                    entry["check"] = verify(bs, run, out_topic, dlt_topic, n, args)
+                    rate = result["records"] / result["processing_s"]
+                    busy = load.get("other_cores", 0.0)
+                    print(f" {rate:,.0f} rec/s, {rss:.0f} MiB, exactly-once {'ok' if entry['check']['ok'] else 'FAILED'}"
+                          + (f"  [machine busy: other processes used {busy:.2f} cores]" if busy > 0.15 else ""),
+                          flush=True)  # fmt: skip
+                    if not entry["check"]["ok"]:
+                        print(f"  check: {entry['check']}", flush=True)
+                reps[k].append(entry)
+                delete_topics(bs, [t for t in (out_topic, dlt_topic) if t])
+    summary = {k: summarize(v) for k, v in reps.items()}
+    derived, targets = derive(summary, poisons)
+    order = [k for k in ORDER if k in summary]
+    print()
+    print(table(summary, derived, order))
+    for line in details(summary, derived):
+        print(line)
+    for t in targets:
+        print(f"target {t['target']}: {t['value']:.3f} (goal {t['goal']}) {'MET' if t['met'] else 'NOT MET'} - {t['text']}")
+    for note in notes:
+        print("note: " + note)
+    if args.markdown:
+        print()
+        print(table(summary, derived, order, markdown=True))
+    doc = {
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),
+        "machine": machine,
+        "config": {
+            "records": n_main, "small_records": n_small, "partitions": parts, "size": args.size,
+            "repeat": args.repeat, "poison_every": args.poison_every, "poison_records": poisons,
+            "sample_every": args.sample_every, "runs": args.runs,
+        },  # fmt: skip
+        "runs": {k: {"label": RUNS[k]["label"], "summary": summary[k], "derived": derived.get(k, {}), "reps": reps[k]} for k in order},
+        "targets": targets,
+        "notes": notes,
+        "elapsed_s": time.perf_counter() - started,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nJSON: {args.json}  (total {doc['elapsed_s']:.0f}s)")
+    failed = [k for k in order if not summary.get(k) or not summary[k].get("verified")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The SparkSession Spark listeners run on: one per process, created and warmed up
+when the App starts (not inside the first transaction), stopped on shutdown.
+
+Spark allows one active SparkContext per process, so the first App to start
+creates the session with its settings and later Apps share it; the session is
+stopped when the last App using it shuts down. A session passed with
+``configure(app, session=...)`` belongs to the caller and is never stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kafkatx.errors import InvalidConfigurationError
+
+if TYPE_CHECKING:
+    from kafkatx.app import App
+
+__all__ = ["SparkSettings", "configure", "settings_for", "SessionLease", "ENV_MASTER", "default_conf"]
+
+log = logging.getLogger("kafkatx.spark")
+
+#: Environment variable that sets the master when configure() did not.
+ENV_MASTER = "KAFKATX_SPARK_MASTER"
+_LOG_LEVELS = {"ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN"}
+
+
+@dataclass(slots=True)
+class SparkSettings:
+    """How an App's Spark listeners get their SparkSession (see :func:`configure`)."""
+
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    app_name: str | None = None
+    session: Any = None
+    log_level: str = "ERROR"
+    warm_up: bool = True
+
+    def resolved_master(self) -> str:
+        return self.master or os.environ.get(ENV_MASTER) or "local[*]"
+
+
+_settings: weakref.WeakKeyDictionary[Any, SparkSettings] = weakref.WeakKeyDictionary()
+
+
+def configure(
+    app: App,
+    *,
+    master: str | None = None,
+    conf: Mapping[str, Any] | None = None,
+    app_name: str | None = None,
+    session: Any = None,
+    log_level: str = "ERROR",
+    warm_up: bool = True,
+) -> None:
+    """Set how ``app``'s Spark listeners get their SparkSession. Call it before ``app.start()``.
+
+    - ``master``: ``local[*]`` (default, or ``$KAFKATX_SPARK_MASTER``),
+      ``local[N]``, ``spark://host:7077``, or ``sc://host:15002`` for Spark
+      Connect.
+    - ``conf``: extra Spark settings; they win over kafkatx's defaults (see
+      :func:`default_conf`).
+    - ``app_name``: ``spark.app.name`` (default ``kafkatx-<App name>``).
+    - ``session``: use this existing SparkSession instead of creating one;
+      kafkatx never stops it (e.g. a test fixture's session).
+    - ``log_level``: Spark's log level (``ERROR`` by default; failed tasks
+      still log their stack traces at ERROR, ``FATAL`` silences them).
+    - ``warm_up``: run small jobs at start so the first batch does not pay
+      for the JVM's and the Python workers' start-up.
+    """
+    from kafkatx.app import App
+
+    if not isinstance(app, App):
+        raise InvalidConfigurationError(f"kafkatx.spark.configure() needs an App, got {type(app).__name__}")
+    if master is not None and (not isinstance(master, str) or not master.strip()):
+        raise InvalidConfigurationError(f"master must be a Spark master URL such as 'local[*]', got {master!r}")
+    if conf is not None and not isinstance(conf, Mapping):
+        raise InvalidConfigurationError(f"conf must be a mapping of Spark settings, got {type(conf).__name__}")
+    if session is not None and not callable(getattr(session, "createDataFrame", None)):
+        raise InvalidConfigurationError(f"session must be a SparkSession, got {type(session).__name__}")
+    if session is not None and (master is not None or conf):
+        raise InvalidConfigurationError("pass either session= or master=/conf=, not both: a given session is used as is")
+    level = str(log_level).upper()
+    if level not in _LOG_LEVELS:
+        raise InvalidConfigurationError(f"log_level must be one of {sorted(_LOG_LEVELS)}, got {log_level!r}")
+    _settings[app] = SparkSettings(
+        master=master,
+        conf={str(k): str(v) for k, v in (conf or {}).items()},
+        app_name=app_name,
+        session=session,
+        log_level=level,
+        warm_up=warm_up,
+    )
+
+
+def settings_for(app: App) -> SparkSettings:
+    settings = _settings.get(app)
+    if settings is None:
+        settings = _settings[app] = SparkSettings()
+    return settings
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
+
+def default_conf(master: str) -> dict[str, str]:
+    """kafkatx's Spark defaults: small batches want few partitions and no UI."""
+    cores = os.cpu_count() or 2
+    conf = {
+        "spark.sql.shuffle.partitions": str(max(1, min(cores, 8)) if _is_local(master) else 8),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if not master.startswith("sc://"):  # static settings: a Connect client cannot set them
+        conf.update({"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+    return conf
+
+
+def _set_environment(master: str) -> None:
+    # Workers must run this interpreter (where kafkatx, pyarrow and the handler's
+    # modules are installed), not whatever `python3` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if _is_local(master):
+        # Only for local masters: a cluster's executors must reach the driver on a real address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def _build(settings: SparkSettings, default_name: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    master = settings.resolved_master()
+    _set_environment(master)
+    builder = SparkSession.builder
+    builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
+    builder = builder.appName(settings.app_name or default_name)
+    for key, value in {**default_conf(master), **settings.conf}.items():
+        builder = builder.config(key, value)
+    started = time.perf_counter()
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:
+        hint = "is a Spark Connect server listening there?" if master.startswith("sc://") else (
+            "is Java 17 or 21 installed (JAVA_HOME)?"
+        )
+        raise InvalidConfigurationError(
+            f"could not start a SparkSession with master {master!r}: {type(exc).__name__}: {exc} ({hint})"
+        ) from exc
+    _set_log_level(session, settings.log_level)
+    log.info("SparkSession started (master %s) in %.1fs", master, time.perf_counter() - started)
+    return session
+
+
+def _set_log_level(session: Any, level: str) -> None:
+    try:
+        session.sparkContext.setLogLevel(level)
+    except Exception:  # Spark Connect has no SparkContext
+        log.debug("cannot set the Spark log level on this session", exc_info=True)
+
+
+def _warm_up(session: Any, local: bool) -> None:
+    """Run a trivial job (and a Python-worker job on local masters) before the first batch."""
+    import pyarrow as pa
+
+    started = time.perf_counter()
+    try:
+        session.range(1).count()
+        session.createDataFrame(pa.table({"x": pa.array([1], pa.int64())})).toArrow()
+        if local:
+            from pyspark.sql import functions as F
+
+            session.range(1).select(F.udf(lambda x: x, "long")("id")).toArrow()
+    except Exception as exc:
+        raise InvalidConfigurationError(f"the SparkSession cannot run a trivial job: {type(exc).__name__}: {exc}") from exc
+    log.info("SparkSession warmed up in %.1fs", time.perf_counter() - started)
+
+
+def _session_is_local(session: Any) -> bool:
+    try:
+        return _is_local(str(session.sparkContext.master))
+    except Exception:  # Spark Connect: the workers are the server's
+        return False
+
+
+def _alive(session: Any) -> bool:
+    try:
+        if getattr(session, "is_stopped", False):  # Spark Connect
+            return False
+        sc = getattr(session, "_sc", None)
+        return sc is None or getattr(sc, "_jsc", None) is not None
+    except Exception:
+        return False
+
+
+class _Shared:
+    """The process's session, and how many Apps use it."""
+
+    lock = threading.Lock()
+    session: Any = None
+    owned = False
+    users = 0
+    creator: tuple[str, SparkSettings] | None = None
+    warmed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class SessionLease:
+    """One App's use of the SparkSession: acquired at start, released by the App's shutdown hook."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._counted = False
+
+    def acquire(self) -> Any:
+        """The session, created and warmed up if needed. Idempotent until :meth:`release`."""
+        with self._lock:
+            if self._session is not None:
+                return self._session
+            settings = settings_for(self._app)
+            if settings.session is not None:
+                session, counted = settings.session, False
+            else:
+                session, counted = self._shared(settings), True
+            try:
+                if settings.warm_up and session not in _Shared.warmed:
+                    _warm_up(session, _session_is_local(session))
+                    _Shared.warmed.add(session)
+            except BaseException:
+                if counted:
+                    _release_shared()
+                raise
+            self._session, self._counted = session, counted
+            # Hooks run once per stop, so register again on every start.
+            self._app.add_shutdown_hook(self.release)
+            return session
+
+    def _shared(self, settings: SparkSettings) -> Any:
+        with _Shared.lock:
+            if _Shared.session is not None and _alive(_Shared.session):
+                if _Shared.creator is not None and _Shared.creator[1] is not settings:
+                    name, first = _Shared.creator
+                    if (first.master, first.conf) != (settings.master, settings.conf):
+                        log.warning(
+                            "App %s shares the SparkSession App %s created (one per process); its own "
+                            "master/conf settings are ignored", self._app.name, name,
+                        )  # fmt: skip
+                _Shared.users += 1
+                return _Shared.session
+            existing = _existing_session()
+            if existing is not None:
+                log.info("using the SparkSession that already exists in this process (kafkatx will not stop it)")
+                _Shared.session, _Shared.owned = existing, False
+            else:
+                _Shared.session = _build(settings, f"kafkatx-{self._app.name}")
+                _Shared.owned = True
+            _Shared.creator = (self._app.name, settings)
+            _Shared.users = 1
+            return _Shared.session
+
+    def release(self) -> None:
+        """Give the session back; the last App to release a session kafkatx created stops it."""
+        with self._lock:
+            session, counted = self._session, self._counted
+            self._session, self._counted = None, False
+        if session is not None and counted:
+            _release_shared()
+
+
+def _release_shared() -> None:
+    with _Shared.lock:
+        _Shared.users = max(0, _Shared.users - 1)
+        if _Shared.users or _Shared.session is None:
+            return
+        session, owned = _Shared.session, _Shared.owned
+        _Shared.session, _Shared.owned, _Shared.creator = None, False, None
+    if owned:
+        started = time.perf_counter()
+        try:
+            session.stop()
+        except Exception:
+            log.warning("stopping the SparkSession failed", exc_info=True)
+        log.info("SparkSession stopped in %.1fs", time.perf_counter() - started)
+
+
+def _existing_session() -> Any:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:  # pragma: no cover
+        return None
+    session = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    return session if session is not None and _alive(session) else None

@@ -1,0 +1,73 @@
+"""Bad input gets a clear error naming the problem; the record's transaction is aborted, nothing lost."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafkatx import App, InvalidConfigurationError, Output, Record
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import TransactionAborted
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+
+def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
+    return App(unique_name("bad"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t", **kwargs)  # type: ignore[arg-type]
+
+
+def test_missing_input_or_output_topic_fails_at_startup(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    app = make_app(kafka)
+    app.listener(unique_name("missing-in"), output=src)(lambda r: r.value)
+    with pytest.raises(InvalidConfigurationError, match="input topic of listener .* does not exist"):
+        app.start()
+    app2 = make_app(kafka)
+    app2.listener(src, output=unique_name("missing-out"))(lambda r: r.value)
+    with pytest.raises(InvalidConfigurationError, match="output topic of listener .* does not exist"):
+        app2.start()
+
+
+def test_create_topics_option_creates_missing_ones(kafka: KafkaTestKit) -> None:
+    src, out = unique_name("auto-in"), unique_name("auto-out")
+    app = make_app(kafka, create_topics=True, topic_partitions=3)
+    app.listener(src, output=out, dlq=True)(lambda r: r.value)
+    with running(app):
+        assert len(kafka.end_offsets(src)) == 3 and len(kafka.end_offsets(out)) == 3
+        assert len(kafka.end_offsets(src + "-dlt")) == 3, "the DLT gets the source topic's partition count"
+
+
+@pytest.mark.parametrize(
+    ("bad", "fqcn", "message"),
+    [
+        ("unknown-topic", "kafkatx.listener.producer.UnknownTopicError", "does not exist"),
+        ("unsupported-return", "kafkatx.listener.outputs.OutputError", "returned an unsupported float"),
+        ("unencodable", "kafkatx.listener.outputs.OutputError", "cannot encode the value of type set"),
+    ],
+)
+def test_bad_outputs_abort_the_record_and_dead_letter_it(kafka: KafkaTestKit, bad: str, fqcn: str, message: str) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"good-1", bad.encode(), b"good-2"])
+    app = make_app(kafka)
+    aborted: list[TransactionAborted] = []
+    app.on(TransactionAborted)(aborted.append)
+    calls: list[bytes] = []
+
+    @app.listener(src, output=out, dlq=True, max_attempts=3)
+    def handler(record: Record) -> object:
+        calls.append(record.value or b"")
+        if record.value == b"unknown-topic":
+            return [b"partial", Output(b"x", topic=unique_name("nowhere"))]
+        if record.value == b"unsupported-return":
+            return 1.5
+        if record.value == b"unencodable":
+            return [b"partial", {1, 2}]
+        return record.value
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 3}, 30)
+    assert kafka.values(out) == [b"good-1", b"good-2"], "nothing of the bad record was committed (not even 'partial')"
+    assert aborted, "the record's transaction was aborted"
+    assert calls.count(bad.encode()) == 1, "output errors are not retryable: the same return would fail again"
+    (dead,) = kafka.read(src + "-dlt")
+    info = parse_dead_letter_headers(dead.headers)
+    assert info.exception_fqcn == fqcn
+    assert message in (info.exception_message or "")

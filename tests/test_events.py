@@ -1,0 +1,236 @@
+"""The events API (Spring's container events): real Apps against the local broker."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from typing import Any, TypeVar
+
+import pytest
+
+import kafkatx.listener.container as container_module
+from kafkatx import App, Record, RecoveryExhaustedError
+from kafkatx.events import (
+    ContainerIdle,
+    ContainerStarted,
+    ContainerStopped,
+    Event,
+    HandlerFailed,
+    PartitionsAssigned,
+    PartitionsRevoked,
+    RecordRecovered,
+    RecordRetryScheduled,
+    RecoveryFailed,
+    TransactionAborted,
+    TransactionCommitted,
+)
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+E = TypeVar("E", bound=Event)
+
+
+class Poison(Exception):
+    """What the handlers below raise for a bad record."""
+
+
+class Recorder:
+    """Collects every event an App publishes, from any container thread."""
+
+    def __init__(self, app: App) -> None:
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+        app.on(Event)(self._add)
+
+    def _add(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: type[E]) -> list[E]:
+        with self._lock:
+            return [e for e in self.events if type(e) is kind]
+
+    def index(self, kind: type[Event]) -> int:
+        with self._lock:
+            return next(i for i, e in enumerate(self.events) if type(e) is kind)
+
+    def committed_records(self) -> int:
+        return sum(e.records for e in self.of(TransactionCommitted))
+
+
+def make_app(kafka: KafkaTestKit, **kwargs: Any) -> App:
+    return App(unique_name("events"), bootstrap_servers=kafka.bootstrap_servers, instance_id="e1", **kwargs)
+
+
+def test_lifecycle_events_in_order_with_payloads(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic(partitions=2)
+    app = make_app(kafka)
+    rec = Recorder(app)
+
+    @app.listener(topic, name="lifecycle")
+    def handle(record: Record) -> None:
+        pass
+
+    kafka.produce(topic, [{"value": b"v", "partition": p} for p in (0, 1, 1)])
+    with running(app):
+        wait_for(lambda: rec.committed_records() == 3, message="3 records committed")
+
+    everything = {(topic, 0), (topic, 1)}
+    started, = rec.of(ContainerStarted)
+    assert (started.listener, started.worker, started.topics) == ("lifecycle", 0, (topic,))
+    assert set().union(*(e.partitions for e in rec.of(PartitionsAssigned))) == everything
+    revoked = rec.of(PartitionsRevoked)
+    assert set().union(*(e.partitions for e in revoked)) == everything
+    assert not any(e.lost for e in revoked)
+    stopped, = rec.of(ContainerStopped)
+    assert (stopped.listener, stopped.reason, stopped.error) == ("lifecycle", "normal", None)
+    assert all(e.seconds > 0 and e.kind == "batch" for e in rec.of(TransactionCommitted))
+    order = [rec.index(k) for k in (ContainerStarted, PartitionsAssigned, TransactionCommitted, PartitionsRevoked)]
+    assert order == sorted(order)
+    assert type(rec.events[-1]) is ContainerStopped
+    assert rec.of(HandlerFailed) == [] and rec.of(TransactionAborted) == []
+
+
+def test_failure_retry_and_recovery_events_carry_the_record_and_exception(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic()
+    app = make_app(kafka, create_topics=True)
+    rec = Recorder(app)
+    raised: list[Poison] = []
+
+    @app.listener(topic, max_attempts=2, dlq=True, name="orders")
+    def handle(record: Record) -> None:
+        if record.value == b"bad":
+            raised.append(Poison(f"cannot handle offset {record.offset}"))
+            raise raised[-1]
+
+    kafka.produce(topic, [b"ok", b"bad", b"ok"])
+    with running(app):
+        wait_for(lambda: rec.of(RecordRecovered) and rec.committed_records() == 3, message="the bad record recovered")
+
+    failed = rec.of(HandlerFailed)
+    assert [(e.record.offset, e.attempt) for e in failed if e.record] == [(1, 1), (1, 2)]
+    assert [e.exception for e in failed] == raised
+    retry, = rec.of(RecordRetryScheduled)
+    assert retry.record is not None and (retry.record.offset, retry.attempt) == (1, 2)
+    recovered, = rec.of(RecordRecovered)
+    assert recovered.listener == "orders"
+    assert recovered.record is not None
+    assert (recovered.record.topic, recovered.record.partition, recovered.record.offset) == (topic, 0, 1)
+    assert recovered.record.value == b"bad"
+    assert recovered.exception is raised[-1]
+    assert recovered.recoverer == "DeadLetterPublishingRecoverer"
+    assert len(rec.of(TransactionAborted)) == 2
+    assert any(e.kind == "after_rollback" for e in rec.of(TransactionCommitted))
+    assert kafka.values(f"{topic}-dlt") == [b"bad"]
+
+
+def test_recovery_failed_then_recovered(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic()
+    app = make_app(kafka)
+    rec = Recorder(app)
+    dlq_down = ConnectionError("dead-letter store unreachable")
+    recovered_values: list[bytes | None] = []
+
+    def recoverer(record: Record, exc: BaseException) -> None:
+        if not rec.of(RecoveryFailed):
+            raise dlq_down
+        recovered_values.append(record.value)
+
+    @app.listener(topic, max_attempts=1, dlq=recoverer, recovery_backoff=0.1, name="flaky-dlq")
+    def handle(record: Record) -> None:
+        raise Poison("always")
+
+    kafka.produce(topic, [b"bad"])
+    with running(app):
+        wait_for(lambda: rec.of(RecordRecovered), message="recovery to succeed the second time")
+
+    failure, = rec.of(RecoveryFailed)
+    assert failure.record is not None and (failure.record.offset, failure.record.value) == (0, b"bad")
+    assert isinstance(failure.exception, Poison)
+    assert failure.recovery_error is dlq_down
+    assert failure.failures == 1
+    assert rec.index(RecoveryFailed) < rec.index(RecordRecovered)
+    assert recovered_values == [b"bad"]
+    assert kafka.committed(app.group_id, topic) == {0: 1}
+
+
+def test_stopped_with_reason_error_when_recovery_keeps_failing(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic()
+    app = make_app(kafka)
+    rec = Recorder(app)
+
+    def broken(record: Record, exc: BaseException) -> None:
+        raise ConnectionError("down")
+
+    @app.listener(topic, max_attempts=1, dlq=broken, max_recovery_failures=1, name="doomed")
+    def handle(record: Record) -> None:
+        raise Poison("always")
+
+    kafka.produce(topic, [b"bad"])
+    app.start()
+    try:
+        assert app.wait(30), "the container should stop by itself"
+    finally:
+        app.stop()
+    stopped, = rec.of(ContainerStopped)
+    assert stopped.reason == "error"
+    assert isinstance(stopped.error, RecoveryExhaustedError)
+    assert stopped.error is app.failure
+    assert rec.of(RecordRecovered) == []
+    assert kafka.committed(app.group_id, topic) == {}  # nothing skipped
+
+
+def test_a_raising_callback_does_not_break_processing(kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture) -> None:
+    topic = kafka.topic()
+    out = kafka.topic()
+    app = make_app(kafka)
+
+    @app.on(TransactionCommitted)
+    def explode(event: TransactionCommitted) -> None:
+        raise RuntimeError("bug in a metrics callback")
+
+    rec = Recorder(app)  # subscribed after the raising one: still called
+
+    @app.listener(topic, output=out, name="sturdy")
+    def handle(record: Record) -> bytes:
+        return (record.value or b"").upper()
+
+    kafka.produce(topic, [b"a", b"b", b"c"])
+    with caplog.at_level(logging.ERROR, logger="kafkatx.events"), running(app):
+        wait_for(lambda: rec.committed_records() == 3, message="all records committed")
+    assert sorted(kafka.values(out)) == [b"A", b"B", b"C"]
+    assert kafka.committed(app.group_id, topic) == {0: 3}
+    assert rec.of(ContainerStopped)[0].reason == "normal"
+    assert any("bug in a metrics callback" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+
+
+def _container_publishes_idle() -> bool:
+    return "ContainerIdle" in inspect.getsource(container_module)
+
+
+@pytest.mark.skipif(
+    not _container_publishes_idle(), reason="the container does not publish ContainerIdle yet (issue 7 diff)"
+)
+def test_idle_event_after_the_interval_without_records(kafka: KafkaTestKit) -> None:
+    topic = kafka.topic()
+    app = make_app(kafka)
+    rec = Recorder(app)
+
+    @app.listener(topic, name="quiet", options={"idle_event_interval": 0.3})
+    def handle(record: Record) -> None:
+        pass
+
+    with running(app):
+        wait_for(lambda: len(rec.of(ContainerIdle)) >= 2, timeout=10, message="two idle events")
+        kafka.produce(topic, [b"wake"])
+        wait_for(lambda: rec.committed_records() == 1, message="the record")
+        seen = len(rec.of(ContainerIdle))
+        time.sleep(0.15)
+        assert len(rec.of(ContainerIdle)) == seen, "a record arrived: the idle clock restarts"
+        wait_for(lambda: len(rec.of(ContainerIdle)) > seen, timeout=10, message="idle again")
+    idle = rec.of(ContainerIdle)
+    assert idle[0].listener == "quiet"
+    assert all(e.idle_seconds >= 0.3 for e in idle)
+    assert idle[1].idle_seconds > idle[0].idle_seconds  # repeated while idle, with the total idle time
+    assert rec.index(ContainerIdle) > rec.index(ContainerStarted)

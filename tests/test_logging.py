@@ -1,0 +1,113 @@
+"""kafkatx.logging: the record's coordinates in text and JSON log lines. No broker needed."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from kafkatx.logging import JsonFormatter, TextFormatter, configure
+
+COORDS = {"topic": "orders", "partition": 3, "offset": 42, "attempt": 2}
+
+
+def make_record(
+    msg: str = "orders/3@42 failed", *, extra: dict[str, object] | None = None, exc: bool = False
+) -> logging.LogRecord:
+    exc_info = None
+    if exc:
+        try:
+            raise ValueError("poison pill")
+        except ValueError:
+            exc_info = sys.exc_info()
+    return logging.getLogger("kafkatx.rollback").makeRecord(
+        "kafkatx.rollback", logging.WARNING, __file__, 1, msg, (), exc_info, extra=extra
+    )
+
+
+def test_text_appends_coordinates_and_attempt() -> None:
+    line = TextFormatter().format(make_record(extra=COORDS))
+    assert line.endswith("orders/3@42 failed [orders/3@42 attempt=2]")
+    assert "WARNING kafkatx.rollback:" in line
+
+
+def test_text_without_coordinates_is_the_plain_line() -> None:
+    line = TextFormatter("%(levelname)s %(message)s").format(make_record("started"))
+    assert line == "WARNING started"
+
+
+def test_text_puts_the_traceback_after_the_coordinates() -> None:
+    line = TextFormatter().format(make_record(extra=COORDS, exc=True))
+    first, *rest = line.splitlines()
+    assert first.endswith("[orders/3@42 attempt=2]")
+    assert rest[-1] == "ValueError: poison pill"
+
+
+def test_json_has_coordinates_as_typed_fields() -> None:
+    out = json.loads(JsonFormatter().format(make_record(extra=COORDS)))
+    assert out["topic"] == "orders"
+    assert (out["partition"], out["offset"], out["attempt"]) == (3, 42, 2)
+    assert (out["level"], out["logger"], out["message"]) == ("WARNING", "kafkatx.rollback", "orders/3@42 failed")
+    assert out["timestamp"].endswith("+00:00") and "T" in out["timestamp"]
+    assert "exception" not in out and "listener" not in out
+
+
+def test_json_exception_listener_and_other_extras() -> None:
+    record = make_record(extra={**COORDS, "listener": "enrich", "order_id": 7, "blob": object()}, exc=True)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line  # one object per line, even with a traceback
+    out = json.loads(line)
+    assert out["listener"] == "enrich"
+    assert out["exception"].startswith("Traceback") and out["exception"].endswith("ValueError: poison pill")
+    assert out["order_id"] == 7
+    assert out["blob"].startswith("<object object")  # not JSON: written as str()
+
+
+def test_listener_comes_from_the_container_thread() -> None:
+    """Log lines of a handler (which runs on its container's thread) name the listener."""
+    lines: list[str] = []
+
+    def log_from_container() -> None:
+        lines.append(JsonFormatter().format(make_record("handler says hi", extra=COORDS)))
+        lines.append(TextFormatter().format(make_record("handler says hi", extra=COORDS)))
+
+    t = threading.Thread(target=log_from_container, name="kafkatx-enrich#1")
+    t.start()
+    t.join()
+    assert json.loads(lines[0])["listener"] == "enrich#1"
+    assert lines[1].endswith("[enrich#1 orders/3@42 attempt=2]")
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.setLevel(saved[0])
+    for h in saved[1]:
+        root.addHandler(h)
+
+
+def test_configure_json_replaces_handlers_and_sets_level(root_logging: None) -> None:
+    stream = io.StringIO()
+    configure("debug", json=False, stream=io.StringIO())
+    configure("INFO", json=True, stream=stream)  # a second call replaces, never duplicates
+    assert len(logging.getLogger().handlers) == 1
+    log = logging.getLogger("myapp.handlers")
+    log.debug("hidden")
+    log.warning("%s failed", "orders/3@42", extra=COORDS)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["offset"] == 42
+
+
+def test_configure_rejects_an_unknown_level(root_logging: None) -> None:
+    with pytest.raises(ValueError, match="unknown log level 'LOUD'"):
+        configure("LOUD")
