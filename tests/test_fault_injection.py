@@ -61,20 +61,25 @@ EV = TypeVar("EV", bound=Event)
 
 
 @pytest.fixture(scope="module")
-def _cluster() -> Iterator[MockCluster]:
-    # One cluster for the module: destroying a mock cluster often takes a second.
-    with MockCluster() as cluster:
-        yield cluster
+def _closers() -> Iterator[list[threading.Thread]]:
+    threads: list[threading.Thread] = []
+    yield threads
+    for thread in threads:
+        thread.join(10)
 
 
 @pytest.fixture
-def mc(_cluster: MockCluster) -> Iterator[MockCluster]:
-    """The shared mock cluster; each test uses its own topics, group and transactional.id."""
-    yield _cluster
-    _cluster.broker_up(-1)
-    for api in ApiKey:
-        _cluster.clear_request_errors(api)
-    _cluster.stop_request_tracking()
+def mc(_closers: list[threading.Thread]) -> Iterator[MockCluster]:
+    """A fresh mock cluster per test: clients a test leaves behind (a replaced producer can still
+    finish its commit in the background) must not eat the next test's injected errors."""
+    cluster = MockCluster()
+    try:
+        yield cluster
+    finally:
+        # Destroying a mock cluster often takes a second; do it while the next test runs.
+        closer = threading.Thread(target=cluster.close, name="mock-cluster-close", daemon=True)
+        closer.start()
+        _closers.append(closer)
 
 
 def code_of(error: BaseException | None) -> str | None:

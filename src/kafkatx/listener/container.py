@@ -90,6 +90,14 @@ class _HandlerFailure(Exception):
         self.index, self.exc, self.record = index, exc, record
 
 
+class GroupMembershipChanged(Exception):
+    """The consumer left or rejoined its group while a transaction was open.
+
+    Its partitions may already belong to another member, so committing would
+    risk duplicates; the transaction is aborted instead (the zombie check).
+    """
+
+
 class _RecordBuffer(list[PendingOutput]):
     """Outputs of the record being handled; ``send()`` appends here."""
 
@@ -342,9 +350,10 @@ class ListenerContainer:
         for producer, offsets in by_producer.values():
             try:
                 producer.begin()
-                producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], consumer.consumer_group_metadata())
-                producer.commit()
-            except KafkaTxError as exc:
+                membership = consumer.consumer_group_metadata()
+                producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], membership)
+                producer.commit(guard=self._membership_guard(membership))
+            except (KafkaTxError, GroupMembershipChanged) as exc:
                 log.debug("offset fix-up skipped: %s", exc)
                 try:
                     producer.abort()
@@ -405,6 +414,33 @@ class ListenerContainer:
             except ApplicationRecoverableError as exc:
                 self._recreate_producer(producer, exc, msgs)
                 return
+            except GroupMembershipChanged as exc:
+                self._membership_changed(producer, exc, msgs)
+                return
+
+    def _membership_guard(self, membership: bytes) -> Callable[[], None]:
+        """A pre-commit check that this consumer is still the group member that sent the offsets.
+
+        A worker that stalled past max.poll.interval.ms has left the group by
+        the time it wakes up; its partitions may be someone else's. Brokers
+        with KIP-447 also make the new owner wait for our pending offsets, but
+        checking here costs nothing and protects on brokers that do not.
+        """
+
+        def guard() -> None:
+            consumer = self._consumer
+            if consumer is not None and consumer.consumer_group_metadata() != membership:
+                raise GroupMembershipChanged(
+                    f"listener {self.name!r}: group membership changed while the transaction was open "
+                    "(max.poll.interval.ms exceeded or a rebalance); aborting instead of committing"
+                )
+
+        return guard
+
+    def _membership_changed(self, producer: TransactionalProducer, exc: GroupMembershipChanged, msgs: list[Message]) -> None:
+        log.warning("%s", exc)
+        if self._abort(producer, len(msgs), str(exc), msgs):
+            self._rewind_to_committed(msgs)
 
     def _transact(self, msgs: Sequence[Message], producer: TransactionalProducer) -> None:
         spec = self.spec
@@ -452,10 +488,9 @@ class ListenerContainer:
                     buf.clear()
                 offsets[(topic, partition)] = offset + 1
             assert self._consumer is not None
-            producer.send_offsets(
-                [TopicPartition(t, p, o) for (t, p), o in offsets.items()], self._consumer.consumer_group_metadata()
-            )
-            producer.commit()
+            membership = self._consumer.consumer_group_metadata()
+            producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], membership)
+            producer.commit(guard=self._membership_guard(membership))
         finally:
             bind_sink(previous)
         self._committed.update(offsets)
@@ -524,8 +559,8 @@ class ListenerContainer:
                     self.arp.process(scope)
                 finally:
                     bind_sink(previous)
-                scope.send_offsets()
-                producer.commit()
+                membership = scope.send_offsets()
+                producer.commit(guard=self._membership_guard(membership) if membership is not None else None)
             except _HandlerFailure as again:  # a replayed batch-mate failed this time
                 if not self._abort(producer, again.index + 1, f"replay failed on {again.record.coordinates}", msgs):
                     return
@@ -546,6 +581,9 @@ class ListenerContainer:
                 continue
             except ApplicationRecoverableError as exc:
                 self._recreate_producer(producer, exc, msgs)
+                return
+            except GroupMembershipChanged as exc:
+                self._membership_changed(producer, exc, msgs)
                 return
             scope.apply()
             self.publish(
@@ -593,9 +631,9 @@ class ListenerContainer:
                 scope.replay_processed()
             finally:
                 bind_sink(previous)
-            scope.send_offsets()
-            producer.commit()
-        except (_HandlerFailure, TransactionAbortableError) as exc:
+            membership = scope.send_offsets()
+            producer.commit(guard=self._membership_guard(membership) if membership is not None else None)
+        except (_HandlerFailure, TransactionAbortableError, GroupMembershipChanged) as exc:
             log.debug("could not commit the batch-mates of %s: %s", failure.record.coordinates, exc)
             return self._abort(producer, failure.index, "batch-mates not committed", msgs) and False
         except ApplicationRecoverableError as exc:
@@ -756,13 +794,15 @@ class _RollbackScope:
         if seconds > 0:
             self._pauses[(record.topic, record.partition)] = seconds
 
-    def send_offsets(self) -> None:
-        if self._offsets:
-            consumer = self._c._consumer
-            assert consumer is not None
-            self._producer.send_offsets(
-                [TopicPartition(t, p, o) for (t, p), o in self._offsets.items()], consumer.consumer_group_metadata()
-            )
+    def send_offsets(self) -> bytes | None:
+        """Send this transaction's offsets; returns the group membership they were sent with."""
+        if not self._offsets:
+            return None
+        consumer = self._c._consumer
+        assert consumer is not None
+        membership: bytes = consumer.consumer_group_metadata()
+        self._producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in self._offsets.items()], membership)
+        return membership
 
     def apply(self) -> None:
         """After the commit: rewind every partition to its first record not committed, and pause."""

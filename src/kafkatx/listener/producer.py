@@ -143,9 +143,12 @@ class TransactionalProducer:
             lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
         )
 
-    def commit(self) -> None:
+    def commit(self, guard: Callable[[], None] | None = None) -> None:
+        """Commit the transaction. ``guard`` runs just before, and may raise to prevent it."""
         producer = self._producer
         assert producer is not None
+        if guard is not None:
+            guard()
         # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
         self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()))
         self.in_transaction = False
