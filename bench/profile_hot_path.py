@@ -61,7 +61,13 @@ def raw_round(bs: str, src: str, out: str, n: int) -> tuple[float, float]:
     return cpu, wall
 
 
-def kafkatx_round(bs: str, src: str, out: str, n: int, profiler: cProfile.Profile | None = None) -> tuple[float, float]:
+class PoisonError(RuntimeError):
+    pass
+
+
+def kafkatx_round(
+    bs: str, src: str, out: str, n: int, profiler: cProfile.Profile | None = None, scenario: str = "batch", dlt: str | None = None
+) -> tuple[float, float]:
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
     from kafkatx.listener.container import ListenerContainer
@@ -70,12 +76,20 @@ def kafkatx_round(bs: str, src: str, out: str, n: int, profiler: cProfile.Profil
     app = App(g, bootstrap_servers=bs, instance_id="prof")
     state: dict[str, Any] = {"cpu0": None, "t0": 0.0, "cpu1": 0.0, "t1": 0.0, "done": 0}
     finished = threading.Event()
+    options: dict[str, Any] = {}
+    if scenario == "record":
+        options = {"max_batch_records": 1}
+    elif scenario != "batch":
+        options = {"max_attempts": 3, "dlq": dlt, "retry": "in_place" if scenario == "inplace" else "rollback"}
 
-    @app.listener(src, output=out)
+    @app.listener(src, output=out, **options)
     def upper(record: Any) -> bytes:
         if state["cpu0"] is None:
             state["cpu0"], state["t0"] = time.thread_time(), time.perf_counter()
-        return record.value.upper()  # type: ignore[no-any-return]
+        value = record.value
+        if value[10:16] == b"poison":
+            raise PoisonError(value[:9].decode())
+        return value.upper()  # type: ignore[no-any-return]
 
     @app.on(TransactionCommitted)
     def committed(ev: Any) -> None:
@@ -112,6 +126,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="CPU-per-record rounds of each runner")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--scenario", choices=["batch", "record", "rollback", "inplace"], default="batch",
+                    help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
+                         "path, or 1%% poison with retry='in_place'")  # fmt: skip
     args = ap.parse_args()
 
     import kafkatx
@@ -123,32 +140,36 @@ def main() -> None:
     with LocalBroker() as broker:
         bs = broker.bootstrap_servers
         src = create_topic(bs, "prof-in", args.partitions)
-        preload(bs, src, n, args.partitions, 100, 0)
+        preload(bs, src, n, args.partitions, 100, 100 if args.scenario in ("rollback", "inplace") else 0)
         results: dict[str, list[tuple[float, float]]] = {"raw": [], "kafkatx": []}
-        for i in range(args.rounds):
+        for i in range(args.rounds if args.scenario == "batch" else 0):
             for name, fn in (("raw", raw_round), ("kafkatx", kafkatx_round)):
                 out = create_topic(bs, f"prof-out-{name}-{i}", args.partitions)
                 wait_for_quiet_broker(broker)
                 results[name].append(fn(bs, src, out, n))
                 delete_topics(bs, [out])
-        print(f"\nprocessing-thread CPU per record ({n:,} records, {args.rounds} rounds; median [min..max]):")
         med = {}
-        for name, rows in results.items():
+        if results["raw"]:
+            print(f"\nprocessing-thread CPU per record ({n:,} records, {args.rounds} rounds; median [min..max]):")
+        for name, rows in results.items() if results["raw"] else ():
             us = [cpu / n * 1e6 for cpu, _ in rows]
             rates = [n / wall for _, wall in rows]
             med[name] = statistics.median(us)
             print(f"  {name:8s} {med[name]:6.2f} us/record [{min(us):.2f}..{max(us):.2f}]   "
                   f"{statistics.median(rates):,.0f} rec/s [{min(rates):,.0f}..{max(rates):,.0f}]")  # fmt: skip
-        print(f"  kafkatx overhead: {med['kafkatx'] - med['raw']:.2f} us/record of processing-thread CPU")
+        if med:
+            print(f"  kafkatx overhead: {med['kafkatx'] - med['raw']:.2f} us/record of processing-thread CPU")
         if args.no_profile:
             return
         prof = cProfile.Profile()
         out = create_topic(bs, "prof-out-cprofile", args.partitions)
+        dlt = create_topic(bs, "prof-dlt", args.partitions) if args.scenario in ("rollback", "inplace") else None
         wait_for_quiet_broker(broker)
-        kafkatx_round(bs, src, out, n, prof)
+        cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt)
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime")
-        print(f"\ncProfile of the container thread, {n:,} records, by own time:")
+        print(f"\ncProfile of the container thread, scenario {args.scenario}, {n:,} records "
+              f"({wall:.1f}s, thread CPU {cpu:.1f}s under the profiler), by own time:")
         stats.print_stats(args.top)
         stats.sort_stats("cumulative")
         stats.print_callees("_run_unit")

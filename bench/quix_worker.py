@@ -111,6 +111,11 @@ def main() -> None:
         "thread_cpu_s": state["cpu_last"] - state["cpu_first"],
         "quixstreams_commit_interval_s": app._config.commit_interval,
     }
+    try:  # VmHWM, not ru_maxrss: see workers.peak_rss_mib
+        with open("/proc/self/status") as status:
+            res["peak_rss_mib"] = next(int(x.split()[1]) / 1024.0 for x in status if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        res["peak_rss_mib"] = None
     sys.stdout.write("RESULT " + json.dumps(res) + "\n")
     sys.stdout.flush()
 

@@ -33,7 +33,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"
-POISON_OFFSET = 50  # record i is poison when i % poison_every == POISON_OFFSET
+POISON_OFFSET = 50  # see is_poison()
 
 RUNS: dict[str, dict[str, Any]] = {
     "1": {"label": "hand-written EOS loop, <=1000 rec/txn (baseline)", "kind": "raw", "batch": 1000, "input": "main"},
@@ -51,16 +51,22 @@ ORDER = ["1", "2", "3", "3b", "4", "4b", "5"]
 
 
 # -- workload ------------------------------------------------------------------
-def make_value(i: int, size: int, poison_every: int) -> bytes:
+def is_poison(i: int, poison_every: int, partitions: int) -> bool:
+    """Record i (partition i % P, offset i // P) is poison once per ``poison_every`` offsets of
+    each partition, at a different offset in each partition, so poison is spread evenly
+    over partitions and time (``i % 100 == 50`` would put it all in 2 of 8 partitions)."""
+    if not poison_every:
+        return False
+    offset, partition = divmod(i, partitions)
+    return (offset + 13 * partition) % poison_every == POISON_OFFSET
+
+
+def make_value(i: int, size: int, poison_every: int, partitions: int) -> bytes:
     """``000000042:record:abcdefghij...`` padded to ``size`` bytes; lower case so upper() changes it."""
-    kind = "poison" if poison_every and i % poison_every == POISON_OFFSET else "record"
+    kind = "poison" if is_poison(i, poison_every, partitions) else "record"
     head = f"{i:09d}:{kind}:"
     filler = "abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1)
     return (head + filler)[: max(size, len(head))].encode()
-
-
-def is_poison(i: int, poison_every: int) -> bool:
-    return bool(poison_every) and i % poison_every == POISON_OFFSET
 
 
 def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, poison_every: int) -> float:
@@ -71,7 +77,7 @@ def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, pois
     produce(
         bootstrap,
         topic,
-        ({"value": make_value(i, size, poison_every), "partition": i % partitions} for i in range(n)),
+        ({"value": make_value(i, size, poison_every, partitions), "partition": i % partitions} for i in range(n)),
         config={"linger.ms": 20, "batch.num.messages": 10000, "enable.idempotence": True},
     )
     return time.perf_counter() - started
@@ -83,26 +89,32 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for_quiet_broker(broker: Any, *, idle_share: float = 0.03, timeout: float = 60.0) -> float:
+def wait_for_quiet_broker(broker: Any, *, idle_share: float = 0.03, timeout: float = 60.0, others_max: float | None = None) -> dict[str, float]:
     """Wait until the broker has finished its snapshots (noida writes kafka.json 1-2 s after
     each change, which costs CPU and stalls requests): its CPU use stays under ``idle_share``
-    of a core for 1 s and the snapshot file is 2 s old. Returns the seconds waited."""
+    of a core for 1 s and the snapshot file is 2 s old. With ``others_max``, also wait until
+    the rest of the machine uses less than that many cores. Gives up after ``timeout``
+    seconds; returns what it saw last (``waited_s``, ``others_cores``)."""
     started = time.monotonic()
     snapshot = broker.data_dir / "kafka.json"
+    tick = os.sysconf("SC_CLK_TCK")
+    others = 0.0
     while time.monotonic() - started < timeout:
         try:
+            busy0, _ = _machine_busy_jiffies()
             before = _cpu_seconds(broker.pid)
+            mine0 = sum(os.times()[:2])
             time.sleep(1.0)
             busy = _cpu_seconds(broker.pid) - before
+            others = max(0.0, (_machine_busy_jiffies()[0] - busy0) / tick - busy - (sum(os.times()[:2]) - mine0))
             age = time.time() - snapshot.stat().st_mtime if snapshot.exists() else 99.0
-        except (OSError, TypeError):
-            return time.monotonic() - started  # no /proc (not Linux): nothing to wait for
-        if busy <= idle_share and age >= 2.0:
+        except (OSError, TypeError, ValueError):
+            break  # no /proc (not Linux): nothing to wait for
+        if busy <= idle_share and age >= 2.0 and (others_max is None or others <= others_max):
             break
-    return time.monotonic() - started
+    return {"waited_s": time.monotonic() - started, "others_cores": others}
 
 
-# -- one run -------------------------------------------------------------------
 def _machine_busy_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs, from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -110,6 +122,7 @@ def _machine_busy_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+# -- one run -------------------------------------------------------------------
 class LoadMeter:
     """CPU used during a run by everything except the run's process and the broker: the noise."""
 
@@ -135,10 +148,15 @@ class LoadMeter:
         return {"broker_cores": broker / wall, "other_cores": max(0.0, other) / wall}
 
 
-def run_worker(cmd: list[str], log_path: Path, timeout: float) -> tuple[dict[str, Any] | None, int, float, str, float]:
+def run_worker(
+    cmd: list[str], log_path: Path, timeout: float, pythonpath: str | None = None
+) -> tuple[dict[str, Any] | None, int, float, str, float]:
     """Start a run's process; return (result, exit code, peak RSS MiB and CPU seconds from wait4, error text)."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+        env = dict(os.environ)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env)
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         out = b""
@@ -160,12 +178,16 @@ def run_worker(cmd: list[str], log_path: Path, timeout: float) -> tuple[dict[str
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         proc.stdout.close()
+    # Fallback only: Linux keeps the forked parent's pre-exec peak in the child's ru_maxrss,
+    # so the workers report their own VmHWM (used below when present).
     rss_mib = usage.ru_maxrss / 1024.0  # KiB on Linux
     cpu_s = usage.ru_utime + usage.ru_stime
     result = None
     for line in out.decode(errors="replace").splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT ") :])
+    if result is not None and result.get("peak_rss_mib"):
+        rss_mib = result["peak_rss_mib"]
     error = ""
     if result is None:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
@@ -179,7 +201,8 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
 
     loaded = args.poison_every if run["input"] == "main" else 0  # how the input was preloaded
     poison_every = loaded if run.get("poison") else 0
-    expected = {make_value(i, args.size, loaded).upper() for i in range(n) if not is_poison(i, poison_every)}
+    parts = args.partitions
+    expected = {make_value(i, args.size, loaded, parts).upper() for i in range(n) if not is_poison(i, poison_every, parts)}
     out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120)]
     check: dict[str, Any] = {
         "outputs": len(out),
@@ -189,7 +212,7 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
     }
     ok = check["outputs_ok"]
     if dlt_topic is not None:
-        poison = {make_value(i, args.size, loaded) for i in range(n) if is_poison(i, poison_every)}
+        poison = {make_value(i, args.size, loaded, parts) for i in range(n) if is_poison(i, poison_every, parts)}
         dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60)]
         check.update(dlt=len(dlt), dlt_expected=len(poison), dlt_ok=len(dlt) == len(poison) and set(dlt) == poison)
         ok = ok and check["dlt_ok"]
@@ -416,6 +439,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quix-commit-interval", type=float, default=None, help="run 5: quixstreams commit_interval (default: its own, 5 s)")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown (for docs/BENCHMARKS.md)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
+    p.add_argument("--busy-limit", type=float, default=0.25,
+                   help="before each run, wait until other processes use at most this many cores (default 0.25)")
+    p.add_argument("--quiet-timeout", type=float, default=60.0, help="how long to wait for that (default 60 s)")
+    p.add_argument("--src", type=Path, default=None,
+                   help="benchmark the kafkatx package under this src dir (e.g. a patched copy) instead of the installed one")
     args = p.parse_args(argv)
     if args.quick:
         args.records, args.small_records = 4_000, 200
@@ -447,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = machine_info()
     n_main, n_small, parts = args.records, args.small_records, args.partitions
-    poisons = sum(1 for i in range(n_main) if is_poison(i, args.poison_every))
+    poisons = sum(1 for i in range(n_main) if is_poison(i, args.poison_every, args.partitions))
     started = time.perf_counter()
     reps: dict[str, list[dict[str, Any]]] = {k: [] for k in args.runs}
     state_dir = Path(tempfile.mkdtemp(prefix="kafkatx-bench-quix-state-"))
@@ -475,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                     "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}", "records": n, "partitions": parts,
                     "sample_every": args.sample_every, "timeout": args.timeout, "batch": run.get("batch", 1000),
                     "options": dict(run.get("options", {})), "poison": bool(run.get("poison")),
-                    "poison_every": args.poison_every, "poison_offset": POISON_OFFSET,
+                    "poison_every": args.poison_every,
                 }  # fmt: skip
                 if dlt_topic:
                     cfg["options"]["dlq"] = dlt_topic
@@ -485,10 +513,14 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [str(quix_python), str(HERE / "quix_worker.py"), json.dumps(cfg)]
                 else:
                     cmd = [sys.executable, str(HERE / "workers.py"), json.dumps(cfg)]
-                wait_for_quiet_broker(broker)
+                pythonpath = str(args.src.resolve()) if args.src is not None and run["kind"] == "kafkatx" else None
+                quiet = wait_for_quiet_broker(broker, others_max=args.busy_limit, timeout=args.quiet_timeout)
+                if quiet["others_cores"] > args.busy_limit:
+                    print(f"# machine busy: other processes use {quiet['others_cores']:.2f} cores "
+                          f"(waited {quiet['waited_s']:.0f}s); measuring anyway, figures will be low", flush=True)  # fmt: skip
                 print(f"# run {k:>2} (rep {rep + 1}/{args.repeat}): {run['label']} ...", end="", flush=True)
                 meter = LoadMeter(broker.pid)
-                result, code, rss, error, cpu_s = run_worker(cmd, logs / f"run-{tag}.log", args.timeout + 60)
+                result, code, rss, error, cpu_s = run_worker(cmd, logs / f"run-{tag}.log", args.timeout + 60, pythonpath)
                 load = meter.stop(cpu_s)
                 entry: dict[str, Any] = {
                     "rep": rep, "result": result, "exit_code": code, "peak_rss_mib": rss, "process_cpu_s": cpu_s, **load,

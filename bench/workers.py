@@ -26,9 +26,11 @@ Timing and latency (identical in every runner, see docs/BENCHMARKS.md):
 from __future__ import annotations
 
 import json
+import os
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 perf = time.perf_counter
@@ -101,6 +103,22 @@ class Tracker:
             "latency_max_ms": lat[-1] * 1000.0 if lat else None,
             "thread_cpu_s": self.cpu_last - self.cpu_first,
         }
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak RSS (VmHWM), in MiB.
+
+    Not getrusage()'s ru_maxrss: Linux carries the pre-exec high-water mark of
+    the forked parent into the child's ru_maxrss, so a child of a big parent
+    would report the parent's size."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +198,9 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     tr = Tracker(cfg)
     seen = tr.seen
     finished = threading.Event()
-    app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench")
+    debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
+    app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
+              producer_config={"debug": debug} if debug else None)  # fmt: skip
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None
@@ -239,9 +259,12 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finally:
         app.stop(timeout=30)
     res = tr.result(t0, n)
+    res["kafkatx_path"] = str(Path(sys.modules["kafkatx"].__file__ or "").parent)
     res["handler_failures"] = failures[0]
     if calls is not None:
-        poison_idx = {i for i in range(n) if cfg["poison_every"] and i % cfg["poison_every"] == cfg["poison_offset"]}
+        from run import is_poison  # bench/ is sys.path[0]
+
+        poison_idx = {i for i in range(n) if is_poison(i, cfg["poison_every"], parts)}
         nonpoison = [c for i, c in enumerate(calls) if i not in poison_idx]
         res["handler_calls"] = sum(calls)
         res["max_calls_per_good_record"] = max(nonpoison) if nonpoison else 0
@@ -255,7 +278,8 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = os.environ.get("BENCH_LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(level=level, format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     kind = cfg["kind"]
     if kind == "raw":
         res = run_raw(cfg)
@@ -263,6 +287,7 @@ def main() -> None:
         res = run_kafkatx(cfg)
     else:
         raise SystemExit(f"unknown run kind {kind!r}")
+    res["peak_rss_mib"] = peak_rss_mib()
     sys.stdout.write("RESULT " + json.dumps(res) + "\n")
     sys.stdout.flush()
 

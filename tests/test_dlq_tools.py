@@ -26,6 +26,7 @@ from kafkatx.dlq.tools import (
 )
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
+Capture = pytest.CaptureFixture[str]
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
 
 
@@ -57,7 +58,8 @@ def _dead_letter(
             timestamp=T0 + n,
         )
         error = exc or ValueError(f"bad amount in record {n}")
-        items.append({"key": failed.key, "value": failed.value, "headers": dead_letter_headers(failed, error, group_id=group, attempts=attempts)})
+        headers = dead_letter_headers(failed, error, group_id=group, attempts=attempts)
+        items.append({"key": failed.key, "value": failed.value, "headers": headers})
     kafka.produce(dlt, items)
     return items
 
@@ -86,7 +88,7 @@ def _cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[st
 # -- inspect ---------------------------------------------------------------------
 
 
-def test_inspect_table_shows_where_records_came_from_and_why_they_failed(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_table_shows_where_records_came_from_and_why_they_failed(kafka: KafkaTestKit, capsys: Capture) -> None:
     dlt, orders = kafka.topic(), unique_name("orders")
     _dead_letter(kafka, dlt, orders, 2, first_offset=41, attempts=3)
 
@@ -105,7 +107,7 @@ def test_inspect_table_shows_where_records_came_from_and_why_they_failed(kafka: 
     assert f"2 dead-lettered record(s) in {dlt}" in out
 
 
-def test_inspect_truncates_long_messages_and_keeps_one_line_per_record(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_truncates_long_messages_and_keeps_one_line_per_record(kafka: KafkaTestKit, capsys: Capture) -> None:
     dlt = kafka.topic()
     _dead_letter(kafka, dlt, "orders", 1, exc=RuntimeError("first line\nsecond line " + "x" * 200))
     assert main(["dlq", "inspect", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 0
@@ -129,7 +131,7 @@ def test_inspect_json_from_the_command_line(kafka: KafkaTestKit) -> None:
     assert "exception_stacktrace" not in rec
 
 
-def test_inspect_json_of_an_empty_topic_is_an_empty_array(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_json_of_an_empty_topic_is_an_empty_array(kafka: KafkaTestKit, capsys: Capture) -> None:
     dlt = kafka.topic()
     assert main(["dlq", "inspect", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
@@ -143,13 +145,15 @@ def test_unknown_topic_is_a_clear_error_with_non_zero_exit(bootstrap_servers: st
     assert proc.stdout == ""
 
 
-def test_missing_bootstrap_servers_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_bootstrap_servers_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
     monkeypatch.delenv("KAFKATX_BOOTSTRAP_SERVERS", raising=False)
     assert main(["dlq", "replay", "orders-dlt"]) == 64
     assert "no bootstrap servers" in capsys.readouterr().err
 
 
-def test_bootstrap_servers_come_from_the_environment(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bootstrap_servers_come_from_the_environment(
+    kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
     dlt = kafka.topic()
     _dead_letter(kafka, dlt, "orders", 1)
     monkeypatch.setenv("KAFKATX_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
@@ -157,13 +161,20 @@ def test_bootstrap_servers_come_from_the_environment(kafka: KafkaTestKit, monkey
     assert len(json.loads(capsys.readouterr().out)) == 1
 
 
-def test_bad_filter_is_rejected_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_filter_is_rejected_with_the_reason(capsys: Capture) -> None:
     with pytest.raises(SystemExit) as info:
         main(["dlq", "inspect", "orders-dlt", "--filter", "colour=red"])
     assert info.value.code == 2
     assert "unknown field 'colour'" in capsys.readouterr().err
-    for bad, reason in [("exception", "expected FIELD=VALUE"), ("message~=(", "invalid regular expression"),
-                        ("partition=one", "integer N or a range"), ("attempts~=3", "is a number"), ("key=", "empty")]:  # fmt: skip
+    reasons = {
+        "exception": "expected FIELD=VALUE",
+        "message~=(": "invalid regular expression",
+        "partition=one": "integer N or a range",
+        "offset=..": "integer N or a range",
+        "attempts~=3": "is a number",
+        "key=": "empty",
+    }
+    for bad, reason in reasons.items():
         with pytest.raises(ValueError, match=reason):
             parse_filter(bad)
 
@@ -198,7 +209,7 @@ def test_inspect_filters(kafka: KafkaTestKit) -> None:
         inspect_dlq(kafka.bootstrap_servers, dlt, filters=["colour=red"])
 
 
-def test_inspect_decodes_records_written_by_spring(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_decodes_records_written_by_spring(kafka: KafkaTestKit, capsys: Capture) -> None:
     dlt = kafka.topic()
     kafka.produce(dlt, [{"key": b"o-1", "value": b"{}", "headers": _spring_headers("orders", 2, 123_456_789_012)}])
 
@@ -208,7 +219,8 @@ def test_inspect_decodes_records_written_by_spring(kafka: KafkaTestKit, capsys: 
     assert entry.info.original_timestamp == T0 and entry.info.consumer_group == "java-orders"
     assert entry.info.exception_cause_fqcn == "java.lang.IllegalStateException" and entry.info.attempts is None
 
-    assert main(["dlq", "inspect", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--filter", "exception=IllegalState"]) == 0
+    bs = kafka.bootstrap_servers
+    assert main(["dlq", "inspect", dlt, "--bootstrap-servers", bs, "--filter", "exception=IllegalState"]) == 0
     row = capsys.readouterr().out.splitlines()[1]
     assert "orders/2@123456789012" in row and "IllegalStateException (via ListenerExecutionF..." in row
     assert "java-orders" in row
@@ -291,6 +303,21 @@ def test_a_killed_replay_is_fenced_and_its_open_transaction_aborted(kafka: Kafka
     assert sorted(values) == [b"v%d" % i for i in range(6)]
 
 
+def test_a_second_replay_of_the_same_group_fences_the_first(kafka: KafkaTestKit) -> None:
+    orders, dlt = kafka.topic(), kafka.topic()
+    _dead_letter(kafka, dlt, orders, 6)
+    inner: list[int] = []
+
+    def start_another_replay(entry: object, target: str | None) -> None:
+        if not inner:  # while the first run has batch 1 open, a second run starts and finishes
+            inner.append(replay_dlq(kafka.bootstrap_servers, dlt, batch_size=2).replayed)
+
+    with pytest.raises(DlqToolError, match="another replay with the same group started and took over"):
+        replay_dlq(kafka.bootstrap_servers, dlt, batch_size=2, on_record=start_another_replay)
+    assert inner == [6]
+    assert sorted(kafka.values(orders)) == [b"v%d" % i for i in range(6)]  # the fenced run added nothing
+
+
 def test_replay_limit_stops_early_and_the_next_run_continues(kafka: KafkaTestKit) -> None:
     orders, dlt = kafka.topic(), kafka.topic()
     _dead_letter(kafka, dlt, orders, 5)
@@ -300,7 +327,7 @@ def test_replay_limit_stops_early_and_the_next_run_continues(kafka: KafkaTestKit
     assert sorted(kafka.values(orders)) == [b"v%d" % i for i in range(5)]
 
 
-def test_replay_to_another_topic_with_a_filter(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_to_another_topic_with_a_filter(kafka: KafkaTestKit, capsys: Capture) -> None:
     orders, retry, dlt = kafka.topic(), kafka.topic(partitions=2), kafka.topic()
     _dead_letter(kafka, dlt, orders, 3)  # ValueError: offsets 0..2
     _dead_letter(kafka, dlt, orders, 2, exc=TimeoutError("slow"), first_offset=3)  # offsets 3..4
@@ -323,7 +350,7 @@ def test_replay_to_another_topic_with_a_filter(kafka: KafkaTestKit, capsys: pyte
     assert sorted(kafka.values(orders)) == [b"v0", b"v1", b"v2"]
 
 
-def test_dry_run_lists_but_produces_and_commits_nothing(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_lists_but_produces_and_commits_nothing(kafka: KafkaTestKit, capsys: Capture) -> None:
     orders, dlt = kafka.topic(), kafka.topic()
     _dead_letter(kafka, dlt, orders, 3)
     assert main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--dry-run"]) == 0
@@ -351,7 +378,7 @@ def test_record_without_original_topic_is_an_error_naming_it(kafka: KafkaTestKit
     assert (result.replayed, result.skipped) == (2, 1)
 
 
-def test_replay_to_a_missing_topic_fails_before_producing(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_to_a_missing_topic_fails_before_producing(kafka: KafkaTestKit, capsys: Capture) -> None:
     dlt = kafka.topic()
     _dead_letter(kafka, dlt, unique_name("gone"), 1)
     assert main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 1
@@ -361,7 +388,7 @@ def test_replay_to_a_missing_topic_fails_before_producing(kafka: KafkaTestKit, c
     assert kafka.committed(default_replay_group(dlt), dlt) == {}
 
 
-def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]) -> None:
+def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: KafkaTestKit, capsys: Capture) -> None:
     orders, out = kafka.topic(), kafka.topic()
     dlt = kafka.topic(name=f"{orders}-dlt")
     name = unique_name("app")

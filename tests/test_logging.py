@@ -87,6 +87,8 @@ def test_listener_comes_from_the_container_thread() -> None:
 def root_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = (root.level, list(root.handlers))
+    for h in saved[1]:
+        root.removeHandler(h)  # so configure() does not close pytest's capture handlers
     yield
     for h in list(root.handlers):
         root.removeHandler(h)

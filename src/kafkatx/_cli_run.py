@@ -75,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             from kafkatx.metrics import serve_metrics
 
-            serve_metrics(app, args.metrics_port)
+            server = serve_metrics(app, args.metrics_port, args.metrics_addr)
+            print(f"kafkatx: metrics at {server.url}", flush=True)
         status = None
         if args.status or (args.status is None and sys.stderr.isatty()):
             try:
@@ -112,7 +113,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--local-port", type=int, default=None, help="port of the embedded broker (default: a free one)")
     r.add_argument("--local-data-dir", default=None, help="data dir of the embedded broker (default: temporary)")
     r.add_argument("--create-topics", action="store_true", help="create missing input/output topics")
-    r.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    r.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: a free one)")
+    r.add_argument("--metrics-addr", default="127.0.0.1", help="address to serve metrics on (default 127.0.0.1; 0.0.0.0 for all)")
+    r.add_argument("--log-format", choices=("text", "json"), default="text", help="log as text (default) or one JSON object per line")
     r.add_argument("--status", dest="status", action="store_true", default=None, help="show a live status line")
     r.add_argument("--no-status", dest="status", action="store_false", help="never show the live status line")
     r.set_defaults(func=_run)

@@ -24,6 +24,7 @@ from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, T
 
 if TYPE_CHECKING:
     from kafkatx.app import App
+    from kafkatx.metrics import _LagTracker
 
 __all__ = ["StatusLine"]
 
@@ -51,7 +52,7 @@ class StatusLine:
         self._thread: threading.Thread | None = None
         self._shown = False
         self._active = False
-        self._lag: Any = None
+        self._lag: _LagTracker | None = None
         self._wrapped: list[tuple[logging.StreamHandler[Any], Any]] = []
 
     @property
@@ -72,9 +73,9 @@ class StatusLine:
         on(RecordRecovered, self._on_recovered)
         on(HandlerFailed, self._on_failed)
         try:
-            from kafkatx.metrics import lag_tracker
+            from kafkatx.metrics import _shared_lag_tracker
 
-            self._lag = lag_tracker(self.app, _STATS_INTERVAL_MS)
+            self._lag = _shared_lag_tracker(self.app, _STATS_INTERVAL_MS)
         except Exception:  # lag is a nice-to-have; never keep the App from running
             log.debug("status line without consumer lag", exc_info=True)
         self._redirect_logging()

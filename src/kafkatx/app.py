@@ -222,7 +222,7 @@ class App:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
         }
-        cfg.setdefault("client.id", f"{self.name}-{spec.name}-{worker}")
+        cfg.setdefault("client.id", f"{self.name}-{self.instance_id}-{spec.name}-{worker}")
         return cfg
 
     def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:

@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    from kafkatx.logging import configure as configure_logging
+
+    configure_logging(level, json=getattr(args, "log_format", "text") == "json")
     func: Any = args.func
     return int(func(args) or 0)

@@ -76,7 +76,7 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-def listener_label(listener: str, worker: int) -> str:
+def _listener_label(listener: str, worker: int) -> str:
     """The listener's declared name: ``orders#2`` (worker 2 of ``orders``) becomes ``orders``.
 
     Workers of one listener share its series, so dashboards aggregate by
@@ -169,13 +169,13 @@ class _LagTracker:
     # -- events -----------------------------------------------------------------
     def _on_assigned(self, event: PartitionsAssigned) -> None:
         with self._lock:
-            self._assigned.setdefault(listener_label(event.listener, event.worker), set()).update(event.partitions)
+            self._assigned.setdefault(_listener_label(event.listener, event.worker), set()).update(event.partitions)
 
     def _on_revoked(self, event: PartitionsRevoked) -> None:
-        self._drop(listener_label(event.listener, event.worker), event.partitions)
+        self._drop(_listener_label(event.listener, event.worker), event.partitions)
 
     def _on_stopped(self, event: ContainerStopped) -> None:
-        listener = listener_label(event.listener, event.worker)
+        listener = _listener_label(event.listener, event.worker)
         with self._lock:
             tps = tuple(self._assigned.get(listener, ()))
         self._drop(listener, tps)
@@ -236,9 +236,11 @@ class _LagTracker:
         """
         name = self._clients.get(client_id)
         if name is None:
-            owners: dict[str, set[str]] = {}
             app = self._app_ref()
-            for spec in app.listeners if app is not None else ():
+            if app is None:
+                return client_id
+            owners: dict[str, set[str]] = {}
+            for spec in app.listeners:
                 group = spec.group_id or app.group_id
                 for worker in range(spec.concurrency):
                     try:
@@ -270,7 +272,7 @@ _TRACKERS: weakref.WeakKeyDictionary[App, _LagTracker] = weakref.WeakKeyDictiona
 _TRACKERS_LOCK = threading.Lock()
 
 
-def lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> _LagTracker:
+def _shared_lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> _LagTracker:
     """The App's lag tracker, created and installed once (shared by metrics and the status line)."""
     with _TRACKERS_LOCK:
         tracker = _TRACKERS.get(app)
@@ -374,7 +376,7 @@ class Metrics:
         return self._app_ref()
 
     def _labels(self, event: Any) -> tuple[str, str]:
-        return self._app_name, listener_label(event.listener, event.worker)
+        return self._app_name, _listener_label(event.listener, event.worker)
 
     def _simple(self, family: Any) -> Callable[[Any], None]:
         def count(event: Any) -> None:
@@ -422,10 +424,10 @@ class Metrics:
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""
-        listener = listener_label(container, worker)
+        listener = _listener_label(container, worker)
         with self._lock:
             self._assigned[(container, worker)] = max(0, count)
-            total = sum(n for (c, w), n in self._assigned.items() if listener_label(c, w) == listener)
+            total = sum(n for (c, w), n in self._assigned.items() if _listener_label(c, w) == listener)
         self._f.assigned.labels(self._app_name, listener).set(total)
 
     def _lag_update(self, listener: str, topic: str, partition: int, lag: int | None) -> None:
@@ -470,14 +472,14 @@ def instrument(
                 raise InvalidConfigurationError(
                     f"App {app.name!r} is already instrumented with another registry; call instrument() once per App"
                 )
-            lag_tracker(app, stats_interval_ms)
+            _shared_lag_tracker(app, stats_interval_ms)
             return existing
         if registry is None:
             registry = pc.CollectorRegistry(auto_describe=True)
         families = _FAMILIES.get(registry)
         if families is None:
             families = _FAMILIES[registry] = _Families(registry)
-        metrics = _METRICS[app] = Metrics(app, registry, families, lag_tracker(app, stats_interval_ms))
+        metrics = _METRICS[app] = Metrics(app, registry, families, _shared_lag_tracker(app, stats_interval_ms))
     return metrics
 
 

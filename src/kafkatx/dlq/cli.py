@@ -218,7 +218,7 @@ def add_parser(sub: Any) -> None:
             "-X", "--config", action="append", type=_config_arg, default=[], metavar="KEY=VALUE",
             help="librdkafka client setting, e.g. -X security.protocol=SASL_SSL (repeatable)",
         )  # fmt: skip
-        p.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds without progress (default 30)")
+        p.add_argument("--timeout", type=float, default=30.0, help="seconds without progress before giving up (default 30)")
 
     i = dsub.add_parser("inspect", help="list dead-lettered records: where they came from and why they failed")
     common(i)
@@ -233,6 +233,6 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--group", help="replay group whose offsets on the DLT say where to resume (default kafkatx-dlq-replay.TOPIC)")
     r.add_argument("--dry-run", action="store_true", help="list what would be replayed; produce and commit nothing")
     r.add_argument("--batch-size", type=_positive, default=500, help="records per transaction (default 500)")
-    r.add_argument("--limit", type=_positive, default=None, help="stop after replaying N records (the rest stay for the next run)")
+    r.add_argument("--limit", type=_positive, default=None, help="stop after replaying N records (the rest wait for the next run)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stderr is not a terminal)")
     r.set_defaults(func=_replay)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kafkatx.dlq.headers import DeadLetterInfo, parse_dead_letter_headers
+from kafkatx.dlq.headers import ORIGINAL_TOPIC, DeadLetterInfo, parse_dead_letter_headers
 from kafkatx.errors import KafkaTxError
 from kafkatx.listener.outputs import PendingOutput
 from kafkatx.listener.producer import TransactionalProducer, UnknownTopicError
@@ -178,7 +178,19 @@ FILTER_FIELDS: Mapping[str, str] = {
     "attempts": "failed deliveries before dead-lettering: N or a range A..B",
 }
 _FILTER_SYNTAX = re.compile(r"^\s*([A-Za-z_]+)\s*(!=|~=|=)(.*)$", re.S)
-_RANGE = re.compile(r"^\s*(-?\d+)?\s*(\.\.)?\s*(-?\d+)?\s*$")
+_NUMBER = re.compile(r"^\s*(\d+)\s*$")
+_RANGE = re.compile(r"^\s*(\d+)?\s*\.\.\s*(\d+)?\s*$")
+
+
+def _parse_range(value: str, what: str) -> tuple[int | None, int | None]:
+    """``N`` -> (N, N); ``A..B``, ``A..``, ``..B`` -> inclusive bounds, None for an open end."""
+    single = _NUMBER.match(value)
+    if single:
+        return int(single.group(1)), int(single.group(1))
+    r = _RANGE.match(value)
+    if r is None or r.group(1) is r.group(2) is None:
+        raise ValueError(f"{what} takes an integer N or a range A..B, got {value!r}")
+    return (None if r.group(1) is None else int(r.group(1))), (None if r.group(2) is None else int(r.group(2)))
 
 
 def _filter_help() -> str:
@@ -248,14 +260,7 @@ def parse_filter(text: str) -> DlqFilter:
         except re.error as exc:
             raise ValueError(f"bad filter {text!r}: invalid regular expression: {exc}") from None
     if name in _NUMBER_FIELDS:
-        r = _RANGE.match(value)
-        if r is None or (r.group(1) is None and r.group(3) is None) or (r.group(2) is None and r.group(3) is not None and r.group(1) is not None):
-            raise ValueError(f"bad filter {text!r}: {name} takes an integer N or a range A..B, got {value!r}")
-        low = int(r.group(1)) if r.group(1) is not None else None
-        high = int(r.group(3)) if r.group(3) is not None else None
-        if r.group(2) is None:  # a single number
-            high = low
-        return DlqFilter(name, op, value, _range=(low, high))
+        return DlqFilter(name, op, value, _range=_parse_range(value, f"bad filter {text!r}: {name}"))
     return DlqFilter(name, op, value)
 
 
@@ -510,7 +515,7 @@ class _Targets:
         topic = self._to or original
         if topic is None:
             raise DlqToolError(
-                f"dead-letter record {entry.coordinates} has no {'kafka_dlt-original-topic'} header, so its "
+                f"dead-letter record {entry.coordinates} has no {ORIGINAL_TOPIC} header, so its "
                 "original topic is unknown: pass --to TOPIC (to=...), or leave it out with a filter such as topic~=."
             )
         count = self.count(topic, None if self._to else entry)
@@ -544,12 +549,13 @@ def replay_dlq(
     has none) and stops at the end offsets taken at the start. Every batch of
     up to ``batch_size`` DLT records (replayed or skipped) is one transaction
     holding the re-published records and the group's new offsets, so after a
-    crash the same call resumes after the last committed batch. Records that fail a filter are
-    skipped, and the group moves past them too (offsets are a position, not a
-    set: not committing them would replay the records after them again).
-    ``limit`` stops after that many replayed records. ``dry_run`` reads from
-    the same position and reports what would happen, producing and committing
-    nothing. ``on_record`` is called for each record inside its transaction.
+    crash the same call resumes after the last committed batch. Records that
+    fail a filter are skipped, and the group moves past them too (offsets are
+    a position, not a set: not committing them would replay the records after
+    them again). ``limit`` stops after that many replayed records.
+    ``dry_run`` reads from the same position and reports what would happen,
+    producing and committing nothing. ``on_record`` is called for each record
+    inside its transaction; an exception from it aborts the open batch.
     """
     servers = resolve_bootstrap_servers(bootstrap_servers)
     if batch_size < 1:
@@ -593,13 +599,26 @@ def replay_dlq(
         consumer.close()
 
 
+_FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+def _why(exc: BaseException) -> str:
+    """The error's text, plus what fencing means here: another replay of the same group took over."""
+    error = exc.error if isinstance(exc, KafkaTxError) else exc.args[0] if isinstance(exc, KafkaException) else None
+    if not isinstance(error, KafkaError):
+        return str(exc)
+    # the KafkaError's own text: KafkaTxError's message describes what a listener container would do
+    text = f"{error.name()}: {error.str()}"
+    if error.code() in _FENCED_CODES:
+        text += " (another replay with the same group started and took over; only one can run at a time)"
+    return text
+
+
 def _kafka(fn: Callable[[], Any], what: str) -> Any:
     try:
         return fn()
-    except KafkaTxError as exc:
-        raise DlqToolError(f"cannot {what}: {exc}") from exc
-    except KafkaException as exc:
-        raise DlqToolError(f"cannot {what}: {exc.args[0].str()}") from exc
+    except (KafkaTxError, KafkaException) as exc:
+        raise DlqToolError(f"cannot {what}: {_why(exc)}") from exc
 
 
 class _Replay:
@@ -668,8 +687,8 @@ class _Replay:
             if self.producer is not None and self.producer.in_transaction:
                 try:
                     self.producer.abort()
-                except KafkaTxError:
-                    log.warning("aborting the replay transaction failed; the next run fences it", exc_info=True)
+                except KafkaTxError as exc:
+                    log.warning("aborting the replay transaction failed (%s); the next run aborts it", _why(exc))
             raise
         finally:
             bar.close()
@@ -703,7 +722,7 @@ class _Replay:
             except UnknownTopicError as exc:
                 raise DlqToolError(f"cannot replay {entry.coordinates} to {target!r}: {exc}") from exc
             except (KafkaTxError, KafkaException) as exc:
-                raise DlqToolError(f"producing {entry.coordinates} to {target!r} failed: {exc}; run again to resume") from exc
+                raise DlqToolError(f"producing {entry.coordinates} to {target!r} failed: {_why(exc)}; run again to resume") from exc
         batch.append(out)
         if self.on_record is not None:
             self.on_record(entry, target)
@@ -725,7 +744,7 @@ class _Replay:
                 self.producer.commit()
             except (KafkaTxError, KafkaException) as exc:
                 raise DlqToolError(
-                    f"committing a replay batch of {len(batch)} record(s) from {self.topic!r} failed: {exc}. "
+                    f"committing a replay batch of {len(batch)} record(s) from {self.topic!r} failed: {_why(exc)}. "
                     f"Nothing of that batch was replayed; earlier batches were. Run the same replay again to resume."
                 ) from exc
             self.transactions += 1

@@ -1,1 +1,1 @@
-"""(filled by later work)"""
+"""The listener container: spec, outputs, send() context, transactional producer, consume loop."""

@@ -34,6 +34,7 @@ from kafkatx.errors import (
     classify,
 )
 from kafkatx.events import (
+    ContainerIdle,
     ContainerStarted,
     ContainerStopped,
     Event,
@@ -43,6 +44,7 @@ from kafkatx.events import (
     PartitionsRevoked,
     ProducerRecreated,
     RecordRecovered,
+    RecordRetryScheduled,
     RecoveryFailed,
     TransactionAborted,
     TransactionCommitted,
@@ -155,6 +157,8 @@ class ListenerContainer:
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._last_activity = time.monotonic()
         self._positions_checked = True
+        self._idle_interval: float | None = spec.idle_event_interval
+        self._last_idle_event = self._last_activity
         self._buffer = _RecordBuffer(spec.serializer)
         self.started = threading.Event()
         # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
@@ -294,9 +298,20 @@ class ListenerContainer:
         spec = self.spec
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
         msgs = consumer.consume(spec.max_batch_records, timeout)
+        if msgs and spec.kind == "batch" and len(msgs) < spec.max_batch_records:
+            # Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.
+            deadline = time.monotonic() + spec.max_batch_ms / 1000.0
+            while len(msgs) < spec.max_batch_records and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                more = consumer.consume(spec.max_batch_records - len(msgs), min(left, 0.5)) if left > 0 else []
+                if not more:
+                    break
+                msgs.extend(more)
         if not msgs:
             if not self._positions_checked and time.monotonic() - self._last_activity > _IDLE_FIXUP_S:
                 self._commit_positions_past_markers()
+            if self._idle_interval is not None:
+                self._check_idle(self._idle_interval)
             return
         batch = [m for m in msgs if m.error() is None]
         if len(batch) != len(msgs):
@@ -309,6 +324,8 @@ class ListenerContainer:
                 batch = [m for m in batch if (m.topic(), m.partition()) not in held]
                 for tp, offset in held.items():
                     self._seek(tp, offset)
+        if spec.kind == "batch":  # a rebalance during the extra consume() calls may have revoked some
+            batch = [m for m in batch if (m.topic(), m.partition()) in self._assigned]
         if not batch:
             return
         self._last_activity = time.monotonic()
@@ -323,6 +340,13 @@ class ListenerContainer:
         else:
             assert self._group_producer is not None
             self._unit_runner(batch, self._group_producer)
+
+    def _check_idle(self, interval: float) -> None:
+        """Spring's idleEventInterval: publish ContainerIdle every ``interval`` while no records arrive."""
+        now = time.monotonic()
+        if now - max(self._last_idle_event, self._last_activity) >= interval:
+            self._last_idle_event = now
+            self.publish(ContainerIdle(self.name, self.worker, now - self._last_activity))
 
     def _commit_positions_past_markers(self) -> None:
         """When idle, commit positions that moved past transaction markers or aborted records.
@@ -510,6 +534,7 @@ class ListenerContainer:
             self.publish(HandlerFailed(self.name, self.worker, record, exc, state.failures))
             if spec.classifier.is_retryable(exc) and state.failures < spec.max_attempts:
                 delay = delay_for(spec.backoff, state.failures)
+                self.publish(RecordRetryScheduled(self.name, self.worker, record, state.failures + 1, delay))
                 if delay and self._stop.wait(delay):
                     return False
                 record = replace(record, attempt=state.failures + 1)

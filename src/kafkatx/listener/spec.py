@@ -67,6 +67,7 @@ class ListenerSpec:
     consumer_config: dict[str, Any] = field(default_factory=dict)
     producer_config: dict[str, Any] = field(default_factory=dict)
     max_abortable_retries: int = 5
+    idle_event_interval: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,6 +97,7 @@ def build_spec(
     consumer_config: dict[str, Any] | None = None,
     producer_config: dict[str, Any] | None = None,
     max_abortable_retries: int = 5,
+    idle_event_interval: float | None = None,
     options: dict[str, Any] | None = None,
 ) -> ListenerSpec:
     """Validate listener options and build a :class:`ListenerSpec`."""
@@ -122,6 +124,10 @@ def build_spec(
         raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
     if max_recovery_failures is not None:
         _positive_int(max_recovery_failures, "max_recovery_failures")
+    if idle_event_interval is not None and (
+        isinstance(idle_event_interval, bool) or not isinstance(idle_event_interval, (int, float)) or idle_event_interval <= 0
+    ):
+        raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle_event_interval!r}")
     if serializer is not None and not callable(serializer):
         raise InvalidConfigurationError(f"serializer must be callable, got {serializer!r}")
     if max_batch_ms < 0 or isinstance(max_batch_ms, bool) or not isinstance(max_batch_ms, int):
@@ -179,5 +185,6 @@ def build_spec(
         consumer_config=dict(consumer_config or {}),
         producer_config=dict(producer_config or {}),
         max_abortable_retries=_positive_int(max_abortable_retries, "max_abortable_retries", 0),
+        idle_event_interval=float(idle_event_interval) if idle_event_interval is not None else None,
         options=dict(options or {}),
     )

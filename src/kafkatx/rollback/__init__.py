@@ -1,1 +1,1 @@
-"""(filled by later work)"""
+"""After-rollback processing: exception classification, failure tracking, back-off, the processor."""

@@ -30,7 +30,7 @@ import pyspark  # noqa: F401
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.spark._errors import SparkJobError, SparkOutputError, as_job_error
 from kafkatx.spark._frames import INPUT_SCHEMA, OUTPUT_COLUMNS
-from kafkatx.spark._runner import SparkUnitRunner
+from kafkatx.spark._runner import SparkSessionError, SparkUnitRunner
 from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkSettings, configure, default_conf
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ __all__ = [
     "OUTPUT_COLUMNS",
     "SparkJobError",
     "SparkOutputError",
+    "SparkSessionError",
     "SparkSettings",
     "as_job_error",
     "configure",
@@ -58,7 +59,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Spark's per-job overhead is almost fixed (~60-100 ms warm), so batches are big.
 DEFAULT_MAX_BATCH_RECORDS = 50_000
 DEFAULT_MAX_BATCH_MS = 2_000
-#: Probe jobs a unit's poison isolation may run (~2·k·log2(n/k) for k poison records among n).
+#: Jobs a unit's poison isolation may run: about k·(log2(n) + 1) for k poison records among n.
 DEFAULT_MAX_BISECT_JOBS = 128
 
 _SESSION_OPTIONS = ("master", "conf", "spark_conf", "app_name", "session", "log_level", "warm_up")

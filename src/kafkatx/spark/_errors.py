@@ -116,10 +116,15 @@ _subclasses: dict[type[BaseException], type[SparkJobError]] = {}
 
 
 def _job_error_class(original: type[BaseException] | None) -> type[SparkJobError]:
-    """SparkJobError, or a subclass that is also ``original`` (cached per class)."""
+    """SparkJobError, or a subclass that is also ``original`` (cached per class).
+
+    Not for PySpark's own errors: their methods (getCondition()...) need state
+    a SparkJobError does not have; they are chained as ``__cause__`` instead.
+    """
     if (
         original is None
         or not issubclass(original, Exception)
+        or original.__module__.startswith(("pyspark.", "py4j."))
         or issubclass(original, (SparkJobError, KafkaTxError))  # never let a UDF error look like a Kafka error
         or original is Exception
     ):
@@ -226,23 +231,26 @@ def _from_worker_text(text: str, spark_error: BaseException) -> SparkJobError | 
 
 
 def _java_root(exc: BaseException) -> tuple[str, str, str | None] | None:
-    """(class, message, python worker text or None) of a Py4JJavaError's deepest cause."""
+    """(class, message, python worker text or None) of the deepest cause of a
+    Py4JJavaError that has a message (``Python worker exited unexpectedly``
+    rather than the EOFException under it)."""
     java = getattr(exc, "java_exception", None)
     if java is None:
         return None
     try:
-        current, python_text = java, None
-        seen = 0
-        while True:
+        current, python_text, best = java, None, None
+        for _ in range(20):
             cls_name = str(current.getClass().getName())
+            message = current.getMessage()
             if cls_name == "org.apache.spark.api.python.PythonException" and python_text is None:
-                python_text = str(current.getMessage())
-            cause = current.getCause()
-            seen += 1
-            if cause is None or seen > 20:
+                python_text = str(message)
+            if message or best is None:
+                best = (cls_name, str(message or "").strip().split("\n", 1)[0])
+            current = current.getCause()
+            if current is None:
                 break
-            current = cause
-        return cls_name, str(current.getMessage() or ""), python_text
+        assert best is not None
+        return best[0], best[1], python_text
     except Exception:  # the JVM may be gone
         return None
 

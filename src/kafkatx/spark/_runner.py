@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from confluent_kafka import Message, TopicPartition
 
-from kafkatx.errors import ApplicationRecoverableError, KafkaTxError, TransactionAbortableError
+from kafkatx.errors import ApplicationRecoverableError, TransactionAbortableError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, RecoveryFailed, TransactionCommitted
-from kafkatx.listener.container import RecoveryExhaustedError, to_record
+from kafkatx.listener.container import ContainerError, RecoveryExhaustedError, to_record
 from kafkatx.listener.context import bind_sink
 from kafkatx.listener.outputs import OutputError, PendingOutput
 from kafkatx.listener.producer import TransactionalProducer
@@ -44,12 +44,16 @@ from kafkatx.spark._frames import messages_to_table, table_to_outputs
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
 
-__all__ = ["SparkUnitRunner"]
+__all__ = ["SparkUnitRunner", "SparkSessionError"]
 
 log = logging.getLogger("kafkatx.spark")
 
 TP = tuple[str, int]
 Coords = tuple[str, int, int]
+
+
+class SparkSessionError(ContainerError):
+    """Spark itself is unusable (the JVM died, the Connect server is gone): the container stops."""
 
 
 class _JobFailed(Exception):
@@ -194,9 +198,7 @@ class SparkUnitRunner:
         try:
             df = self._session.createDataFrame(unit.table(indices))
             outputs = self._collect(self._handler(df))
-        except KafkaTxError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # whatever the handler raises fails this run, as in the record path
             raise _JobFailed(as_job_error(exc)) from None
         finally:
             bind_sink(previous)
@@ -235,7 +237,8 @@ class SparkUnitRunner:
             if count is None:
                 raise SparkOutputError(
                     f"spark listener {self._spec.name!r}: output topic {topic!r} does not exist; create it first "
-                    "(kafkatx never auto-creates output topics)"
+                    "(kafkatx never auto-creates output topics)",
+                    data_independent=topic == self._spec.output,  # a 'topic' column may depend on the records
                 )
             if max_partition >= count:
                 raise SparkOutputError(
@@ -249,17 +252,17 @@ class SparkUnitRunner:
     ) -> _Outcome:
         """Find the records whose presence makes the job fail; run it once over the rest.
 
-        Bisection: split a failing set in halves and run the job on the first
-        half. If it passes, the second half is implicated without running it;
-        if it fails, search it and then test the second half too. A single
-        record in a failing set is poison. k poison records among n cost at
-        most about 2·k·log2(n/k) jobs, plus one final job over the remaining
-        records; ``max_bisect_jobs`` bounds the probes.
+        Rounds of binary search: run the job on the first half of the failing
+        set; if it fails, keep that half, else the second half is the culprit;
+        repeat down to one record, which is poison. Then run the job over all
+        the other records: if it passes, its outputs are the ones committed;
+        if it fails there is more poison, and the next round searches the
+        records left. k poison records among n cost about k·(log2(n) + 1)
+        jobs; for k = 1 that is the minimum a search by halves can do.
 
-        If the final job still fails (the failure needs several records
-        together, or is not deterministic), the remaining records are
-        bisected again. When the budget runs out, every record of a set known
-        to fail is dead-lettered as a suspect: records are never skipped.
+        ``max_bisect_jobs`` bounds the jobs. When it is reached, the set
+        known to fail is dead-lettered as suspects (every record of it, with
+        a note in the exception saying so): records are never skipped.
         Errors that cannot depend on the data (a schema error) dead-letter the
         whole set at once.
         """
@@ -273,22 +276,20 @@ class SparkUnitRunner:
             if is_data_independent(failure):
                 found = {i: failure for i in remaining}
             else:
-                found = self._search(unit, remaining, failure, budget, producer)
+                found = self._find_one(unit, remaining, failure, budget, producer)
             poison.update(found)
             good = [i for i in remaining if i not in found]
             if not good:
                 break
+            if self._c._stop.is_set():
+                raise _Stopping
+            budget.used += 1
             try:
                 outputs = self._run(unit, good, producer)
-                budget.used += 1
                 break
             except _JobFailed as again:
-                budget.used += 1
-                log.warning(
-                    "spark listener %s: the job still fails without the %d isolated record(s) (%s: %s); "
-                    "isolating again", self._c.name, len(poison), type(again.exc).__name__, again.exc,
-                )  # fmt: skip
                 remaining, failure = good, again.exc
+        self._check_session(failure)
         ordered = sorted(poison)
         log.warning(
             "spark listener %s: %d poison record(s) out of %d isolated in %d job(s) (%.1fs): %s",
@@ -297,7 +298,19 @@ class SparkUnitRunner:
         )  # fmt: skip
         return _Outcome(outputs, {i: _Poison(poison[i], attempts) for i in ordered}, failed=True)
 
-    def _search(
+    def _check_session(self, failure: BaseException) -> None:
+        """Blame records only if Spark itself works: a dead JVM or an unreachable
+        Connect server fails every probe, and would dead-letter whole batches."""
+        try:
+            self._session.range(1).count()
+        except Exception as exc:
+            raise SparkSessionError(
+                f"spark listener {self._c.name!r}: the SparkSession cannot run a trivial job ({type(exc).__name__}: "
+                f"{exc}), so the batch's failure ({type(failure).__name__}: {failure}) is not blamed on its records. "
+                "The container stops; nothing of the batch was committed."
+            ) from exc
+
+    def _find_one(
         self,
         unit: _Unit,
         failing: list[int],
@@ -305,23 +318,17 @@ class SparkUnitRunner:
         budget: _Budget,
         producer: TransactionalProducer,
     ) -> dict[int, BaseException]:
-        """Poison records of ``failing`` (a set known to fail with ``failure``)."""
-        if len(failing) == 1:
-            return {failing[0]: failure}
-        if budget.exhausted:
-            return self._suspects(failing, failure, budget)
-        mid = len(failing) // 2
-        left, right = failing[:mid], failing[mid:]
-        left_failure = self._probe(unit, left, budget, producer)
-        if left_failure is None:
-            return self._search(unit, right, failure, budget, producer)  # the right half is implicated
-        found = self._search(unit, left, left_failure, budget, producer)
-        if budget.exhausted:
-            return found  # the right half is untested: the final job decides
-        right_failure = self._probe(unit, right, budget, producer)
-        if right_failure is not None:
-            found.update(self._search(unit, right, right_failure, budget, producer))
-        return found
+        """One poison record of ``failing`` (a set known to fail with ``failure``), with its error."""
+        while len(failing) > 1:
+            if budget.exhausted:
+                return self._suspects(failing, failure, budget)
+            mid = len(failing) // 2
+            left_failure = self._probe(unit, failing[:mid], budget, producer)
+            if left_failure is None:
+                failing = failing[mid:]  # the first half passes: the failure came from the second
+            else:
+                failing, failure = failing[:mid], left_failure
+        return {failing[0]: failure}
 
     def _probe(
         self, unit: _Unit, indices: list[int], budget: _Budget, producer: TransactionalProducer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -73,8 +74,8 @@ def configure(
       kafkatx never stops it (e.g. a test fixture's session).
     - ``log_level``: Spark's log level (``ERROR`` by default; failed tasks
       still log their stack traces at ERROR, ``FATAL`` silences them).
-    - ``warm_up``: run small jobs at start so the first batch does not pay
-      for the JVM's and the Python workers' start-up.
+    - ``warm_up``: run a small job at start so the first batch does not pay
+      for the JVM's warm-up (class loading, code generation).
     """
     from kafkatx.app import App
 
@@ -116,7 +117,7 @@ def default_conf(master: str) -> dict[str, str]:
     """kafkatx's Spark defaults: small batches want few partitions and no UI."""
     cores = os.cpu_count() or 2
     conf = {
-        "spark.sql.shuffle.partitions": str(max(1, min(cores, 8)) if _is_local(master) else 8),
+        "spark.sql.shuffle.partitions": str(max(1, min(cores, 8))) if _is_local(master) else "8",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     if not master.startswith("sc://"):  # static settings: a Connect client cannot set them
@@ -144,6 +145,11 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
     for key, value in {**default_conf(master), **settings.conf}.items():
         builder = builder.config(key, value)
     started = time.perf_counter()
+    # A SparkContext created on the main thread installs its own SIGINT handler
+    # (cancel all jobs, raise KeyboardInterrupt), replacing App.run()'s graceful
+    # stop: put the previous handler back.
+    main = threading.current_thread() is threading.main_thread()
+    previous_sigint = signal.getsignal(signal.SIGINT) if main else None
     try:
         session = builder.getOrCreate()
     except Exception as exc:
@@ -153,6 +159,9 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
         raise InvalidConfigurationError(
             f"could not start a SparkSession with master {master!r}: {type(exc).__name__}: {exc} ({hint})"
         ) from exc
+    finally:
+        if previous_sigint is not None and signal.getsignal(signal.SIGINT) is not previous_sigint:
+            signal.signal(signal.SIGINT, previous_sigint)
     _set_log_level(session, settings.log_level)
     log.info("SparkSession started (master %s) in %.1fs", master, time.perf_counter() - started)
     return session
@@ -165,28 +174,17 @@ def _set_log_level(session: Any, level: str) -> None:
         log.debug("cannot set the Spark log level on this session", exc_info=True)
 
 
-def _warm_up(session: Any, local: bool) -> None:
-    """Run a trivial job (and a Python-worker job on local masters) before the first batch."""
+def _warm_up(session: Any) -> None:
+    """Run trivial jobs through the paths every batch takes (Arrow in, a shuffle, Arrow out)."""
     import pyarrow as pa
 
     started = time.perf_counter()
     try:
-        session.range(1).count()
-        session.createDataFrame(pa.table({"x": pa.array([1], pa.int64())})).toArrow()
-        if local:
-            from pyspark.sql import functions as F
-
-            session.range(1).select(F.udf(lambda x: x, "long")("id")).toArrow()
+        df = session.createDataFrame(pa.table({"x": pa.array([1, 2, 1], pa.int64())}))
+        df.groupBy("x").count().toArrow()
     except Exception as exc:
         raise InvalidConfigurationError(f"the SparkSession cannot run a trivial job: {type(exc).__name__}: {exc}") from exc
     log.info("SparkSession warmed up in %.1fs", time.perf_counter() - started)
-
-
-def _session_is_local(session: Any) -> bool:
-    try:
-        return _is_local(str(session.sparkContext.master))
-    except Exception:  # Spark Connect: the workers are the server's
-        return False
 
 
 def _alive(session: Any) -> bool:
@@ -231,7 +229,7 @@ class SessionLease:
                 session, counted = self._shared(settings), True
             try:
                 if settings.warm_up and session not in _Shared.warmed:
-                    _warm_up(session, _session_is_local(session))
+                    _warm_up(session)
                     _Shared.warmed.add(session)
             except BaseException:
                 if counted:

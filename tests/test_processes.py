@@ -1,0 +1,123 @@
+"""Two App processes in one group: one stops mid-stream, or is SIGKILLed mid-transaction.
+
+Every output must appear exactly once and none may be lost. On the local
+broker a killed worker's open transaction is only aborted when a producer
+with the same transactional.id starts, so the killed worker is restarted
+with the same instance id, which is also the fast path on a real cluster.
+The dead transaction never commits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kafkatx.testing import KafkaTestKit, unique_name, wait_for
+
+pytestmark = pytest.mark.slow
+
+APP = textwrap.dedent(
+    """
+    import os, time
+    from kafkatx import App, Record
+
+    app = App(os.environ["APP_NAME"], consumer_config={
+        "session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500})
+
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=25, fencing=os.environ["FENCING"])
+    def handle(record: Record) -> bytes:
+        time.sleep(0.004)  # slow enough that a kill lands inside a transaction
+        return b"out-" + record.value
+    """
+)
+
+
+class Worker:
+    def __init__(self, workdir: Path, env: dict[str, str], instance: str, bootstrap: str) -> None:
+        self.log = open(workdir / f"{instance}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kafkatx", "run", "proc_app:app", "--bootstrap-servers", bootstrap,
+             "--instance-id", instance, "--no-status"],
+            cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+
+@pytest.fixture
+def setup(kafka: KafkaTestKit, tmp_path: Path) -> tuple[KafkaTestKit, Path, dict[str, str], str, str, str]:
+    (tmp_path / "proc_app.py").write_text(APP)
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    name = unique_name("procs")
+    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "PYTHONUNBUFFERED": "1"}
+    return kafka, tmp_path, env, name, src, out
+
+
+def check_exactly_once(kafka: KafkaTestKit, out: str, n: int) -> None:
+    counts = Counter(kafka.values(out))
+    assert len(counts) == n, f"{n - len(counts)} outputs missing"
+    assert max(counts.values()) == 1, f"duplicates: {[v for v, c in counts.items() if c > 1][:5]}"
+
+
+# noida-db's group coordinator sometimes stalls for minutes after a member is killed (members
+# "lost" right after assignment, no fetch progress; nothing in kafkatx's logs). The assertions
+# never change between runs: a rerun can only pass if every output is there exactly once.
+@pytest.mark.flaky(reruns=2, only_rerun=["timed out"])
+@pytest.mark.parametrize("fencing", ["group", "partition"])
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_two_processes_one_stops_or_dies_mid_stream(
+    request: pytest.FixtureRequest, setup: tuple, how: str, fencing: str  # type: ignore[type-arg]
+) -> None:
+    if how == "sigkill" and fencing == "group" and not request.config.getoption("--kafka-bootstrap"):
+        # After a member dies, noida-db's group flaps (members lose partitions right after
+        # getting them) and it enforces neither KIP-447 check (see test_broker_conformance):
+        # an old owner can commit after the new owner has read the old offset. fencing=
+        # "partition" relies on transactional.id fencing only, which noida honours.
+        pytest.skip("needs a KIP-447 broker (run with --kafka-bootstrap); noida-db 0.2.3 lacks it")
+    kafka, workdir, env, name, src, out = setup
+    env = {**env, "FENCING": fencing}
+    n = 4000
+    kafka.produce(src, [b"%d" % i for i in range(n)])
+    bs = kafka.bootstrap_servers
+    # w2 joins first and so leads the group. noida-db gap: if the dead member was the
+    # group leader, the rebalance after it dies can wait for it forever (Apache Kafka
+    # expires it after session.timeout.ms). Killing a non-leader avoids that broker bug.
+    w2 = Worker(workdir, env, "w2", bs)
+    wait_for(lambda: sum(kafka.committed(name, src).values()) > 100, 60, message="w2 busy")
+    w1 = Worker(workdir, env, "w1", bs)
+    try:
+        before = sum(kafka.committed(name, src).values())
+        wait_for(lambda: sum(kafka.committed(name, src).values()) > before + 600, 60, message="both workers busy")
+        if how == "sigterm":
+            w1.signal(signal.SIGTERM)
+            assert w1.wait(30) == 0, "graceful stop exits 0"
+        else:
+            w1.signal(signal.SIGKILL)
+            w1.wait(10)
+            # Restarted with the same instance id, its init_transactions aborts the transaction
+            # the dead process left open, at once (noida never times it out by itself).
+            w1 = Worker(workdir, env, "w1", bs)
+        wait_for(lambda: kafka.committed(name, src) == kafka.end_offsets(src), 90, message="everything committed")
+    finally:
+        for w in (w1, w2):
+            if w.proc.poll() is None:
+                w.signal(signal.SIGTERM)
+                w.wait(30)
+    check_exactly_once(kafka, out, n)
+    if how == "sigkill":
+        assert len(kafka.values(out, isolation="read_uncommitted")) >= n, "read_uncommitted may show the aborted attempt"
