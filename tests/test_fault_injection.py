@@ -344,14 +344,6 @@ def test_retriable_errors_are_retried_and_never_reach_the_handler(mc: MockCluste
         h.assert_keeps_processing()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "init_transactions surfaces NOT_COORDINATOR (REFRESH_RETRIABLE) only when its call timeout expires, and "
-        "that timeout is the whole retry budget (see _api_timeout), so kafkatx never retries it; and during "
-        "TransactionalProducer.ensure() the refresh is a no-op, because self._producer is still None"
-    ),
-)
 def test_refresh_retriable_init_error_refreshes_metadata_and_retries(mc: MockCluster, probe: ClientProbe) -> None:
     # librdkafka retries InitProducerId itself (2-3 times a second here), then init_transactions
     # gives up with the last error when its timeout expires: ~2 s of NOT_COORDINATOR here.
@@ -372,17 +364,8 @@ def test_refresh_retriable_init_error_refreshes_metadata_and_retries(mc: MockClu
         h.assert_keeps_processing()
 
 
-_RESUME_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "TransactionalProducer._api_timeout() equals the whole retry budget (transaction_retry_timeout), so the "
-        "first commit_transaction call that times out (_TIMED_OUT 'retry call to resume') already uses the budget "
-        "up and retry_call never calls commit again; the call timeout must be a fraction of the budget"
-    ),
-)
 
 
-@_RESUME_XFAIL
 def test_slow_end_txn_times_out_and_the_commit_is_resumed_not_restarted(
     mc: MockCluster, probe: ClientProbe
 ) -> None:
@@ -410,7 +393,6 @@ def test_slow_end_txn_times_out_and_the_commit_is_resumed_not_restarted(
         h.assert_keeps_processing()
 
 
-@_RESUME_XFAIL
 def test_broker_down_during_commit_is_retried_and_commits_without_reprocessing(
     mc: MockCluster, probe: ClientProbe
 ) -> None:
@@ -521,23 +503,6 @@ def test_end_txn_transaction_abortable_aborts_and_reprocesses_without_using_atte
         h.assert_keeps_processing()
 
 
-_INVALID_TXN_STATE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "INVALID_TXN_STATE from a Produce request is abortable (KIP-1050/KIP-890), but librdkafka reports the "
-        "failed delivery through commit_transaction/send_offsets_to_transaction (flagged txn_requires_abort, not "
-        "fatal) and classify() takes the transaction path there, so kafkatx recreates the producer instead of "
-        "aborting"
-    ),
-)
-_STATE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "once a record of the transaction failed delivery, librdkafka refuses further produce() calls with _STATE "
-        "('Erroneous state'); kafkatx classifies that as APPLICATION_RECOVERABLE and recreates the producer, "
-        "instead of reacting to the delivery error that put the transaction in its abortable state"
-    ),
-)
 
 
 @pytest.mark.parametrize(
@@ -549,7 +514,7 @@ _STATE_XFAIL = pytest.mark.xfail(
         # OUT_OF_ORDER_SEQUENCE_NUMBER ("skipped sequence numbers"), which kafkatx treats as
         # application-recoverable: one producer recreation follows the abort.
         (E.TRANSACTION_ABORTABLE, ["OUT_OF_ORDER_SEQUENCE_NUMBER"]),
-        pytest.param(E.INVALID_TXN_STATE, ["OUT_OF_ORDER_SEQUENCE_NUMBER"], marks=_INVALID_TXN_STATE_XFAIL),
+        pytest.param(E.INVALID_TXN_STATE, ["OUT_OF_ORDER_SEQUENCE_NUMBER"]),
     ],
     ids=lambda v: E(v).name() if isinstance(v, int) else None,
 )
@@ -579,7 +544,6 @@ def test_produce_abortable_error_aborts_and_reprocesses(mc: MockCluster, code: i
         h.assert_keeps_processing()
 
 
-@_STATE_XFAIL
 def test_produce_abortable_error_in_a_multi_record_batch_aborts_and_reprocesses(mc: MockCluster) -> None:
     # One batch [a, b]: a's output is refused while b's handler runs, so b's output meets a
     # transaction that librdkafka already holds in its abortable state.
@@ -724,14 +688,6 @@ def test_fenced_too_often_stops_the_container(mc: MockCluster) -> None:
 # --------------------------------------------------------------------------
 
 
-_INIT_CLOSE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "TransactionalProducer.ensure() calls producer.close(0) when init_transactions fails, and confluent-kafka "
-        "2.16 raises the producer's fatal error again from close(): the raw KafkaException replaces the "
-        "InvalidConfigurationError, so the container stops with reason 'error' (and `kafkatx run` exits 1)"
-    ),
-)
 
 
 _GROUP_ACL = ["check the group ACLs", "READ on the consumer group"]
@@ -750,14 +706,14 @@ _TXN_OPS = {"send_offsets_to_transaction", "commit_transaction"}
             E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
             "init_transactions",
             _TXN_ID_ACL,
-            marks=_INIT_CLOSE_XFAIL,
+            marks=(),
         ),
         pytest.param(
             ApiKey.INIT_PRODUCER_ID,
             E.CLUSTER_AUTHORIZATION_FAILED,
             "init_transactions",
             ["IDEMPOTENT_WRITE"],
-            marks=_INIT_CLOSE_XFAIL,
+            marks=(),
         ),
         (ApiKey.ADD_OFFSETS_TO_TXN, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "send_offsets_to_transaction", _TXN_ID_ACL),
         (ApiKey.ADD_PARTITIONS_TO_TXN, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TXN_OPS, _TXN_ID_ACL),
@@ -792,7 +748,6 @@ def test_invalid_configuration_stops_the_container_with_a_clear_message(
         assert h.of(TransactionCommitted) == []
 
 
-@_STATE_XFAIL
 def test_topic_authorization_failure_in_a_multi_record_batch_stops_the_container(mc: MockCluster) -> None:
     # The output of a is refused; b's output then meets librdkafka's abortable state (_STATE).
     # The refusal is permanent, so every replay fails the same way.
@@ -814,7 +769,7 @@ def test_topic_authorization_failure_in_a_multi_record_batch_stops_the_container
             ApiKey.INIT_PRODUCER_ID,
             E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
             ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED in init_transactions", "WRITE and DESCRIBE on the TransactionalId"],
-            marks=_INIT_CLOSE_XFAIL,
+            marks=(),
         ),
         (
             ApiKey.TXN_OFFSET_COMMIT,

@@ -227,14 +227,6 @@ def test_refused_output_stops_the_container_and_commits_nothing_of_the_batch(kaf
     assert kafka.committed(app.group_id, src) == {0: 1}, "v2 will be delivered again once the cause is fixed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "after the broker refused an earlier output of the batch, librdkafka refuses the next produce() with _STATE; "
-        "kafkatx treats that as APPLICATION_RECOVERABLE and recreates the producer over and over (FencedTooOftenError) "
-        "instead of stopping for the INVALID_RECORD that caused it"
-    ),
-)
 def test_refused_output_in_a_multi_record_batch_stops_the_container(kafka: KafkaTestKit) -> None:
     app, src, dst, events, calls = _compacted_output_app(kafka, slow_key=b"k3")
     app.start()

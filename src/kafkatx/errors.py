@@ -283,6 +283,10 @@ def _flag_class(error: KafkaError) -> ErrorClass | None:
 def _classify_kafka_error(error: KafkaError, path: str) -> ErrorClass:
     code = error.code()
     if code == KafkaError.INVALID_TXN_STATE:
+        if error.txn_requires_abort() and not error.fatal():
+            # librdkafka reports a refused Produce through the next transactional call, flagged
+            # abortable; from EndTxn, AddPartitionsToTxn etc. it is fatal. So it came from a produce.
+            path = "produce"
         table_class: ErrorClass | None = _INVALID_TXN_STATE_CLASSES.get(path, ErrorClass.APPLICATION_RECOVERABLE)
     else:
         table_class = CODE_CLASSES.get(code)

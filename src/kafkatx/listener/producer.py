@@ -18,6 +18,7 @@ from kafkatx.errors import (
     ApplicationRecoverableError,
     ErrorClass,
     KafkaTxError,
+    TransactionAbortableError,
     classify,
     retry_call,
 )
@@ -63,6 +64,7 @@ class TransactionalProducer:
         self._producer: Producer | None = None
         self.in_transaction = False
         self.delivery_errors: list[str] = []
+        self._delivery_failures: list[KafkaError] = []
         self._known_topics: dict[str, int] = {}
         self.generation = 0  # bumped each time a new Producer takes over the id
 
@@ -76,9 +78,16 @@ class TransactionalProducer:
         if self._producer is None:
             producer = Producer(self._config)
             try:
-                self._call("init_transactions", lambda: producer.init_transactions(self._api_timeout()))
+                self._call(
+                    "init_transactions",
+                    lambda: producer.init_transactions(self._api_timeout()),
+                    refresh=lambda: producer.list_topics(timeout=5),  # self._producer is not set yet
+                )
             except BaseException:
-                producer.close(0) if hasattr(producer, "close") else None
+                try:
+                    producer.close(0)  # confluent-kafka raises the producer's fatal error here again
+                except Exception:
+                    log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
                 raise
             self._producer = producer
             self.generation += 1
@@ -113,6 +122,7 @@ class TransactionalProducer:
     def begin(self) -> None:
         producer = self.ensure()
         self.delivery_errors.clear()
+        self._delivery_failures.clear()
         self._call("begin_transaction", producer.begin_transaction)
         self.in_transaction = True
 
@@ -197,15 +207,35 @@ class TransactionalProducer:
 
     # -- internals ----------------------------------------------------------
     def _api_timeout(self) -> float:
-        return max(1.0, min(self.retry_timeout, 30.0))
+        # A fraction of the retry budget: a transactional call that times out ("retry call to
+        # resume") is resumed by calling it again, which needs budget left for the next call.
+        return max(0.5, min(self.retry_timeout / 4, 30.0))
 
-    def _call(self, operation: str, fn: Callable[[], Any]) -> Any:
-        return retry_call(
-            fn,
-            operation=operation,
-            timeout=self.retry_timeout,
-            refresh=self._refresh,
-            on_retry=self._on_retry,
+    def _call(self, operation: str, fn: Callable[[], Any], refresh: Callable[[], None] | None = None) -> Any:
+        try:
+            return retry_call(
+                fn,
+                operation=operation,
+                timeout=self.retry_timeout,
+                refresh=refresh or self._refresh,
+                on_retry=self._on_retry,
+            )
+        except KafkaTxError as exc:
+            err = exc.error
+            if err is not None and err.code() == KafkaError._STATE and err.txn_requires_abort() and self.in_transaction:
+                raise self._failed_delivery_error(err, operation) from exc
+            raise
+
+    def _failed_delivery_error(self, err: KafkaError, operation: str) -> KafkaTxError:
+        """librdkafka answers _STATE once a record of the transaction failed delivery (the
+        transaction is then abortable); that delivery error decides the reaction."""
+        producer = self._producer
+        if producer is not None and not self._delivery_failures:
+            producer.poll(1.0)  # serve the delivery reports
+        if self._delivery_failures:
+            return KafkaTxError.from_kafka(self._delivery_failures[0], operation=operation, path="produce")
+        return TransactionAbortableError(
+            f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
         )
 
     def _refresh(self) -> None:
@@ -215,6 +245,8 @@ class TransactionalProducer:
     def _produce_error(self, exc: KafkaException, out: PendingOutput) -> BaseException:
         err: KafkaError = exc.args[0]
         code = err.code()
+        if code == KafkaError._STATE and self.in_transaction and not err.fatal():
+            return self._failed_delivery_error(err, "produce")
         if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
             return UnknownTopicError(f"output topic {out.topic!r} does not exist ({err.str()})")
         if code == KafkaError._UNKNOWN_PARTITION:
@@ -231,6 +263,7 @@ class TransactionalProducer:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
+            self._delivery_failures.append(err)
             self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
 
 
