@@ -426,21 +426,40 @@ class ListenerContainer:
                 if self._abort(producer, len(msgs), f"handler failed on {failure.record.coordinates}", msgs):
                     self._after_rollback(msgs, failure, producer)
                 return
-            except TransactionAbortableError as exc:
-                abortable += 1
-                self._note_kafka_error(exc, "abort and reprocess the batch")
-                if not self._abort(producer, len(msgs), f"abortable error: {exc}", msgs):
-                    return
-                if abortable > self.spec.max_abortable_retries:
-                    self._recreate_producer(producer, exc, msgs, escalated=True)
-                    return
-                continue  # reprocess the same records from memory: same outcome as seek + poll
-            except ApplicationRecoverableError as exc:
-                self._recreate_producer(producer, exc, msgs)
+            except (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged) as exc:
+                abortable += isinstance(exc, TransactionAbortableError)
+                if self._react(exc, producer, msgs, abortable, "abort and reprocess the batch"):
+                    continue  # reprocess the same records from memory: same outcome as seek + poll
                 return
-            except GroupMembershipChanged as exc:
-                self._membership_changed(producer, exc, msgs)
-                return
+
+    def _react(
+        self,
+        exc: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged,
+        producer: TransactionalProducer,
+        msgs: list[Message],
+        abortable: int,
+        action: str,
+    ) -> bool:
+        """The KIP-1050 reaction to a Kafka error inside a transaction. True: redo the transaction.
+
+        Abortable: abort and redo, up to ``max_abortable_retries`` in a row, then
+        escalate. Application-recoverable (fencing): replace the producer and
+        rewind to the committed offsets; the after-rollback processor is not
+        involved. Membership lost: abort and rewind.
+        """
+        if isinstance(exc, TransactionAbortableError):
+            self._note_kafka_error(exc, action)
+            if not self._abort(producer, len(msgs), f"abortable error: {exc}", msgs):
+                return False
+            if abortable > self.spec.max_abortable_retries:
+                self._recreate_producer(producer, exc, msgs, escalated=True)
+                return False
+            return True
+        if isinstance(exc, ApplicationRecoverableError):
+            self._recreate_producer(producer, exc, msgs)
+        else:
+            self._membership_changed(producer, exc, msgs)
+        return False
 
     def _membership_guard(self, membership: bytes) -> Callable[[], None]:
         """A pre-commit check that this consumer is still the group member that sent the offsets.
@@ -595,20 +614,10 @@ class ListenerContainer:
                 if self._abort(producer, 1, str(exc), msgs):
                     self._recovery_failed(msgs, failure, exc, producer)
                 return
-            except TransactionAbortableError as exc:
-                attempts += 1
-                self._note_kafka_error(exc, "abort the after-rollback transaction")
-                if not self._abort(producer, len(msgs), str(exc), msgs):
-                    return
-                if attempts > self.spec.max_abortable_retries:
-                    self._recreate_producer(producer, exc, msgs, escalated=True)
-                    return
-                continue
-            except ApplicationRecoverableError as exc:
-                self._recreate_producer(producer, exc, msgs)
-                return
-            except GroupMembershipChanged as exc:
-                self._membership_changed(producer, exc, msgs)
+            except (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged) as exc:
+                attempts += isinstance(exc, TransactionAbortableError)
+                if self._react(exc, producer, msgs, attempts, "abort the after-rollback transaction"):
+                    continue
                 return
             scope.apply()
             self.publish(
