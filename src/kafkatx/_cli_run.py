@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -41,6 +42,12 @@ def load_app(target: str) -> Any:
         except AttributeError:
             raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, App) and callable(obj):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            raise ValueError(f"{target} is not a kafkatx.App, nor a factory that takes no arguments") from None
+        except ValueError:  # no signature (a builtin): not one of ours
+            raise ValueError(f"{target} is a {type(obj).__name__}, not a kafkatx.App") from None
         obj = obj()
     if not isinstance(obj, App):
         raise ValueError(f"{target} is a {type(obj).__name__}, not a kafkatx.App")

@@ -1,0 +1,96 @@
+"""The ``kafkatx run`` command end to end: --local broker, signals, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kafkatx.testing import produce, read_topic, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
+    return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", *args, "--no-status"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60) -> re.Match[str]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match
+    raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen[-30:])}")
+
+
+@pytest.mark.local_broker_only
+def test_run_local_processes_records_and_stops_gracefully_on_sigterm() -> None:
+    proc = start("examples.orders:app", "--local", "--instance-id", "cli-test")
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
+        read_until(proc, r"assigned orders\[")
+        produce(bootstrap, "orders", [(b"1", json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode())])
+        enriched = wait_for(lambda: read_topic(bootstrap, "orders-enriched"), 30, message="the enriched order")
+        assert json.loads(enriched[0].value or b"{}")["total"] == 7.0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.local_broker_only
+def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
+    (tmp_path / "stuck_app.py").write_text(
+        "import time\nfrom kafkatx import App\napp = App('stuck', create_topics=True)\n"
+        "@app.listener('in', output='out', max_batch_ms=10)\n"
+        "def h(r):\n    time.sleep(3600)\n"
+    )
+    proc = start("stuck_app:app", "--local", cwd=tmp_path)
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
+        read_until(proc, r"assigned in\[")
+        produce(bootstrap, "in", [b"x"])
+        time.sleep(1.0)  # the handler is now stuck inside a transaction
+        proc.send_signal(signal.SIGINT)
+        read_until(proc, "stopping gracefully")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) != 0, "forced exit is not a clean exit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_targets_exit_64_with_a_clear_message() -> None:
+    for target, message in [("nosuchmodule:app", "cannot import module"), ("examples.orders:nope", "no attribute"),
+                            ("examples.orders", "expected module:attribute"), ("json:dumps", "not a kafkatx.App"), ("json:JSONDecoder", "not a kafkatx.App")]:  # fmt: skip
+        proc = start(target)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 64, out
+        assert message in out, out
+
+
+def test_missing_bootstrap_exits_78() -> None:
+    proc = start("examples.orders:app")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 78, out
+    assert "KAFKATX_BOOTSTRAP_SERVERS" in out
