@@ -278,7 +278,7 @@ def machine_info() -> dict[str, Any]:
         "memory_gib": mem_gib,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": getattr(confluent_kafka, "__version__", None) or str(confluent_kafka.version()),
         "librdkafka": confluent_kafka.libversion()[0],
         "broker": f"noida-db {noida} (kafkatx.local.LocalBroker)",
         "kafkatx": kafkatx,
@@ -338,6 +338,17 @@ def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, 
             derived.setdefault(k, {})["ratio_vs_1"] = rate[k] / rate["1"]
     if "3" in rate and "3b" in rate:
         derived.setdefault("3", {})["ratio_vs_3b"] = rate["3"] / rate["3b"]
+    for k in rate:
+        if k.endswith("'") and k[:-1] in rate:
+            d = derived.setdefault(k, {})
+            d["ratio_vs_base"] = rate[k] / rate[k[:-1]]
+            base_cpu, cpu = summary[k[:-1]].get("cpu_us_per_record"), summary[k].get("cpu_us_per_record")
+            if base_cpu and cpu:
+                d["cpu_us_per_record_delta"] = cpu - base_cpu
+    if "3'" in rate and "3b" in rate:
+        derived.setdefault("3'", {})["ratio_vs_3b"] = rate["3'"] / rate["3b"]
+    if "4b'" in rate and "2'" in rate:
+        derived.setdefault("4b'", {})["ratio_vs_2"] = rate["4b'"] / rate["2'"]
     for k in ("4", "4b"):
         if k in rate and "2" in rate and poisons:
             s, base = summary[k], summary["2"]
@@ -427,6 +438,12 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
                 f"({d.get('good_reruns_per_failure', 0):.1f} per handler failure), max handler calls per good record "
                 f"{s.get('max_calls_per_good_record', '-')}; vs run 2 {d['ratio_vs_2']:.3f}"
             )
+    for k, d in derived.items():
+        if "ratio_vs_base" in d:
+            extra = f", 4b'/2' {d['ratio_vs_2']:.3f}" if "ratio_vs_2" in d else ""
+            extra += f", 3'/3b {d['ratio_vs_3b']:.3f}" if "ratio_vs_3b" in d else ""
+            out.append(f"run {k} vs {k[:-1]}: records/s x{d['ratio_vs_base']:.3f}, processing-thread CPU "
+                       f"{d.get('cpu_us_per_record_delta', 0):+.2f} us/record{extra}")  # fmt: skip
     if summary.get("5", {}).get("quixstreams_commit_interval_s") is not None:
         out.append(f"run 5: quixstreams commit_interval = {summary['5']['quixstreams_commit_interval_s']} s")
     return out
@@ -439,7 +456,7 @@ SHORT_RUNS = {"1", "2", "4b", "5"}
 def reps_of(run: str, args: argparse.Namespace) -> int:
     if args.repeat is not None:
         return int(args.repeat)
-    return 3 if run in SHORT_RUNS and not args.quick else 1
+    return 3 if run.rstrip("'") in SHORT_RUNS and not args.quick else 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -464,6 +481,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quiet-timeout", type=float, default=60.0, help="how long to wait for that (default 60 s)")
     p.add_argument("--src", type=Path, default=None,
                    help="benchmark the kafkatx package under this src dir (e.g. a patched copy) instead of the installed one")
+    p.add_argument("--compare-src", type=Path, default=None,
+                   help="A/B: also do each kafkatx run (2, 3, 4, 4b) with the package under this src dir, interleaved; "
+                        "shown as 2', 3', ... with their ratio to the unprimed run")
     args = p.parse_args(argv)
     if args.quick:
         args.records, args.small_records = 4_000, 200
@@ -472,6 +492,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown run(s) {unknown}; choose from {ORDER}")
     args.runs = [r for r in ORDER if r in args.runs]
+    if args.compare_src is not None:  # each kafkatx run again, right after it, with the other package
+        runs = []
+        for k in args.runs:
+            runs.append(k)
+            if RUNS[k]["kind"] == "kafkatx":
+                RUNS[k + "'"] = {**RUNS[k], "label": RUNS[k]["label"] + " [--compare-src]", "src": args.compare_src}
+                runs.append(k + "'")
+        args.runs = runs
     return args
 
 
@@ -517,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 run = RUNS[k]
                 topic, n = inputs[run["input"]]
-                tag = f"{k}-{rep}"
+                tag = f"{k.replace(chr(39), 'p')}-{rep}"  # 2' -> 2p: topic names allow no quote
                 out_topic = create_topic(bs, f"bench-out-{tag}", parts)
                 dlt_topic = create_topic(bs, f"bench-dlt-{tag}", parts) if run.get("poison") else None
                 cfg: dict[str, Any] = {
@@ -535,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [str(quix_python), str(HERE / "quix_worker.py"), json.dumps(cfg)]
                 else:
                     cmd = [sys.executable, str(HERE / "workers.py"), json.dumps(cfg)]
-                pythonpath = str(args.src.resolve()) if args.src is not None and run["kind"] == "kafkatx" else None
+                src_dir = run.get("src") or args.src
+                pythonpath = str(Path(src_dir).resolve()) if src_dir is not None and run["kind"] == "kafkatx" else None
                 quiet = wait_for_quiet_broker(broker, others_max=args.busy_limit, timeout=args.quiet_timeout)
                 if quiet["others_cores"] > args.busy_limit:
                     print(f"# machine busy: other processes use {quiet['others_cores']:.2f} cores "
@@ -564,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 delete_topics(bs, [t for t in (out_topic, dlt_topic) if t])
     summary = {k: summarize(v, args.busy_limit) for k, v in reps.items()}
     derived, targets = derive(summary, poisons)
-    order = [k for k in ORDER if k in summary]
+    order = [k for k in args.runs if k in summary]
     print()
     print(table(summary, derived, order))
     for line in details(summary, derived):

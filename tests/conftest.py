@@ -5,3 +5,5 @@ from __future__ import annotations
 import logging
 
 logging.getLogger("kafkatx").setLevel(logging.DEBUG)
+# py4j logs from __del__ at interpreter exit, after pytest has closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
