@@ -611,6 +611,11 @@ def retry_call(
     if timeout < 0:
         raise InvalidConfigurationError(f"retry timeout for {operation} must be >= 0 seconds, got {timeout}")
     deadline = clock() + timeout
+    first_failure: KafkaException | None = None
+    try:
+        return fn()  # the common case, without the retry machinery below (~10 us per call)
+    except KafkaException as exc:
+        first_failure = exc  # replayed as attempt 1 below: classification, callbacks and backoff unchanged
 
     def should_retry(exc: BaseException) -> bool:
         return isinstance(exc, KafkaException) and classify(exc, path=path).retriable
@@ -644,8 +649,11 @@ def retry_call(
     attempts = 0
 
     def attempt() -> T:
-        nonlocal attempts
+        nonlocal attempts, first_failure
         attempts += 1
+        if first_failure is not None:
+            failure, first_failure = first_failure, None
+            raise failure
         return fn()
 
     retrying = Retrying(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafkatx.errors import (
     ApplicationRecoverableError,
@@ -492,35 +492,52 @@ class ListenerContainer:
         serializer = spec.serializer
         name = spec.name
         tracker = self.tracker
+        failing = tracker.failing  # non-empty only while a record is failing
         buf = self._buffer
         buf.clear()
         produce = producer.produce
         offsets: dict[TP, int] = {}
+        run_topic, run_partition, run_next = None, -1, -1  # the current run of one partition's records
         outputs = 0
         started = time.perf_counter()
         producer.begin()
+        direct = producer.direct(default_topic) if default_topic is not None else None
         previous = bind_sink(buf)
         try:
             for i, msg in enumerate(msgs):
                 topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
                 attempt = 1
-                if tracker:
+                if failing:
                     state = tracker.state_at(topic, partition, offset)
                     if state is not None:
                         attempt = state.failures + 1
                         if state.pending_recovery:
                             raise _HandlerFailure(i, state.last_exception or RuntimeError("recovery pending"), to_record(msg, attempt))
-                record = to_record(msg, attempt)
+                ts_type, ts = msg.timestamp()  # to_record(msg, attempt), inlined: topic/partition/offset are at hand
+                record = Record(
+                    topic, partition, offset, msg.key(), msg.value(), msg.headers() or [], ts,
+                    _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime", attempt,
+                )  # fmt: skip
+                value = None
                 try:
                     result = handler(record)
                     if result is not None:
                         if type(result) is bytes and default_topic is not None:
-                            buf.append(PendingOutput(default_topic, result, None, None, None))
+                            if direct is not None and not buf:
+                                value = result  # the common case: produced directly below
+                            else:
+                                buf.append(PendingOutput(default_topic, result, None, None, None))
                         else:
                             collect_outputs(result, default_topic, serializer, name, buf)
                 except Exception as exc:
                     if spec.retry != "in_place" or not self._retry_in_place(record, exc, producer):
                         raise _HandlerFailure(i, exc, record) from None
+                if value is not None:
+                    try:
+                        direct(default_topic, value)  # type: ignore[misc]
+                        outputs += 1
+                    except (BufferError, KafkaException):  # queue full, or an error: produce() below waits or classifies it
+                        buf.append(PendingOutput(default_topic, value, None, None, None))  # type: ignore[arg-type]
                 if buf:
                     try:
                         for out in buf:
@@ -529,7 +546,13 @@ class ListenerContainer:
                         raise _HandlerFailure(i, exc, record) from None
                     outputs += len(buf)
                     buf.clear()
-                offsets[(topic, partition)] = offset + 1
+                if partition != run_partition or topic != run_topic:
+                    if run_topic is not None:
+                        offsets[(run_topic, run_partition)] = run_next
+                    run_topic, run_partition = topic, partition
+                run_next = offset + 1
+            if run_topic is not None:
+                offsets[(run_topic, run_partition)] = run_next
             assert self._consumer is not None
             membership = self._consumer.consumer_group_metadata()
             producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], membership)
@@ -566,7 +589,7 @@ class ListenerContainer:
                 tracker.clear(record)
                 return True
             try:
-                self._recover(spec.recoverer, replace(record, attempt=state.failures), exc, producer)
+                self._recover(spec.recoverer, replace(record, attempt=state.failures), exc, producer, confirm_delivery=False)
             except RecoveryError:
                 log.warning("in-place recovery of %s failed; falling back to the rollback path", record.coordinates)
                 return False
@@ -574,12 +597,26 @@ class ListenerContainer:
             self.publish(RecordRecovered(self.name, self.worker, record, exc, spec.recoverer.name))
             return True
 
-    def _recover(self, recoverer: Recoverer, record: Record, exc: BaseException, producer: TransactionalProducer) -> None:
-        """Run a recoverer inside the open transaction, with ``send()`` producing directly."""
+    def _recover(
+        self,
+        recoverer: Recoverer,
+        record: Record,
+        exc: BaseException,
+        producer: TransactionalProducer,
+        *,
+        confirm_delivery: bool = True,
+    ) -> None:
+        """Run a recoverer inside the open transaction, with ``send()`` producing directly.
+
+        ``confirm_delivery=False`` (in-place recovery inside a big batch
+        transaction) makes the recoverer's ``flush()`` a no-op: the batch's
+        commit confirms delivery, and a failed dead letter fails that commit.
+        """
         prev_sink = bind_sink(_DirectSink(producer, self.spec.serializer))
         prev_ctx = bind_recovery(
-            RecoveryContext(self.name, self.group_id, producer.partition_count, producer.flush)
-        )
+            RecoveryContext(self.name, self.group_id, producer.partition_count,
+                            producer.flush if confirm_delivery else list)
+        )  # fmt: skip
         try:
             recoverer(record, exc)
         except (KafkaTxError, _HandlerFailure):

@@ -145,6 +145,21 @@ class TransactionalProducer:
             except KafkaException as exc:
                 raise self._produce_error(exc, out) from exc
 
+    def direct(self, topic: str) -> Callable[..., Any] | None:
+        """confluent-kafka's own ``produce``, for the container's hot path: ``direct(topic, value)``.
+
+        None outside a transaction or when ``topic`` does not exist (then use
+        :meth:`produce`, which raises UnknownTopicError). On BufferError or
+        KafkaException the caller falls back to :meth:`produce`, which waits
+        for queue space and classifies the error.
+        """
+        producer = self._producer
+        if producer is None or not self.in_transaction:
+            return None
+        if topic not in self._known_topics and self.partition_count(topic) is None:
+            return None
+        return producer.produce
+
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         producer = self._producer
         assert producer is not None

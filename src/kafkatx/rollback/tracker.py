@@ -36,6 +36,8 @@ class FailureTracker:
     def __init__(self, *, reset_on_exception_change: bool = True) -> None:
         self.reset_on_exception_change = reset_on_exception_change
         self._slots: dict[TopicPartition, FailureState] = {}
+        #: The failing partitions' slots; empty in normal operation, so the hot path checks it once per record.
+        self.failing = self._slots
 
     def __bool__(self) -> bool:
         return bool(self._slots)
