@@ -1,7 +1,7 @@
 """kafkatx throughput benchmark: every run on the same workload, one broker, one invocation.
 
     python bench/run.py                      # all runs, 200k x 100 B records, 8 partitions
-    python bench/run.py --quick              # small smoke run (~1 min)
+    python bench/run.py --quick              # small smoke run (under a minute)
     python bench/run.py --runs 1,2 --repeat 3 --json /tmp/out.json
 
 Starts the embedded broker (kafkatx.local.LocalBroker), preloads the input,
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -591,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  check: {entry['check']}", flush=True)
                 reps[k].append(entry)
                 delete_topics(bs, [t for t in (out_topic, dlt_topic) if t])
+    shutil.rmtree(state_dir, ignore_errors=True)
     summary = {k: summarize(v, args.busy_limit) for k, v in reps.items()}
     derived, targets = derive(summary, poisons)
     order = [k for k in args.runs if k in summary]

@@ -32,7 +32,16 @@ def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
 
 
 def all_committed(kafka: KafkaTestKit, app: App, topic: str) -> bool:
-    return kafka.committed(app.group_id, topic) == kafka.end_offsets(topic)
+    return kafka.caught_up(app.group_id, topic)
+
+
+def wait_all_committed(kafka: KafkaTestKit, app: App, topic: str, timeout: float = 30) -> None:
+    try:
+        wait_for(lambda: all_committed(kafka, app, topic), timeout, message="all offsets committed")
+    except AssertionError:
+        ends = {p: o for p, o in kafka.end_offsets(topic).items() if o}
+        assert kafka.committed(app.group_id, topic) == ends, "committed vs end offsets"
+        raise
 
 
 def test_seed_002_scenario_two_attempts_then_dead_letter(kafka: KafkaTestKit) -> None:
@@ -208,7 +217,7 @@ def test_batch_with_one_percent_poison(kafka: KafkaTestKit) -> None:
         return (record.value or b"").upper()
 
     with running(app):
-        wait_for(lambda: all_committed(kafka, app, src), 60)
+        wait_all_committed(kafka, app, src, 60)
     outputs = kafka.values(out)
     assert len(outputs) == 990 and len(set(outputs)) == 990
     dead = kafka.read(src + "-dlt")

@@ -33,7 +33,7 @@ def test_exactly_once_across_partitions_and_committed_offsets(kafka: KafkaTestKi
         return record.key, record.value.upper()
 
     with running(app):
-        wait_for(lambda: kafka.committed(app.group_id, src) == kafka.end_offsets(src), 60, message="all offsets committed")
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all offsets committed")
     outputs = kafka.read(out)
     assert sorted(r.value for r in outputs) == sorted(b"V%d" % i for i in range(n))
     assert {r.key for r in outputs} == {b"k%d" % i for i in range(n)}
@@ -124,7 +124,7 @@ def test_several_listeners_and_topics_one_transaction_per_record(kafka: KafkaTes
 
     with running(app):
         wait_for(lambda: len(kafka.values(out1)) == 40 and len(kafka.values(out2)) == 20, 60)
-        wait_for(lambda: kafka.committed(app.group_id + "-c", c) == kafka.end_offsets(c), 30)
+        wait_for(lambda: kafka.caught_up(app.group_id + "-c", c), 30)
     assert sorted(kafka.values(out1)) == sorted([f"{a}:a{i}".encode() for i in range(20)] + [f"{b}:b{i}".encode() for i in range(20)])
     assert sorted(kafka.values(out2)) == sorted(b"C%d" % i for i in range(20))
     per_record = [e for e in commits if e.listener == "test_several_listeners_and_topics_one_transaction_per_record.<locals>.first"]

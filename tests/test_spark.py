@@ -89,7 +89,7 @@ def _counts(records: list[Any]) -> Counter[str]:
 
 
 def _done(kafka: KafkaTestKit, group: str, topic: str) -> bool:
-    return kafka.committed(group, topic) == kafka.end_offsets(topic)
+    return kafka.caught_up(group, topic)
 
 
 # -- end to end ---------------------------------------------------------------------

@@ -251,6 +251,14 @@ class KafkaTestKit:
     def end_offsets(self, topic: str) -> dict[int, int]:
         return end_offsets(self.bootstrap_servers, topic)
 
+    def caught_up(self, group: str, topic: str) -> bool:
+        """True when ``group`` has committed every partition of ``topic`` up to its end.
+
+        Empty partitions count as caught up (they have no committed offset to compare).
+        """
+        committed = self.committed(group, topic)
+        return all(committed.get(p, 0) >= end for p, end in self.end_offsets(topic).items())
+
     def cleanup(self) -> None:
         names, self._created = self._created, []
         delete_topics(self.bootstrap_servers, names)
