@@ -7,12 +7,13 @@ longs, everything else UTF-8.
 
 from __future__ import annotations
 
+import linecache
 import struct
 import traceback
 from dataclasses import dataclass
 
 from kafkatx.record import Headers, Record
-from kafkatx.rollback.classifier import exception_fqcn, root_cause
+from kafkatx.rollback.classifier import cause_chain, exception_fqcn, root_cause
 
 __all__ = [
     "ORIGINAL_TOPIC", "ORIGINAL_PARTITION", "ORIGINAL_OFFSET", "ORIGINAL_TIMESTAMP",
@@ -48,6 +49,34 @@ def _message(exc: BaseException) -> str:
     return msg
 
 
+def format_stacktrace(exc: BaseException) -> str:
+    """The exception's traceback, causes first, like ``traceback.format_exception``.
+
+    Written out here because the standard formatter parses every source line
+    (for its ``^^^`` anchors), which made it the main cost of dead-lettering:
+    about 0.4 ms of 0.5 ms per record.
+    """
+    chain = list(cause_chain(exc))
+    parts: list[str] = []
+    for i, link in enumerate(reversed(chain)):
+        if i:
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if link.__cause__ is not None
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
+        if link.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n")
+            for frame, lineno in traceback.walk_tb(link.__traceback__):
+                code = frame.f_code
+                parts.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+                line = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+                if line:
+                    parts.append(f"    {line}\n")
+        parts.append("".join(traceback.format_exception_only(type(link), link)))
+    return "".join(parts)
+
+
 def dead_letter_headers(
     record: Record,
     exception: BaseException,
@@ -71,7 +100,7 @@ def dead_letter_headers(
         and k != ATTEMPTS
         and (keep_history or not k.startswith(_ORIGINAL_PREFIX))
     ]
-    stack = "".join(traceback.format_exception(exception)).encode("utf-8", "replace")
+    stack = format_stacktrace(exception).encode("utf-8", "replace")
     if len(stack) > max_stacktrace_bytes:
         stack = stack[: max_stacktrace_bytes - 15] + b"\n...[truncated]"
     kept += [
