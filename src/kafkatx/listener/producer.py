@@ -189,7 +189,10 @@ class TransactionalProducer:
         # unanswered makes librdkafka skip EndTxn ("no partitions registered") although the
         # broker did register the partition: the broker-side transaction then stays open and
         # the next one can fail, or (seen on noida-db) commit records twice. ~1 ms per abort.
-        producer.flush(self._api_timeout())
+        try:
+            producer.flush(self._api_timeout())
+        except Exception:  # a fenced/fatal producer raises here; abort_transaction reports it properly
+            log.debug("flush before abort of %s failed", self.transactional_id, exc_info=True)
         try:
             self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()))
         except KafkaTxError as exc:
