@@ -61,7 +61,6 @@ class DeadLetterPublishingRecoverer(Recoverer):
         keep_header_history: bool = False,
         max_stacktrace_bytes: int = 16_384,
         create_topics: bool = True,
-        delivery_timeout: float = 30.0,
     ) -> None:
         if topic is not None and not (isinstance(topic, str) or callable(topic)):
             raise TypeError(f"topic must be a name, a function (record, exception) -> name, or None; got {topic!r}")
@@ -76,7 +75,6 @@ class DeadLetterPublishingRecoverer(Recoverer):
         self.keep_header_history = keep_header_history
         self.max_stacktrace_bytes = max_stacktrace_bytes
         self.create_topics = create_topics
-        self.delivery_timeout = delivery_timeout
 
     def destination(self, record: Record, exception: BaseException) -> str:
         if self.topic is None:

@@ -16,6 +16,7 @@ open while the consumer polls, so a rebalance never finds one half done.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -816,12 +817,16 @@ class _RollbackScope:
         self.failed = failure.record
         self.exception = failure.exc
         self.processed = [to_record(m) for m in msgs[: failure.index]]
-        self.records = [failure.record, *(to_record(m) for m in msgs[failure.index + 1 :])]
         self._offsets: dict[TP, int] = {}
         self._recovered: list[Record] = []
         self._pauses: dict[TP, float] = {}
         self.outputs = 0
         self.committed_records = 0
+
+    @functools.cached_property
+    def records(self) -> list[Record]:
+        """The unprocessed records, failed one first (built on demand: the default processor never needs them)."""
+        return [self.failed, *(to_record(m) for m in self._msgs[self._index + 1 :])]
 
     @property
     def stopping(self) -> bool:
@@ -880,10 +885,12 @@ class _RollbackScope:
         self._c._committed.update(self._offsets)
         for record in self._recovered:
             self.tracker.clear(record)
+        last: dict[TP, int] = {}
+        for m in self._msgs:
+            last[(m.topic(), m.partition())] = m.offset()
         for tp, first in _first_offsets(self._msgs).items():
-            committed = self._offsets.get(tp)
-            target = first if committed is None else committed
-            if any(m.offset() >= target for m in self._msgs if (m.topic(), m.partition()) == tp):
+            target = self._offsets.get(tp, first)
+            if last[tp] >= target:  # some of this partition's records were not committed
                 self._c._seek(tp, target)
         for tp, seconds in self._pauses.items():
             self._c._pause(tp, seconds)
@@ -899,5 +906,3 @@ def _first_offsets(msgs: Sequence[Message]) -> dict[TP, int]:
 def _fmt_tps(tps: list[TP]) -> str:
     return ", ".join(f"{t}[{p}]" for t, p in sorted(tps)) or "nothing"
 
-
-Callback = Callable[..., None]

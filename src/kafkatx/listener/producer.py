@@ -8,7 +8,6 @@ and never reach handlers; everything else leaves as a typed
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -289,6 +288,3 @@ class TransactionalProducer:
             self._delivery_failures.append(err)
             self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
 
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0

@@ -9,7 +9,7 @@ it raises, nothing is committed and the record is kept for another try.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from kafkatx.record import Record
@@ -101,6 +101,3 @@ def as_recoverer(obj: Callable[[Record, BaseException], Any] | Recoverer) -> Rec
         return _CallableRecoverer(obj)
     raise TypeError(f"a recoverer must be a Recoverer or a callable (record, exception) -> None, got {obj!r}")
 
-
-def composite(recoverers: Iterable[Callable[[Record, BaseException], Any]]) -> Recoverer:
-    return CompositeRecoverer(*recoverers)
