@@ -39,6 +39,8 @@ POISON_OFFSET = 50  # see is_poison()
 RUNS: dict[str, dict[str, Any]] = {
     "1": {"label": "hand-written EOS loop, <=1000 rec/txn (baseline)", "kind": "raw", "batch": 1000, "input": "main"},
     "2": {"label": "kafkatx, default batch transactions", "kind": "kafkatx", "options": {}, "input": "main"},
+    "2b": {"label": "kafkatx, <=1000 rec/txn like run 1 (max_batch_records=1000)", "kind": "kafkatx",
+           "options": {"max_batch_records": 1000}, "input": "main"},
     "3": {"label": "kafkatx, 1 txn per record (max_batch_records=1)", "kind": "kafkatx",
           "options": {"max_batch_records": 1}, "input": "small"},
     "3b": {"label": "hand-written loop, 1 txn per record", "kind": "raw", "batch": 1, "input": "small"},
@@ -48,7 +50,7 @@ RUNS: dict[str, dict[str, Any]] = {
            "options": {"max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
     "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main"},
 }  # fmt: skip
-ORDER = ["1", "2", "3", "3b", "4", "4b", "5"]
+ORDER = ["1", "2", "2b", "3", "3b", "4", "4b", "5"]
 
 
 # -- workload ------------------------------------------------------------------
@@ -451,7 +453,7 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
 
 
 # -- main ---------------------------------------------------------------------------
-SHORT_RUNS = {"1", "2", "4b", "5"}
+SHORT_RUNS = {"1", "2", "2b", "4b", "5"}
 
 
 def reps_of(run: str, args: argparse.Namespace) -> int:

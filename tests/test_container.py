@@ -190,3 +190,54 @@ def test_missing_bootstrap_servers_is_a_clear_error(monkeypatch: pytest.MonkeyPa
     app.listener("in")(lambda r: None)
     with pytest.raises(InvalidConfigurationError, match="KAFKATX_BOOTSTRAP_SERVERS"):
         app.start()
+
+
+def test_slow_handlers_split_a_poll_over_transactions_within_the_time_budget(kafka: KafkaTestKit) -> None:
+    """A big poll with a slow handler must not keep one transaction open past the budget:
+    the transaction commits what it has handled and the rest comes in the next one."""
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    n = 40
+    kafka.produce(src, [b"r%d" % i for i in range(n)])
+    app = make_app(kafka)
+    commits: list[tuple[int, float]] = []
+    calls: Counter[bytes] = Counter()
+
+    @app.listener(src, output=out, max_batch_records=1000, max_batch_ms=300, max_transaction_ms=100)
+    def slow(record: Record) -> bytes:
+        assert record.value is not None
+        calls[record.value] += 1
+        time.sleep(0.02)
+        return record.value.upper()
+
+    @app.on(TransactionCommitted)
+    def committed(ev: TransactionCommitted) -> None:
+        commits.append((ev.records, ev.seconds))
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all offsets committed")
+    assert sorted(kafka.values(out)) == sorted(b"R%d" % i for i in range(n)), "each output exactly once"
+    assert set(calls.values()) == {1}, "a record left for the next transaction is not handled twice"
+    handled = [records for records, _ in commits if records]
+    assert sum(handled) == n
+    assert len(handled) >= 5, f"40 records x 20 ms with a 100 ms budget need several transactions, got {handled}"
+    assert max(handled) <= 8, f"no transaction may run far past its budget: {handled}"
+    assert max(seconds for _, seconds in commits) < 1.0, f"transaction durations: {commits}"
+
+
+def test_max_transaction_ms_is_validated() -> None:
+    app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=10_000)
+    with pytest.raises(InvalidConfigurationError, match="max_transaction_ms must be an integer >= 1"):
+        app.add_listener(lambda r: None, "in", max_transaction_ms=0)
+    with pytest.raises(InvalidConfigurationError, match=r"max_transaction_ms \(10000\) must be below the App's transaction_timeout_ms"):
+        app.add_listener(lambda r: None, "in", max_transaction_ms=10_000)
+
+
+def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
+    from kafkatx.listener.container import _transaction_budget
+    from kafkatx.listener.spec import build_spec
+
+    app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=30_000)
+    assert _transaction_budget(build_spec(lambda r: None, ["in"]), app) == 10.0
+    tight = build_spec(lambda r: None, ["in"], consumer_config={"max.poll.interval.ms": 6000})
+    assert _transaction_budget(tight, app) == 2.0
+    assert _transaction_budget(build_spec(lambda r: None, ["in"], max_transaction_ms=250), app) == 0.25

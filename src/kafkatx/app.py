@@ -134,6 +134,11 @@ class App:
     def add_listener(self, handler: Callable[..., Any], *topics: str, **options: Any) -> ListenerSpec:
         """The non-decorator form of :meth:`listener`."""
         spec = build_spec(handler, topics, **options)
+        if spec.max_transaction_ms is not None and spec.max_transaction_ms >= self.transaction_timeout_ms:
+            raise InvalidConfigurationError(
+                f"max_transaction_ms ({spec.max_transaction_ms}) must be below the App's transaction_timeout_ms "
+                f"({self.transaction_timeout_ms}): the broker aborts a transaction that stays open longer"
+            )
         with self._lock:
             if self._running:
                 raise InvalidConfigurationError("listeners must be declared before the App starts")

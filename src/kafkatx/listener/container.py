@@ -53,7 +53,7 @@ from kafkatx.events import (
 from kafkatx.listener.context import bind_sink
 from kafkatx.listener.outputs import OutputError, PendingOutput, collect_outputs
 from kafkatx.listener.producer import TransactionalProducer
-from kafkatx.record import Record
+from kafkatx.record import Record, _MessageRecord, to_record
 from kafkatx.recoverers import Recoverer
 from kafkatx.recoverers._context import RecoveryContext, bind_recovery
 from kafkatx.rollback.backoff import delay_for
@@ -69,7 +69,6 @@ __all__ = ["ListenerContainer", "ContainerError", "RecoveryExhaustedError", "Fen
 log = logging.getLogger("kafkatx.container")
 
 TP = tuple[str, int]
-_TS_TYPES = ("NoTimestampType", "CreateTime", "LogAppendTime")
 _FENCE_WINDOW_S = 60.0
 _IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
 
@@ -123,14 +122,6 @@ class _DirectSink:
         self.producer.produce(output)
 
 
-def to_record(msg: Message, attempt: int = 1) -> Record:
-    ts_type, ts = msg.timestamp()
-    return Record(
-        msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-        msg.headers() or [], ts, _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime", attempt,
-    )  # fmt: skip
-
-
 class ListenerContainer:
     """Runs one listener's consumer loop on its own thread."""
 
@@ -156,11 +147,13 @@ class ListenerContainer:
         self._paused_until: dict[TP, float] = {}
         self._recreations: collections.deque[float] = collections.deque()
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
+        self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
         self._last_activity = time.monotonic()
         self._positions_checked = True
         self._idle_interval: float | None = spec.idle_event_interval
         self._last_idle_event = self._last_activity
         self._buffer = _RecordBuffer(spec.serializer)
+        self._txn_budget = _transaction_budget(spec, runtime)
         self.started = threading.Event()
         # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
         factory = spec.options.get("unit_runner")
@@ -264,6 +257,7 @@ class ListenerContainer:
 
     # -- rebalance callbacks (run inside consume()) --------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self._assigned.update(tps)
         log.info("listener %s assigned %s", self.name, _fmt_tps(tps))
@@ -275,6 +269,7 @@ class ListenerContainer:
         self.publish(PartitionsAssigned(self.name, self.worker, tuple(tps)))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
+        self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self._assigned.difference_update(tps)
         self.tracker.clear_partitions(tps)
@@ -473,11 +468,15 @@ class ListenerContainer:
 
         def guard() -> None:
             consumer = self._consumer
-            if consumer is not None and consumer.consumer_group_metadata() != membership:
-                raise GroupMembershipChanged(
-                    f"listener {self.name!r}: group membership changed while the transaction was open "
-                    "(max.poll.interval.ms exceeded or a rebalance); aborting instead of committing"
-                )
+            current = consumer.consumer_group_metadata() if consumer is not None else membership
+            if current == membership:
+                self._membership = current  # verified just now: the next transaction may send offsets with it
+                return
+            self._membership = None
+            raise GroupMembershipChanged(
+                f"listener {self.name!r}: group membership changed while the transaction was open "
+                "(max.poll.interval.ms exceeded or a rebalance); aborting instead of committing"
+            )
 
         return guard
 
@@ -501,11 +500,21 @@ class ListenerContainer:
         run_topic, run_partition, run_next = None, -1, -1  # the current run of one partition's records
         outputs = 0
         started = time.perf_counter()
+        deadline = started + self._txn_budget
+        check_at, stopped_at = 1, -1
+        new_record = object.__new__
         producer.begin()
         direct = producer.direct(default_topic) if default_topic is not None else None
         previous = bind_sink(buf)
         try:
             for i, msg in enumerate(msgs):
+                if i == check_at:  # the transaction's time budget, checked often enough, cheaply
+                    now = time.perf_counter()
+                    if now >= deadline:
+                        stopped_at = i
+                        break
+                    per_record = (now - started) / i
+                    check_at = i + max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
                 topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
                 attempt = 1
                 if failing:
@@ -514,11 +523,8 @@ class ListenerContainer:
                         attempt = state.failures + 1
                         if state.pending_recovery:
                             raise _HandlerFailure(i, state.last_exception or RuntimeError("recovery pending"), to_record(msg, attempt))
-                ts_type, ts = msg.timestamp()  # to_record(msg, attempt), inlined: topic/partition/offset are at hand
-                record = Record(
-                    topic, partition, offset, msg.key(), msg.value(), msg.headers() or [], ts,
-                    _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime", attempt,
-                )  # fmt: skip
+                record = new_record(_MessageRecord)  # record.message_record(), inlined (hot path)
+                record._msg, record.topic, record.partition, record.offset, record.attempt = msg, topic, partition, offset, attempt
                 value = None
                 try:
                     result = handler(record)
@@ -555,13 +561,22 @@ class ListenerContainer:
             if run_topic is not None:
                 offsets[(run_topic, run_partition)] = run_next
             assert self._consumer is not None
-            membership = self._consumer.consumer_group_metadata()
+            # The membership the last commit's guard verified, unless a rebalance callback has run since;
+            # this commit's guard checks it is still current, so one metadata round trip per transaction.
+            membership = self._membership or self._consumer.consumer_group_metadata()
             producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()], membership)
             producer.commit(guard=self._membership_guard(membership))
         finally:
             bind_sink(previous)
         self._committed.update(offsets)
-        self.publish(TransactionCommitted(self.name, self.worker, len(msgs), outputs, time.perf_counter() - started))
+        handled = len(msgs) if stopped_at < 0 else stopped_at
+        self.publish(TransactionCommitted(self.name, self.worker, handled, outputs, time.perf_counter() - started))
+        if stopped_at >= 0:  # the rest of the poll is fetched again for the next transaction
+            log.debug(
+                "listener %s: transaction time budget (%.3gs) used after %d of %d records",
+                self.name, self._txn_budget, stopped_at, len(msgs),
+            )  # fmt: skip
+            self._seek_to_start(msgs[stopped_at:])
 
     def _retry_in_place(self, record: Record, exc: BaseException, producer: TransactionalProducer) -> bool:
         """``retry="in_place"``: retry or recover a failed record without aborting the batch.
@@ -894,6 +909,20 @@ class _RollbackScope:
                 self._c._seek(tp, target)
         for tp, seconds in self._pauses.items():
             self._c._pause(tp, seconds)
+
+
+def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
+    """Seconds of handling after which a transaction takes no more records (``max_transaction_ms``).
+
+    By default a third of the smaller of the transaction timeout and
+    max.poll.interval.ms: slow handlers then split a big poll over several
+    transactions instead of outliving the broker's transaction timeout or
+    being thrown out of the group.
+    """
+    if spec.max_transaction_ms is not None:
+        return spec.max_transaction_ms / 1000.0
+    max_poll = int(runtime.consumer_config(spec, "-", 0).get("max.poll.interval.ms", 300_000))
+    return min(runtime.transaction_timeout_ms, max_poll) / 3000.0
 
 
 def _first_offsets(msgs: Sequence[Message]) -> dict[TP, int]:

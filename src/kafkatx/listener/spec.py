@@ -49,8 +49,9 @@ class ListenerSpec:
     topics: tuple[str, ...]
     output: str | None = None
     kind: Literal["record", "batch"] = "record"
-    max_batch_records: int = 1000
+    max_batch_records: int = 5000
     max_batch_ms: int = 100
+    max_transaction_ms: int | None = None
     fencing: Fencing = "group"
     concurrency: int = 1
     max_attempts: int = 3
@@ -78,8 +79,9 @@ def build_spec(
     name: str | None = None,
     output: str | None = None,
     kind: Literal["record", "batch"] = "record",
-    max_batch_records: int = 1000,
+    max_batch_records: int = 5000,
     max_batch_ms: int = 100,
+    max_transaction_ms: int | None = None,
     fencing: str = "group",
     concurrency: int = 1,
     max_attempts: int = 3,
@@ -128,6 +130,8 @@ def build_spec(
         isinstance(idle_event_interval, bool) or not isinstance(idle_event_interval, (int, float)) or idle_event_interval <= 0
     ):
         raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle_event_interval!r}")
+    if max_transaction_ms is not None:
+        _positive_int(max_transaction_ms, "max_transaction_ms")
     if serializer is not None and not callable(serializer):
         raise InvalidConfigurationError(f"serializer must be callable, got {serializer!r}")
     if max_batch_ms < 0 or isinstance(max_batch_ms, bool) or not isinstance(max_batch_ms, int):
@@ -169,6 +173,7 @@ def build_spec(
         kind=kind,
         max_batch_records=_positive_int(max_batch_records, "max_batch_records"),
         max_batch_ms=max_batch_ms,
+        max_transaction_ms=max_transaction_ms,
         fencing=fencing,  # type: ignore[arg-type]
         concurrency=_positive_int(concurrency, "concurrency"),
         max_attempts=_positive_int(max_attempts, "max_attempts"),
