@@ -73,8 +73,29 @@ def format_stacktrace(exc: BaseException) -> str:
                 line = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
                 if line:
                     parts.append(f"    {line}\n")
-        parts.append("".join(traceback.format_exception_only(type(link), link)))
+        parts.append(_exception_only(link))
     return "".join(parts)
+
+
+def _exception_only(exc: BaseException) -> str:
+    """The last line(s) of a traceback, as ``traceback.format_exception_only`` writes them.
+
+    Written out because that function builds a ``TracebackException``, which
+    walks the tracebacks of the whole cause chain again, reading source lines.
+    """
+    if isinstance(exc, SyntaxError):  # its own multi-line layout; rare in a handler
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ in ("__main__", "builtins") else f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not break dead-lettering
+        text = "<exception str() failed>"
+    lines = [f"{name}: {text}\n" if text else f"{name}\n"]
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, (list, tuple)):
+        lines.extend(f"{note}\n" for note in notes)
+    return "".join(lines)
 
 
 def dead_letter_headers(

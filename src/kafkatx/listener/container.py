@@ -149,6 +149,7 @@ class ListenerContainer:
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
         self._last_activity = time.monotonic()
+        self._polled_at = self._last_activity
         self._positions_checked = True
         self._idle_interval: float | None = spec.idle_event_interval
         self._last_idle_event = self._last_activity
@@ -294,6 +295,7 @@ class ListenerContainer:
         spec = self.spec
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
         msgs = consumer.consume(spec.max_batch_records, timeout)
+        self._polled_at = time.monotonic()
         if msgs and spec.kind == "batch" and len(msgs) < spec.max_batch_records:
             # Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.
             deadline = time.monotonic() + spec.max_batch_ms / 1000.0
@@ -420,7 +422,10 @@ class ListenerContainer:
                 return
             except _HandlerFailure as failure:
                 if self._abort(producer, len(msgs), f"handler failed on {failure.record.coordinates}", msgs):
-                    self._after_rollback(msgs, failure, producer)
+                    rest = self._after_rollback(msgs, failure, producer)
+                    if rest:  # the records the after-rollback transaction did not commit, from memory
+                        msgs, abortable = rest, 0
+                        continue
                 return
             except (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged) as exc:
                 abortable += isinstance(exc, TransactionAbortableError)
@@ -600,6 +605,8 @@ class ListenerContainer:
                     result = spec.handler(record)
                     collect_outputs(result, spec.output, spec.serializer, spec.name, buf)
                 except Exception as again:
+                    if again.__context__ is exc:  # set by Python because we retry inside an except block:
+                        again.__context__ = None  # attempts are not "during handling" of each other
                     exc = again
                     continue
                 tracker.clear(record)
@@ -644,7 +651,17 @@ class ListenerContainer:
             bind_sink(prev_sink)
 
     # -- after rollback -----------------------------------------------------------
-    def _after_rollback(self, msgs: list[Message], failure: _HandlerFailure, producer: TransactionalProducer) -> None:
+    def _after_rollback(
+        self, msgs: list[Message], failure: _HandlerFailure, producer: TransactionalProducer
+    ) -> list[Message]:
+        """Rollback processing in a new transaction. Returns the records to handle next, from memory.
+
+        Those are the records the transaction did not commit on partitions
+        that are not held for a back-off (Spring seeks back and polls them
+        again; the result is the same without the round trip). Records of a
+        held partition are rewound instead, and so is everything when the
+        consumer has not polled for a transaction budget (max.poll.interval.ms).
+        """
         attempts = 0
         while True:
             scope = _RollbackScope(self, msgs, failure, producer)
@@ -660,24 +677,25 @@ class ListenerContainer:
                 producer.commit(guard=self._membership_guard(membership) if membership is not None else None)
             except _HandlerFailure as again:  # a replayed batch-mate failed this time
                 if not self._abort(producer, again.index + 1, f"replay failed on {again.record.coordinates}", msgs):
-                    return
+                    return []
                 failure = again
                 continue
             except RecoveryError as exc:
                 if self._abort(producer, 1, str(exc), msgs):
                     self._recovery_failed(msgs, failure, exc, producer)
-                return
+                return []
             except (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged) as exc:
                 attempts += isinstance(exc, TransactionAbortableError)
                 if self._react(exc, producer, msgs, attempts, "abort the after-rollback transaction"):
                     continue
-                return
-            scope.apply()
+                return []
+            in_memory = not self._stop.is_set() and time.monotonic() - self._polled_at < self._txn_budget
+            rest = scope.apply(keep_in_memory=in_memory)
             self.publish(
                 TransactionCommitted(self.name, self.worker, scope.committed_records, scope.outputs,
                                      time.perf_counter() - started, "after_rollback")
             )  # fmt: skip
-            return
+            return rest
 
     def _recovery_failed(
         self, msgs: list[Message], failure: _HandlerFailure, exc: RecoveryError, producer: TransactionalProducer
@@ -895,20 +913,31 @@ class _RollbackScope:
         self._producer.send_offsets([TopicPartition(t, p, o) for (t, p), o in self._offsets.items()], membership)
         return membership
 
-    def apply(self) -> None:
-        """After the commit: rewind every partition to its first record not committed, and pause."""
+    def apply(self, *, keep_in_memory: bool = False) -> list[Message]:
+        """After the commit: rewind every partition to its first record not committed, and pause.
+
+        With ``keep_in_memory``, partitions not held for a back-off are not
+        rewound: their uncommitted records are returned, to be handled next.
+        """
         self._c._committed.update(self._offsets)
         for record in self._recovered:
             self.tracker.clear(record)
         last: dict[TP, int] = {}
         for m in self._msgs:
             last[(m.topic(), m.partition())] = m.offset()
+        kept: dict[TP, int] = {}
         for tp, first in _first_offsets(self._msgs).items():
             target = self._offsets.get(tp, first)
             if last[tp] >= target:  # some of this partition's records were not committed
-                self._c._seek(tp, target)
+                if keep_in_memory and tp not in self._pauses:
+                    kept[tp] = target
+                else:
+                    self._c._seek(tp, target)
         for tp, seconds in self._pauses.items():
             self._c._pause(tp, seconds)
+        if not kept:
+            return []
+        return [m for m in self._msgs if m.offset() >= kept.get((m.topic(), m.partition()), _NEVER)]
 
 
 def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
@@ -923,6 +952,9 @@ def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
         return spec.max_transaction_ms / 1000.0
     max_poll = int(runtime.consumer_config(spec, "-", 0).get("max.poll.interval.ms", 300_000))
     return min(runtime.transaction_timeout_ms, max_poll) / 3000.0
+
+
+_NEVER = 2**63  # an offset no record reaches
 
 
 def _first_offsets(msgs: Sequence[Message]) -> dict[TP, int]:

@@ -8,6 +8,7 @@ and never reach handlers; everything else leaves as a typed
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,7 +105,11 @@ class TransactionalProducer:
             except Exception:
                 pass
             try:
-                producer.close(1.0)
+                with warnings.catch_warnings():
+                    # confluent-kafka warns when close() cannot abort the open transaction; a
+                    # discarded producer is typically fenced, and its transaction is dead anyway.
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    producer.close(1.0)
             except Exception:
                 log.debug("closing producer %s failed", self.transactional_id, exc_info=True)
 
