@@ -96,7 +96,9 @@ def main() -> None:
     def pct(q: float) -> float | None:
         return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000.0 if lat else None
 
+    to_wall = time.time() - time.perf_counter()
     res = {
+        "window": [state["t_first"] + to_wall, t_last + to_wall],
         "records": n,
         "wall_s": t_last - t0,
         "startup_s": state["t_first"] - t0,

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -128,6 +129,44 @@ def wait_for_quiet_broker(broker: Any, *, idle_share: float = 0.03, timeout: flo
         if busy <= idle_share and age >= 2.0 and (others_max is None or others <= others_max):
             break
     return {"waited_s": time.monotonic() - started, "others_cores": others}
+
+
+class SnapshotWatcher:
+    """When the broker wrote its snapshot file (noida-db: all its data as JSON, 1-2 s after
+    changes, hundreds of milliseconds of broker CPU with the input loaded). Repetitions whose
+    processing window overlaps a write are marked, for reading the spread; they stay in the
+    median (measured: they are not reliably the slow ones)."""
+
+    WRITE_S = 0.5  # how long before its mtime a snapshot write may have started
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writes: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="snapshot-watcher", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        last = None
+        while not self._stop.wait(0.01):
+            try:
+                mtime = self.path.stat().st_mtime
+            except OSError:
+                continue
+            if mtime != last:
+                last = mtime
+                self.writes.append(mtime)
+
+    def during(self, window: list[float] | None) -> int:
+        """Snapshot writes that overlapped ``window`` (wall-clock seconds)."""
+        if not window:
+            return 0
+        start, end = window
+        return sum(1 for t in self.writes if start <= t <= end + self.WRITE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
 
 
 def _machine_busy_jiffies() -> tuple[int, int]:
@@ -335,6 +374,7 @@ def summarize(reps: list[dict[str, Any]], busy_limit: float = 0.25) -> dict[str,
         "txns_aborted": res["txns_aborted"],
         "verified": all(r["check"].get("ok") for r in done) and len(done) == len(reps),
         "reps_used": len(ok),
+        "reps_with_broker_snapshot": sum(1 for r in done if r.get("broker_snapshots")),
         "disturbed": not quiet,
     }
     for key in ("handler_failures", "handler_calls", "max_calls_per_good_record", "good_records_reprocessed",
@@ -544,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = Path(tempfile.mkdtemp(prefix="kafkatx-bench-quix-state-"))
     with LocalBroker() as broker:
         bs = broker.bootstrap_servers
+        snapshots = SnapshotWatcher(broker.data_dir / "kafka.json")
         print(f"# broker {bs} (pid {broker.pid}); {n_main:,} records of {args.size} B, {parts} partitions; "
               f"runs {', '.join(f'{k} x{reps_of(k, args)}' for k in args.runs)}", flush=True)  # fmt: skip
         inputs: dict[str, tuple[str, int]] = {}
@@ -597,16 +638,19 @@ def main(argv: list[str] | None = None) -> int:
                     entry["check"] = {"ok": False}
                     print(f" FAILED\n  {error}", flush=True)
                 else:
+                    entry["broker_snapshots"] = snapshots.during(result.get("window"))
                     entry["check"] = verify(bs, run, out_topic, dlt_topic, n, args)
                     rate = result["records"] / result["processing_s"]
                     busy = load.get("other_cores", 0.0)
                     print(f" {rate:,.0f} rec/s, {rss:.0f} MiB, exactly-once {'ok' if entry['check']['ok'] else 'FAILED'}"
-                          + (f"  [machine busy: other processes used {busy:.2f} cores]" if busy > 0.15 else ""),
+                          + (f"  [machine busy: other processes used {busy:.2f} cores]" if busy > 0.15 else "")
+                          + (f"  [broker snapshot x{entry['broker_snapshots']}]" if entry["broker_snapshots"] else ""),
                           flush=True)  # fmt: skip
                     if not entry["check"]["ok"]:
                         print(f"  check: {entry['check']}", flush=True)
                 reps[k].append(entry)
                 delete_topics(bs, [t for t in (out_topic, dlt_topic) if t])
+        snapshots.stop()
     shutil.rmtree(state_dir, ignore_errors=True)
     summary = {k: summarize(v, args.busy_limit) for k, v in reps.items()}
     derived, targets = derive(summary, poisons)

@@ -89,7 +89,9 @@ class Tracker:
             return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000.0
 
         assert self.t_first is not None and self.t_last is not None
+        to_wall = time.time() - perf()  # the processing window in wall-clock time, for bench/run.py
         return {
+            "window": [self.t_first + to_wall, self.t_last + to_wall],
             "records": records,
             "wall_s": self.t_last - t0,
             "startup_s": self.t_first - t0,
