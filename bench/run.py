@@ -32,6 +32,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from workers import BROKER_WORKAROUND  # noqa: E402
 RESULTS = HERE / "results"
 QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"
@@ -93,7 +95,7 @@ def warm_up(bootstrap: str, topic: str, n: int) -> float:
     from kafkatx.testing import read_topic
 
     started = time.perf_counter()
-    got = len(read_topic(bootstrap, topic, timeout=60))
+    got = len(read_topic(bootstrap, topic, timeout=60, config=BROKER_WORKAROUND))
     if got != n:
         raise SystemExit(f"warm-up read {got:,} of {n:,} preloaded records")
     return time.perf_counter() - started
@@ -257,7 +259,7 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
     poison_every = loaded if run.get("poison") else 0
     parts = args.partitions
     expected = {make_value(i, args.size, loaded, parts).upper() for i in range(n) if not is_poison(i, poison_every, parts)}
-    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120)]
+    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120, config=BROKER_WORKAROUND)]
     check: dict[str, Any] = {
         "outputs": len(out),
         "outputs_expected": len(expected),
@@ -267,7 +269,7 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
     ok = check["outputs_ok"]
     if dlt_topic is not None:
         poison = {make_value(i, args.size, loaded, parts) for i in range(n) if is_poison(i, poison_every, parts)}
-        dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60)]
+        dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60, config=BROKER_WORKAROUND)]
         check.update(dlt=len(dlt), dlt_expected=len(poison), dlt_ok=len(dlt) == len(poison) and set(dlt) == poison)
         ok = ok and check["dlt_ok"]
     check["ok"] = ok

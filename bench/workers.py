@@ -123,6 +123,12 @@ def peak_rss_mib() -> float | None:
     return None
 
 
+# noida-db 0.2.3 sometimes answers a fetch with every record it has, ignoring fetch.max.bytes;
+# past 100 MB (about 900k records here) librdkafka rejects that response and retries it
+# forever. Every runner's consumers get the same raised limit, so --records can go higher.
+BROKER_WORKAROUND = {"receive.message.max.bytes": 1_000_000_000}
+
+
 def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "bootstrap.servers": cfg["bootstrap"],
@@ -130,6 +136,7 @@ def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
+        **BROKER_WORKAROUND,
     }
 
 
@@ -202,7 +209,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finished = threading.Event()
     debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
     app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
-              producer_config={"debug": debug} if debug else None)  # fmt: skip
+              consumer_config=BROKER_WORKAROUND, producer_config={"debug": debug} if debug else None)  # fmt: skip
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None

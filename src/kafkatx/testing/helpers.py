@@ -150,12 +150,14 @@ def read_topic(
     *,
     isolation: Isolation = "read_committed",
     timeout: float = 30.0,
+    config: Mapping[str, Any] | None = None,
 ) -> list[Record]:
     """Read a whole topic from the beginning to its current end.
 
     With ``read_committed`` the end is the last stable offset: aborted records
     are skipped and an open transaction's records are not returned.
-    Records come back ordered by (partition, offset).
+    Records come back ordered by (partition, offset). ``config`` adds
+    consumer properties.
     """
     consumer = Consumer(
         {
@@ -165,6 +167,7 @@ def read_topic(
             "enable.partition.eof": True,
             "isolation.level": isolation,
             **_QUIET,
+            **(config or {}),
         }
     )
     try:
