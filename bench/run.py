@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from workers import BROKER_WORKAROUND  # noqa: E402
+
 RESULTS = HERE / "results"
 QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"

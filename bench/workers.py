@@ -125,7 +125,8 @@ def peak_rss_mib() -> float | None:
 
 # noida-db 0.2.3 sometimes answers a fetch with every record it has, ignoring fetch.max.bytes;
 # past 100 MB (about 900k records here) librdkafka rejects that response and retries it
-# forever. Every runner's consumers get the same raised limit, so --records can go higher.
+# forever. Every runner's consumers get the same raised limit (kafkatx.local.LocalBroker's
+# client_config, which `kafkatx run --local` applies too), so --records can go higher.
 BROKER_WORKAROUND = {"receive.message.max.bytes": 1_000_000_000}
 
 

@@ -78,6 +78,8 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
             app.bootstrap_servers = broker.bootstrap_servers
             app.create_topics = True  # a fresh embedded broker has no topics yet
+            for key, value in LocalBroker.client_config.items():
+                app.config.setdefault(key, value)
             print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
         if args.metrics_port is not None:
             from kafkatx.metrics import serve_metrics

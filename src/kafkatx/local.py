@@ -89,6 +89,11 @@ class LocalBroker:
     data directory and the port, so clients reconnect to the same address.
     """
 
+    #: Client properties for this broker. noida-db 0.2.3 sometimes answers a fetch
+    #: with every record it holds, ignoring fetch.max.bytes; past librdkafka's default
+    #: receive.message.max.bytes (100 MB) the consumer would retry that fetch forever.
+    client_config: dict[str, object] = {"receive.message.max.bytes": 1_000_000_000}
+
     def __init__(
         self,
         port: int | None = None,
