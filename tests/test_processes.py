@@ -108,7 +108,13 @@ def test_two_processes_one_stops_or_dies_mid_stream(
             # Restarted with the same instance id, its init_transactions aborts the transaction
             # the dead process left open, at once (noida never times it out by itself).
             w1 = Worker(workdir, env, "w1", bs)
-        wait_for(lambda: kafka.caught_up(name, src), 90, message="everything committed")
+        try:
+            wait_for(lambda: kafka.caught_up(name, src), 120, message="everything committed")
+        except AssertionError as exc:  # say where it stuck: which partitions, and what the workers logged
+            logs = "\n".join(f"--- {p.name} (tail)\n" + p.read_text()[-3000:] for p in sorted(workdir.glob("w*.log")))
+            raise AssertionError(
+                f"{exc}: committed {kafka.committed(name, src)} vs end {kafka.end_offsets(src)}\n{logs}"
+            ) from None
     finally:
         for w in (w1, w2):
             if w.proc.poll() is None:
