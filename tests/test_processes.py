@@ -74,6 +74,7 @@ def check_exactly_once(kafka: KafkaTestKit, out: str, n: int) -> None:
     assert max(counts.values()) == 1, f"duplicates: {[v for v, c in counts.items() if c > 1][:5]}"
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("fencing", ["group", "partition"])
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_two_processes_one_stops_or_dies_mid_stream(
@@ -109,7 +110,9 @@ def test_two_processes_one_stops_or_dies_mid_stream(
             # the dead process left open, at once (noida never times it out by itself).
             w1 = Worker(workdir, env, "w1", bs)
         try:
-            wait_for(lambda: kafka.caught_up(name, src), 120, message="everything committed")
+            # noida-db's group can flap for a minute or two after a member is killed (gap 3 in
+            # test_broker_conformance): everything still commits exactly once, it just takes longer.
+            wait_for(lambda: kafka.caught_up(name, src), 200, message="everything committed")
         except AssertionError as exc:  # say where it stuck: which partitions, and what the workers logged
             logs = "\n".join(f"--- {p.name} (tail)\n" + p.read_text()[-3000:] for p in sorted(workdir.glob("w*.log")))
             raise AssertionError(
