@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafkatx import App, Record
 from kafkatx.events import PartitionsAssigned, ProducerRecreated, TransactionAborted
-from kafkatx.testing import KafkaTestKit, unique_name, wait_for
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 FAST_GROUP = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 
@@ -160,3 +160,34 @@ def test_why_partition_mode_needs_a_stable_transactional_id(kafka: KafkaTestKit)
             assert sorted(kafka.values(out)) == [b"B-from-worker-1", b"B-from-worker-2"], "A was processed twice"
         c1.close()
         c2.close()
+
+
+def test_partition_mode_a_fenced_worker_does_not_fence_the_new_owner_back(kafka: KafkaTestKit) -> None:
+    """A worker fenced on a partition's transactional.id must not start a new producer with it
+    at once: the partition has most likely moved to a consumer it has not heard of yet, and
+    taking the id back would fence that owner in turn, so both would commit the same records
+    (seen on noida-db when its group reassigned partitions before the old member knew)."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"%d" % i for i in range(400)])
+    name = unique_name("pfence")
+    app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id="w1")
+    recreated: list[Any] = []
+
+    @app.listener(src, output=out, fencing="partition", max_batch_records=5)
+    def slow(record: Record) -> bytes:
+        time.sleep(0.01)
+        return record.value or b""
+
+    app.on(ProducerRecreated)(recreated.append)
+    with running(app):
+        wait_for(lambda: sum(kafka.committed(name, src).values()) > 20, 30, message="the worker is committing")
+        # The "new owner": the partition's own transactional.id, initialised elsewhere.
+        owner = Producer({"bootstrap.servers": kafka.bootstrap_servers,
+                          "transactional.id": app.partition_transactional_id(name, src, 0)})  # fmt: skip
+        owner.init_transactions(30)
+        wait_for(lambda: recreated, 30, message="the worker saw it was fenced")
+        time.sleep(1.5)  # the worker keeps running: it must not have taken the id back meanwhile
+        owner.begin_transaction()
+        owner.produce(out, b"from-the-new-owner")
+        owner.commit_transaction(30)  # fails with _FENCED if the worker re-initialised the id
+    assert b"from-the-new-owner" in kafka.values(out)

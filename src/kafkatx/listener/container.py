@@ -155,6 +155,7 @@ class ListenerContainer:
         self._last_idle_event = self._last_activity
         self._buffer = _RecordBuffer(spec.serializer)
         self._txn_budget = _transaction_budget(spec, runtime)
+        self._fence_hold = _fence_hold(runtime.consumer_config(spec, "-", 0))
         self.started = threading.Event()
         # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
         factory = spec.options.get("unit_runner")
@@ -785,6 +786,17 @@ class ListenerContainer:
                 "is probably using the same transactional.id: give each instance a unique instance_id."
             ) from exc
         self._rewind_to_committed(msgs)
+        if self.spec.fencing == "partition" and not escalated and exc.code_name in _FENCING_CODES:
+            # KIP-98 mode: the transactional.id belongs to the partition, so a newer producer with
+            # it means the partition was most likely given to another consumer, and this one has
+            # not heard yet (it was dropped from the group while busy). Starting a new producer now
+            # would fence that owner in turn, and both would commit the same records. So hold the
+            # partition until the group says whose it is: a revoke ends the hold, and if it is
+            # still ours after a couple of heartbeats, the next transaction takes the id back.
+            for tp in _first_offsets(msgs):
+                log.warning("listener %s: holding %s[%d] for %.0fs after fencing (was it reassigned?)",
+                            self.name, tp[0], tp[1], self._fence_hold)  # fmt: skip
+                self._pause(tp, self._fence_hold)
 
     def _rewind_to_committed(self, msgs: list[Message]) -> None:
         consumer = self._consumer
@@ -955,6 +967,15 @@ def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
 
 
 _NEVER = 2**63  # an offset no record reaches
+
+
+def _fence_hold(consumer_config: dict[str, Any]) -> float:
+    """Seconds to hold a partition after fencing: two heartbeats (a consumer dropped from its
+    group learns it from the next heartbeat response), plus a second, at most a session timeout."""
+    heartbeat = int(consumer_config.get("heartbeat.interval.ms", 3000)) / 1000.0
+    session = int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0
+    return min(session, 2 * heartbeat + 1.0)
+_FENCING_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FATAL"})
 
 
 def _first_offsets(msgs: Sequence[Message]) -> dict[TP, int]:
