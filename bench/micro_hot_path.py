@@ -14,7 +14,6 @@ overhead in the processing thread: what the broker-facing benchmark
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import uuid

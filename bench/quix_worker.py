@@ -67,7 +67,7 @@ def main() -> None:
         "auto_create_topics": False,
         "use_changelog_topics": False,
         "state_dir": cfg["state_dir"],
-        "consumer_extra_config": {"receive.message.max.bytes": 1_000_000_000},  # see workers.BROKER_WORKAROUND
+        "consumer_extra_config": {"receive.message.max.bytes": 1_000_000_000},  # LocalBroker.client_config (no kafkatx here)
     }
     if cfg.get("commit_interval") is not None:
         app_kwargs["commit_interval"] = float(cfg["commit_interval"])

@@ -32,9 +32,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from workers import BROKER_WORKAROUND  # noqa: E402
-
 RESULTS = HERE / "results"
 QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"
@@ -93,10 +90,11 @@ def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, pois
 def warm_up(bootstrap: str, topic: str, n: int) -> float:
     """Read the input once before any run: the broker's first read of freshly written data is
     slower, and without this it would always fall on the first repetition of run 1."""
+    from kafkatx.local import LocalBroker
     from kafkatx.testing import read_topic
 
     started = time.perf_counter()
-    got = len(read_topic(bootstrap, topic, timeout=60, config=BROKER_WORKAROUND))
+    got = len(read_topic(bootstrap, topic, timeout=60, config=LocalBroker.client_config))
     if got != n:
         raise SystemExit(f"warm-up read {got:,} of {n:,} preloaded records")
     return time.perf_counter() - started
@@ -254,13 +252,14 @@ def run_worker(
 
 def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str | None, n: int, args: Any) -> dict[str, Any]:
     """Read outputs under read_committed: every expected record exactly once, DLT == poison records."""
+    from kafkatx.local import LocalBroker
     from kafkatx.testing import read_topic
 
     loaded = args.poison_every if run["input"] == "main" else 0  # how the input was preloaded
     poison_every = loaded if run.get("poison") else 0
     parts = args.partitions
     expected = {make_value(i, args.size, loaded, parts).upper() for i in range(n) if not is_poison(i, poison_every, parts)}
-    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120, config=BROKER_WORKAROUND)]
+    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120, config=LocalBroker.client_config)]
     check: dict[str, Any] = {
         "outputs": len(out),
         "outputs_expected": len(expected),
@@ -270,7 +269,7 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
     ok = check["outputs_ok"]
     if dlt_topic is not None:
         poison = {make_value(i, args.size, loaded, parts) for i in range(n) if is_poison(i, poison_every, parts)}
-        dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60, config=BROKER_WORKAROUND)]
+        dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60, config=LocalBroker.client_config)]
         check.update(dlt=len(dlt), dlt_expected=len(poison), dlt_ok=len(dlt) == len(poison) and set(dlt) == poison)
         ok = ok and check["dlt_ok"]
     check["ok"] = ok

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kafkatx.local import LocalBroker
+
 perf = time.perf_counter
 
 
@@ -123,13 +125,6 @@ def peak_rss_mib() -> float | None:
     return None
 
 
-# noida-db 0.2.3 sometimes answers a fetch with every record it has, ignoring fetch.max.bytes;
-# past 100 MB (about 900k records here) librdkafka rejects that response and retries it
-# forever. Every runner's consumers get the same raised limit (kafkatx.local.LocalBroker's
-# client_config, which `kafkatx run --local` applies too), so --records can go higher.
-BROKER_WORKAROUND = {"receive.message.max.bytes": 1_000_000_000}
-
-
 def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "bootstrap.servers": cfg["bootstrap"],
@@ -137,7 +132,9 @@ def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
-        **BROKER_WORKAROUND,
+        # noida-db sometimes ignores fetch.max.bytes; every runner gets the same raised limit
+        # (quix_worker.py repeats it), so --records can go past 100 MB of input.
+        **LocalBroker.client_config,
     }
 
 
@@ -210,7 +207,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finished = threading.Event()
     debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
     app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
-              consumer_config=BROKER_WORKAROUND, producer_config={"debug": debug} if debug else None)  # fmt: skip
+              consumer_config=dict(LocalBroker.client_config), producer_config={"debug": debug} if debug else None)  # fmt: skip
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None

@@ -373,3 +373,6 @@ def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit, retry: 
     assert not any(v.startswith(b"side-poison") for v in kafka.values(out, isolation="read_uncommitted"))
     assert tx["abort"] == 0, "in-place retries never abort the batch"
     assert all(calls[p] == 3 for p in poison) and all(c == 1 for v, c in calls.items() if v.startswith(b"ok"))
+    for dead in kafka.read(src + "-dlt"):  # attempts are separate, not "during handling" of each other
+        stack = (dead.header("kafka_dlt-exception-stacktrace") or b"").decode()
+        assert "PoisonError: x" in stack and "During handling of the above exception" not in stack, stack

@@ -94,3 +94,23 @@ def test_missing_bootstrap_exits_78() -> None:
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 78, out
     assert "KAFKATX_BOOTSTRAP_SERVERS" in out
+
+
+def test_run_local_gives_the_app_the_embedded_broker_client_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--local` starts noida-db, whose fetches can exceed librdkafka's default response limit:
+    the App's clients must get LocalBroker.client_config, or a big backlog hangs the consumer."""
+    from kafkatx import App
+    from kafkatx.cli import main
+    from kafkatx.local import LocalBroker
+
+    (tmp_path / "local_cfg_app.py").write_text(
+        "from kafkatx import App\napp = App('localcfg', config={'client.rack': 'r1'})\n"
+        "@app.listener('in')\ndef handle(record):\n    return None\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(App, "run", lambda self, **kw: seen.append(self.consumer_config(self.listeners[0], "g", 0)))
+    assert main(["run", "local_cfg_app:app", "--local", "--no-status"]) == 0
+    assert len(seen) == 1
+    assert all(seen[0][k] == v for k, v in LocalBroker.client_config.items())
+    assert seen[0]["client.rack"] == "r1", "the App's own config is kept"

@@ -234,10 +234,14 @@ def test_max_transaction_ms_is_validated() -> None:
 
 def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
     from kafkatx.listener.container import _transaction_budget
-    from kafkatx.listener.spec import build_spec
+    from kafkatx.listener.spec import ListenerSpec, build_spec
 
     app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=30_000)
-    assert _transaction_budget(build_spec(lambda r: None, ["in"]), app) == 10.0
+
+    def budget(spec: ListenerSpec) -> float:
+        return _transaction_budget(spec, app.transaction_timeout_ms, app.consumer_config(spec, "g", 0))
+
+    assert budget(build_spec(lambda r: None, ["in"])) == 10.0
     tight = build_spec(lambda r: None, ["in"], consumer_config={"max.poll.interval.ms": 6000})
-    assert _transaction_budget(tight, app) == 2.0
-    assert _transaction_budget(build_spec(lambda r: None, ["in"], max_transaction_ms=250), app) == 0.25
+    assert budget(tight) == 2.0
+    assert budget(build_spec(lambda r: None, ["in"], max_transaction_ms=250)) == 0.25

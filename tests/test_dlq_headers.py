@@ -60,3 +60,38 @@ def test_stacktrace_is_capped() -> None:
 def test_parse_tolerates_foreign_or_missing_headers() -> None:
     info = parse_dead_letter_headers([("kafka_dlt-original-partition", b"\x00"), ("other", None)])  # type: ignore[list-item]
     assert info.original_partition is None and info.original_topic is None
+
+
+def test_stacktrace_header_is_what_the_standard_formatter_writes() -> None:
+    """format_stacktrace writes its own final lines (for speed): they must match the stdlib's."""
+    import traceback
+
+    from kafkatx.dlq.headers import format_stacktrace
+
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    def chained() -> None:
+        try:
+            {}["k"]
+        except KeyError as exc:
+            raise ValueError("bad order") from exc
+
+    cases: list[BaseException] = []
+    for make in (chained, lambda: (_ for _ in ()).throw(RuntimeError()), lambda: (_ for _ in ()).throw(Broken())):
+        try:
+            make()
+        except Exception as exc:  # noqa: BLE001
+            cases.append(exc)
+    noted = TypeError("with a note")
+    noted.add_note("first note")
+    try:
+        raise noted
+    except TypeError as exc:
+        cases.append(exc)
+    def without_anchors(text: str) -> str:  # the stdlib's ~~^^ lines: left out on purpose (they cost a parse)
+        return "".join(line for line in text.splitlines(keepends=True) if not (line.strip() and set(line.strip()) <= {"~", "^"}))
+
+    for exc in cases:
+        assert format_stacktrace(exc) == without_anchors("".join(traceback.format_exception(exc))), type(exc)

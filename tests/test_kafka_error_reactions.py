@@ -41,18 +41,17 @@ _QUIET = {"log_level": 2}
 _FENCED_CODES = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"}
 
 
+def _quiet_app(kafka: KafkaTestKit, prefix: str) -> App:
+    """An App with short timeouts and librdkafka's logs limited to errors (the tests cause plenty)."""
+    return App(unique_name(prefix), bootstrap_servers=kafka.bootstrap_servers, instance_id="w1",
+               transaction_timeout_ms=10_000, shutdown_timeout=15.0, config=dict(_QUIET))  # fmt: skip
+
+
 @pytest.mark.parametrize("fencing", ["group", "partition"])
 def test_fenced_mid_batch_recreates_the_producer_and_keeps_exactly_once(kafka: KafkaTestKit, fencing: str) -> None:
     src = kafka.topic(partitions=1)
     dst = kafka.topic(partitions=1)
-    app = App(
-        unique_name("fenced"),
-        bootstrap_servers=kafka.bootstrap_servers,
-        instance_id="w1",
-        transaction_timeout_ms=10_000,
-        shutdown_timeout=15.0,
-        config=dict(_QUIET),
-    )
+    app = _quiet_app(kafka, "fenced")
     txn_id = (
         app.group_transactional_id(app.group_id, 0)
         if fencing == "group"
@@ -179,14 +178,7 @@ def _topic_missing(kafka: KafkaTestKit, topic: str) -> bool:
 def _compacted_output_app(kafka: KafkaTestKit, slow_key: bytes | None = None) -> tuple[App, str, str, list[Event], list[Record]]:
     src = kafka.topic(partitions=1)
     dst = kafka.topic(partitions=1, config={"cleanup.policy": "compact"})
-    app = App(
-        unique_name("badout"),
-        bootstrap_servers=kafka.bootstrap_servers,
-        instance_id="w1",
-        transaction_timeout_ms=10_000,
-        shutdown_timeout=15.0,
-        config=dict(_QUIET),
-    )
+    app = _quiet_app(kafka, "badout")
     events: list[Event] = []
     calls: list[Record] = []
 

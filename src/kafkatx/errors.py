@@ -195,6 +195,9 @@ _APPLICATION_RECOVERABLE_CODES: Final = (
     _E._PREV_IN_PROGRESS,
 )
 
+# The application-recoverable codes that mean "another producer now holds the transactional.id".
+_FENCING_CODES: Final = frozenset({_E._FENCED, _E.PRODUCER_FENCED, _E.INVALID_PRODUCER_EPOCH, _E._FATAL})
+
 _INVALID_CONFIGURATION_CODES: Final = (
     _E.SASL_AUTHENTICATION_FAILED,
     _E._AUTHENTICATION,
@@ -500,6 +503,11 @@ class KafkaTxError(Exception):
     def code_name(self) -> str | None:
         """The Kafka error code's name (e.g. ``"_FENCED"``), or None."""
         return self.error.name() if self.error is not None else None
+
+    @property
+    def fenced(self) -> bool:
+        """A newer producer took over this transactional.id (or the producer went fatal after it did)."""
+        return self.code in _FENCING_CODES
 
     @classmethod
     def from_kafka(

@@ -22,8 +22,9 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 
 __all__ = ["LocalBroker", "LocalBrokerError", "find_noida_binary"]
 
@@ -92,7 +93,7 @@ class LocalBroker:
     #: Client properties for this broker. noida-db 0.2.3 sometimes answers a fetch
     #: with every record it holds, ignoring fetch.max.bytes; past librdkafka's default
     #: receive.message.max.bytes (100 MB) the consumer would retry that fetch forever.
-    client_config: dict[str, object] = {"receive.message.max.bytes": 1_000_000_000}
+    client_config: Mapping[str, object] = MappingProxyType({"receive.message.max.bytes": 1_000_000_000})
 
     def __init__(
         self,

@@ -154,8 +154,9 @@ class ListenerContainer:
         self._idle_interval: float | None = spec.idle_event_interval
         self._last_idle_event = self._last_activity
         self._buffer = _RecordBuffer(spec.serializer)
-        self._txn_budget = _transaction_budget(spec, runtime)
-        self._fence_hold = _fence_hold(runtime.consumer_config(spec, "-", 0))
+        self._consumer_config = runtime.consumer_config(spec, self.group_id, worker)
+        self._txn_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self._consumer_config)
+        self._fence_hold = _fence_hold(self._consumer_config)
         self.started = threading.Event()
         # Batch listeners (Spark jobs) plug in their own transaction-unit runner.
         factory = spec.options.get("unit_runner")
@@ -220,7 +221,7 @@ class ListenerContainer:
             # aborts the transaction it left open, before we fetch any offsets.
             self._group_producer = self._new_producer(self.runtime.group_transactional_id(self.group_id, self.txn_index))
             self._group_producer.ensure()
-        self._consumer = Consumer(self.runtime.consumer_config(spec, self.group_id, self.worker))
+        self._consumer = Consumer(self._consumer_config)
         self._consumer.subscribe(
             list(spec.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -592,6 +593,7 @@ class ListenerContainer:
         back to the rollback path (recoverer failed, or the container stops).
         """
         spec, tracker, buf = self.spec, self.tracker, self._buffer
+        first = exc  # the exception our caller is handling: Python makes it every retry's __context__
         while True:
             buf.clear()
             state = tracker.record_failure(record, exc)
@@ -606,8 +608,8 @@ class ListenerContainer:
                     result = spec.handler(record)
                     collect_outputs(result, spec.output, spec.serializer, spec.name, buf)
                 except Exception as again:
-                    if again.__context__ is exc:  # set by Python because we retry inside an except block:
-                        again.__context__ = None  # attempts are not "during handling" of each other
+                    if again.__context__ is first:  # attempts are not "during handling" of each other
+                        again.__context__ = None
                     exc = again
                     continue
                 tracker.clear(record)
@@ -786,7 +788,7 @@ class ListenerContainer:
                 "is probably using the same transactional.id: give each instance a unique instance_id."
             ) from exc
         self._rewind_to_committed(msgs)
-        if self.spec.fencing == "partition" and not escalated and exc.code_name in _FENCING_CODES:
+        if self.spec.fencing == "partition" and not escalated and exc.fenced:
             # KIP-98 mode: the transactional.id belongs to the partition, so a newer producer with
             # it means the partition was most likely given to another consumer, and this one has
             # not heard yet (it was dropped from the group while busy). Starting a new producer now
@@ -952,7 +954,7 @@ class _RollbackScope:
         return [m for m in self._msgs if m.offset() >= kept.get((m.topic(), m.partition()), _NEVER)]
 
 
-def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
+def _transaction_budget(spec: ListenerSpec, transaction_timeout_ms: int, consumer_config: dict[str, Any]) -> float:
     """Seconds of handling after which a transaction takes no more records (``max_transaction_ms``).
 
     By default a third of the smaller of the transaction timeout and
@@ -962,8 +964,8 @@ def _transaction_budget(spec: ListenerSpec, runtime: Runtime) -> float:
     """
     if spec.max_transaction_ms is not None:
         return spec.max_transaction_ms / 1000.0
-    max_poll = int(runtime.consumer_config(spec, "-", 0).get("max.poll.interval.ms", 300_000))
-    return min(runtime.transaction_timeout_ms, max_poll) / 3000.0
+    max_poll = int(consumer_config.get("max.poll.interval.ms", 300_000))
+    return min(transaction_timeout_ms, max_poll) / 3000.0
 
 
 _NEVER = 2**63  # an offset no record reaches
@@ -975,7 +977,6 @@ def _fence_hold(consumer_config: dict[str, Any]) -> float:
     heartbeat = int(consumer_config.get("heartbeat.interval.ms", 3000)) / 1000.0
     session = int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0
     return min(session, 2 * heartbeat + 1.0)
-_FENCING_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FATAL"})
 
 
 def _first_offsets(msgs: Sequence[Message]) -> dict[TP, int]:
