@@ -38,9 +38,9 @@ def test_create_topics_option_creates_missing_ones(kafka: KafkaTestKit) -> None:
 @pytest.mark.parametrize(
     ("bad", "fqcn", "message"),
     [
-        ("unknown-topic", "kafkatx.listener.producer.UnknownTopicError", "does not exist"),
-        ("unsupported-return", "kafkatx.listener.outputs.OutputError", "returned an unsupported float"),
-        ("unencodable", "kafkatx.listener.outputs.OutputError", "cannot encode the value of type set"),
+        ("unknown-topic", "kafkatx.errors.UnknownTopicError", "does not exist"),
+        ("unsupported-return", "kafkatx.errors.OutputError", "returned an unsupported float"),
+        ("unencodable", "kafkatx.errors.OutputError", "cannot encode the value of type set"),
     ],
 )
 def test_bad_outputs_abort_the_record_and_dead_letter_it(kafka: KafkaTestKit, bad: str, fqcn: str, message: str) -> None:

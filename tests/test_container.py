@@ -11,7 +11,7 @@ import pytest
 
 from kafkatx import App, InvalidConfigurationError, Output, Record, send
 from kafkatx.events import TransactionAborted, TransactionCommitted
-from kafkatx.listener.context import NotInTransactionError
+from kafkatx import NotInTransactionError
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -241,7 +241,7 @@ def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
     def budget(spec: ListenerSpec) -> float:
         return _transaction_budget(spec, app.transaction_timeout_ms, app.consumer_config(spec, "g", 0))
 
-    assert budget(build_spec(lambda r: None, ["in"])) == 10.0
-    tight = build_spec(lambda r: None, ["in"], consumer_config={"max.poll.interval.ms": 6000})
+    assert budget(build_spec(lambda r: None, ["in"], {})) == 10.0
+    tight = build_spec(lambda r: None, ["in"], {"consumer_config": {"max.poll.interval.ms": 6000}})
     assert budget(tight) == 2.0
-    assert budget(build_spec(lambda r: None, ["in"], max_transaction_ms=250)) == 0.25
+    assert budget(build_spec(lambda r: None, ["in"], {"max_transaction_ms": 250})) == 0.25

@@ -13,17 +13,15 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.error import ValueDeserializationError, ValueSerializationError
 from confluent_kafka.serialization import SerializationError
 
+from kafkatx._retry import retry_call
+from kafkatx.classification import CODE_CLASSES, ErrorClass, classify, is_fatal_for_producer
 from kafkatx.errors import (
-    CODE_CLASSES,
     ApplicationRecoverableError,
-    ErrorClass,
     InvalidConfigurationError,
+    KafkaClientError,
     KafkaTxError,
     RetriableError,
     TransactionAbortableError,
-    classify,
-    is_fatal_for_producer,
-    retry_call,
 )
 
 R = ErrorClass.RETRIABLE
@@ -110,7 +108,7 @@ EXPECTED: dict[str, ErrorClass] = {
     "_VALUE_DESERIALIZATION": HF,
 }
 
-EXCEPTION_TYPES: dict[ErrorClass, type[KafkaTxError]] = {
+EXCEPTION_TYPES: dict[ErrorClass, type[KafkaClientError]] = {
     R: RetriableError,
     RR: RetriableError,
     AB: TransactionAbortableError,
@@ -349,7 +347,7 @@ def test_abortable_error_during_abort_is_application_recoverable() -> None:
 def test_from_kafka_on_a_handler_failure_gives_a_plain_kafkatx_error() -> None:
     boom = ValueError("boom")
     err = KafkaTxError.from_kafka(boom, operation="handle")
-    assert type(err) is KafkaTxError
+    assert type(err) is KafkaClientError
     assert not isinstance(err, TYPED)
     assert err.error_class is HF
     assert err.error is None
@@ -390,7 +388,7 @@ def test_invalid_configuration_error_with_just_a_message() -> None:
 
 
 @pytest.mark.parametrize(("cls", "expected"), [(RetriableError, R), (TransactionAbortableError, AB), (ApplicationRecoverableError, AR), (InvalidConfigurationError, IC)])
-def test_each_subclass_has_its_default_class(cls: type[KafkaTxError], expected: ErrorClass) -> None:
+def test_each_subclass_has_its_default_class(cls: type[KafkaClientError], expected: ErrorClass) -> None:
     err = cls(operation="commit_transaction")
     assert issubclass(cls, KafkaTxError)
     assert err.error_class is expected

@@ -40,7 +40,7 @@ from kafkatx.events import (
     TransactionAborted,
     TransactionCommitted,
 )
-from kafkatx.listener.container import FencedTooOftenError
+from kafkatx import FencedTooOftenError
 from kafkatx.testing import running, unique_name, wait_for
 from kafkatx.testing.mock_cluster import ApiKey, MockCluster
 
@@ -598,7 +598,7 @@ def test_abort_never_raises_an_abortable_error(mc: MockCluster) -> None:
     with running(h.app):
         h.produce(b"a")
         h.wait_committed(1)
-        handled = h.handled()
+        handled = [e for e in h.handled() if not e.action.startswith("retry #")]  # librdkafka's own retries are noise
         assert [(e.operation, e.error_class) for e in handled] == [
             ("commit_transaction", "ABORTABLE"),
             ("abort_transaction", "APPLICATION_RECOVERABLE"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafkatx import App, InvalidConfigurationError, Output, OutputError
-from kafkatx.listener.outputs import PendingOutput, collect_outputs
+from kafkatx.outputs import PendingOutput, collect_outputs
 
 
 def collect(result: object, topic: str | None = "out", serializer: object = None) -> list[PendingOutput]:

@@ -341,4 +341,4 @@ def test_spark_listener_options() -> None:
     app.spark_listener("in", output="out")(word_count)
     spec = app.listeners[0]
     assert (spec.kind, spec.max_batch_records, spec.max_batch_ms) == ("batch", 50_000, 2_000)
-    assert callable(spec.options["unit_runner"])
+    assert callable(spec.runner)

@@ -7,21 +7,34 @@ through an after-rollback processor (attempts, back-off, dead-letter topic).
 
 from kafkatx._version import __version__
 from kafkatx.app import App, Transaction
+from kafkatx.classification import ErrorClass, classify
+from kafkatx.context import send
 from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
 from kafkatx.errors import (
     ApplicationRecoverableError,
-    ErrorClass,
+    ContainerError,
+    DeadLetterPublishError,
+    DeserializationError,
+    FencedTooOftenError,
+    GroupMembershipChanged,
     InvalidConfigurationError,
+    KafkaClientError,
     KafkaTxError,
+    NotInTransactionError,
+    OutputError,
+    RecordRejectedError,
+    RecoveryError,
+    RecoveryExhaustedError,
+    RetriableError,
+    StuckCallError,
     TransactionAbortableError,
-    classify,
+    UnknownTopicError,
 )
-from kafkatx.listener.container import ContainerError, RecoveryExhaustedError
-from kafkatx.listener.context import send
-from kafkatx.listener.outputs import OutputError
+from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer
-from kafkatx.rollback.classifier import DeserializationError
+from kafkatx.rollback.classifier import ExceptionClassifier
+from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor, RollbackContext
 
 __all__ = [
@@ -30,21 +43,34 @@ __all__ = [
     "ApplicationRecoverableError",
     "CompositeRecoverer",
     "ContainerError",
+    "DeadLetterPublishError",
     "DeadLetterPublishingRecoverer",
     "DefaultAfterRollbackProcessor",
     "DeserializationError",
     "ErrorClass",
+    "ExceptionClassifier",
+    "FailurePolicy",
+    "FencedTooOftenError",
+    "GroupMembershipChanged",
     "InvalidConfigurationError",
+    "KafkaClientError",
     "KafkaTxError",
     "LoggingRecoverer",
+    "NotInTransactionError",
     "Output",
     "OutputError",
     "Record",
+    "RecordRejectedError",
     "Recoverer",
+    "RecoveryError",
     "RecoveryExhaustedError",
+    "RetriableError",
     "RollbackContext",
+    "StuckCallError",
     "Transaction",
     "TransactionAbortableError",
+    "TransactionUnit",
+    "UnknownTopicError",
     "__version__",
     "classify",
     "send",

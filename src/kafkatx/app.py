@@ -16,18 +16,25 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
-from kafkatx.errors import InvalidConfigurationError, KafkaTxError
+from kafkatx.context import bind_sink
+from kafkatx.errors import InvalidConfigurationError, KafkaClientError, KafkaTxError
 from kafkatx.events import Event, EventBus
 from kafkatx.listener.container import ListenerContainer
-from kafkatx.listener.context import bind_sink
-from kafkatx.listener.outputs import PendingOutput, encode, encode_headers
+from kafkatx.listener.options import (
+    LISTENER_DEFAULTS,
+    ListenerOptions,
+    SparkListenerOptions,
+    signature_with_options,
+)
 from kafkatx.listener.producer import TransactionalProducer
 from kafkatx.listener.spec import ListenerSpec, build_spec
+from kafkatx.outputs import PendingOutput, encode, encode_headers
 
 __all__ = ["App", "Transaction"]
 
@@ -117,10 +124,13 @@ class App:
         self._check_consumer_overrides({**self.config, **self.consumer_config_overrides})
 
     # -- declaring listeners ------------------------------------------------------
-    def listener(self, *topics: str, **options: Any) -> Callable[[F], F]:
+    def listener(self, *topics: str, **options: Unpack[ListenerOptions]) -> Callable[[F], F]:
         """Declare a handler for ``topics``; see the README for the options.
 
         ``@app.listener("orders", output="orders-enriched", max_attempts=3, dlq=True)``
+
+        The options are checked now: an unknown or invalid one raises
+        :class:`~kafkatx.InvalidConfigurationError` naming it.
         """
         if len(topics) == 1 and callable(topics[0]) and not isinstance(topics[0], str):
             raise InvalidConfigurationError("use @app.listener('topic', ...) with at least one topic name")
@@ -131,9 +141,12 @@ class App:
 
         return decorator
 
-    def add_listener(self, handler: Callable[..., Any], *topics: str, **options: Any) -> ListenerSpec:
+    def add_listener(self, handler: Callable[..., Any], *topics: str, **options: Unpack[ListenerOptions]) -> ListenerSpec:
         """The non-decorator form of :meth:`listener`."""
-        spec = build_spec(handler, topics, **options)
+        return self.register(build_spec(handler, topics, options, where="listener"))
+
+    def register(self, spec: ListenerSpec) -> ListenerSpec:
+        """Add a validated listener declaration (what :meth:`listener` and ``spark_listener`` build)."""
         if spec.max_transaction_ms is not None and spec.max_transaction_ms >= self.transaction_timeout_ms:
             raise InvalidConfigurationError(
                 f"max_transaction_ms ({spec.max_transaction_ms}) must be below the App's transaction_timeout_ms "
@@ -148,7 +161,7 @@ class App:
             self.listeners.append(spec)
         return spec
 
-    def spark_listener(self, *topics: str, **options: Any) -> Callable[[F], F]:
+    def spark_listener(self, *topics: str, **options: Unpack[SparkListenerOptions]) -> Callable[[F], F]:
         """Declare a PySpark job as a handler: each batch becomes a DataFrame (needs the ``spark`` extra)."""
         try:
             from kafkatx.spark import spark_listener
@@ -156,7 +169,7 @@ class App:
             raise InvalidConfigurationError(
                 f"spark listeners need the 'spark' extra: pip install 'kafkatx[spark]' ({exc})"
             ) from exc
-        return spark_listener(self, topics, options)  # type: ignore[no-any-return]
+        return spark_listener(self, topics, options)
 
     def add_shutdown_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` once all containers have stopped (e.g. to stop a SparkSession)."""
@@ -368,8 +381,8 @@ class App:
             self.stop()
         finally:
             if handlers_installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
             self._running = any(c.alive for c in self.containers)
         failure = self.failure
         if failure is not None:
@@ -393,7 +406,7 @@ class App:
         except BaseException:
             try:
                 producer.abort()
-            except KafkaTxError:
+            except KafkaClientError:
                 producer.discard()
                 log.warning("abort failed; the producer was replaced", exc_info=True)
             raise
@@ -401,15 +414,15 @@ class App:
             bind_sink(previous)
         try:
             producer.commit()
-        except KafkaTxError:
+        except KafkaClientError:
             try:
                 producer.abort()
-            except KafkaTxError:
+            except KafkaClientError:
                 producer.discard()
             raise
 
     def _thread_producer(self) -> TransactionalProducer:
-        producer = getattr(self._tx_local, "producer", None)
+        producer: TransactionalProducer | None = getattr(self._tx_local, "producer", None)
         if producer is None:
             with self._lock:
                 self._tx_counter += 1
@@ -417,7 +430,7 @@ class App:
             txn_id = f"{self.transactional_id_prefix}-{self.instance_id}-producer-{n}"
             producer = TransactionalProducer(self.producer_config(None, txn_id), txn_id, retry_timeout=self.transaction_retry_timeout)
             self._tx_local.producer = producer
-        return producer  # type: ignore[no-any-return]
+        return producer
 
 
 class Transaction:
@@ -430,10 +443,12 @@ class Transaction:
         self.sent = 0
 
     def add(self, output: PendingOutput) -> None:
+        """Produce an already encoded record in the transaction (what ``kafkatx.send()`` calls)."""
         self._producer.produce(output)
         self.sent += 1
 
     def send(self, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None) -> None:
+        """Produce a record in the transaction: ``value``/``key`` as bytes or str, ``headers`` a mapping or pairs."""
         self.add(PendingOutput(topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))
 
 
@@ -478,3 +493,11 @@ class _SetupContext:
                 break
             time.sleep(0.05)
         log.info("created %s %r with %d partition(s)", why, topic, partitions)
+
+
+# help(App.listener) and editors that read signatures show every option with its default.
+App.listener.__signature__ = signature_with_options(App.listener, ListenerOptions, LISTENER_DEFAULTS)  # type: ignore[attr-defined]
+App.add_listener.__signature__ = signature_with_options(App.add_listener, ListenerOptions, LISTENER_DEFAULTS)  # type: ignore[attr-defined]
+App.spark_listener.__signature__ = signature_with_options(  # type: ignore[attr-defined]
+    App.spark_listener, SparkListenerOptions, {**LISTENER_DEFAULTS, "max_batch_records": 50_000, "max_batch_ms": 2_000, "max_bisect_jobs": 128}
+)

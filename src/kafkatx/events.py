@@ -162,7 +162,7 @@ class EventBus:
         targets = self._cache.get(event_type)
         if targets is None:
             with self._lock:
-                targets = tuple(cb for t in event_type.__mro__ for cb in self._subs.get(t, ()))  # type: ignore[arg-type]
+                targets = tuple(cb for t in event_type.__mro__ for cb in self._subs.get(t, ()))
                 self._cache[event_type] = targets
         return targets
 

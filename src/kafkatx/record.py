@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from confluent_kafka import Message
-
-__all__ = ["Record", "Output", "Headers"]
+__all__ = ["Record", "Output", "Headers", "ConsumedMessage"]
 
 Headers = list[tuple[str, bytes]]
+
+
+class ConsumedMessage(Protocol):
+    """A ``confluent_kafka.Message`` the consumer returned without an error.
+
+    confluent-kafka's stubs type ``topic()``, ``partition()`` and
+    ``offset()`` as optional because error events are Messages too; a
+    consumed record always has all three. kafkatx narrows to this type once,
+    where it drops the error events, instead of at every use.
+    """
+
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> list[tuple[str, bytes]] | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def error(self) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -60,29 +77,30 @@ class _MessageRecord(Record):
     """
 
     __slots__ = ("_msg",)
+    _msg: ConsumedMessage
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Record:  # type: ignore[misc]
         # dataclasses.replace() and copy() call the class with every field: give them a plain Record.
         return Record(*args, **kwargs)
 
-    @property  # type: ignore[override]
-    def key(self) -> bytes | None:
-        return self._msg.key()  # type: ignore[no-any-return]
+    @property
+    def key(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
+        return self._msg.key()
 
-    @property  # type: ignore[override]
-    def value(self) -> bytes | None:
-        return self._msg.value()  # type: ignore[no-any-return]
+    @property
+    def value(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
+        return self._msg.value()
 
-    @property  # type: ignore[override]
-    def headers(self) -> Headers:
+    @property
+    def headers(self) -> Headers:  # type: ignore[override]  # read-only view of the field
         return self._msg.headers() or []
 
-    @property  # type: ignore[override]
-    def timestamp(self) -> int:
-        return self._msg.timestamp()[1]  # type: ignore[no-any-return]
+    @property
+    def timestamp(self) -> int:  # type: ignore[override]  # read-only view of the field
+        return self._msg.timestamp()[1]
 
-    @property  # type: ignore[override]
-    def timestamp_type(self) -> str:
+    @property
+    def timestamp_type(self) -> str:  # type: ignore[override]  # read-only view of the field
         ts_type = self._msg.timestamp()[0]
         return _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime"
 
@@ -109,15 +127,15 @@ class _MessageRecord(Record):
 _new_message_record = object.__new__
 
 
-def message_record(msg: Message, topic: str, partition: int, offset: int, attempt: int) -> Record:
+def message_record(msg: ConsumedMessage, topic: str, partition: int, offset: int, attempt: int) -> Record:
     """A :class:`Record` over ``msg`` whose coordinates the caller has already read."""
-    record = _new_message_record(_MessageRecord)
+    record: _MessageRecord = _new_message_record(_MessageRecord)
     record._msg = msg
     record.topic, record.partition, record.offset, record.attempt = topic, partition, offset, attempt
-    return record  # type: ignore[no-any-return]
+    return record
 
 
-def to_record(msg: Message, attempt: int = 1) -> Record:
+def to_record(msg: ConsumedMessage, attempt: int = 1) -> Record:
     """A :class:`Record` over a consumed Message."""
     return message_record(msg, msg.topic(), msg.partition(), msg.offset(), attempt)
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafkatx.dlq.headers import dead_letter_headers
-from kafkatx.errors import InvalidConfigurationError
-from kafkatx.listener.context import send
+from kafkatx.errors import DeadLetterPublishError, InvalidConfigurationError
+from kafkatx.outputs import PendingOutput, encode_headers
 from kafkatx.record import Headers, Record
 from kafkatx.recoverers import Recoverer, current_recovery
 
@@ -27,10 +27,6 @@ DEFAULT_SUFFIX = "-dlt"  # Spring for Apache Kafka's suffix since 3.3 (it was ".
 TopicResolver = Callable[[Record, BaseException], str]
 PartitionResolver = Callable[[Record, BaseException], int | None]
 HeadersFunction = Callable[[Record, BaseException], Headers | Mapping[str, bytes] | None]
-
-
-class DeadLetterPublishError(RuntimeError):
-    """The dead-letter record could not be written; the original record is kept."""
 
 
 class DeadLetterPublishingRecoverer(Recoverer):
@@ -49,6 +45,14 @@ class DeadLetterPublishingRecoverer(Recoverer):
     - ``create_topics``: create missing dead-letter topics at startup with the
       source topic's partition count (if False, or if creation is refused,
       startup fails with a clear error).
+    - ``skip_same_topic_fatal`` (default True, as Spring's
+      ``skipSameTopicFatalExceptions``): a record whose failure is not
+      retryable and whose destination is the topic it came from is not
+      republished there (it would fail again, forever); it is logged at
+      ERROR and its offset committed. Set it to False to republish anyway.
+    - The dead-letter record's own delivery is confirmed before the offset
+      commits: a failure to publish it fails the recovery (the record is
+      kept and recovery retried), and never blames another record.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class DeadLetterPublishingRecoverer(Recoverer):
         keep_header_history: bool = False,
         max_stacktrace_bytes: int = 16_384,
         create_topics: bool = True,
+        skip_same_topic_fatal: bool = True,
     ) -> None:
         if topic is not None and not (isinstance(topic, str) or callable(topic)):
             raise TypeError(f"topic must be a name, a function (record, exception) -> name, or None; got {topic!r}")
@@ -75,6 +80,7 @@ class DeadLetterPublishingRecoverer(Recoverer):
         self.keep_header_history = keep_header_history
         self.max_stacktrace_bytes = max_stacktrace_bytes
         self.create_topics = create_topics
+        self.skip_same_topic_fatal = skip_same_topic_fatal
 
     def destination(self, record: Record, exception: BaseException) -> str:
         if self.topic is None:
@@ -102,6 +108,15 @@ class DeadLetterPublishingRecoverer(Recoverer):
         if ctx is None:
             raise RuntimeError("DeadLetterPublishingRecoverer must run inside a kafkatx recovery transaction")
         topic = self.destination(record, exception)
+        if topic == record.topic and self.skip_same_topic_fatal and not ctx.is_retryable(exception):
+            log.error(
+                "not dead-lettering %s back to its own topic %r: %s: %s is not retryable, so it would fail again "
+                "forever; the record is skipped (its offset committed). Pass skip_same_topic_fatal=False to "
+                "republish it anyway.",
+                record.coordinates, topic, type(exception).__name__, exception,
+                extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            )  # fmt: skip
+            return
         count = ctx.partition_count(topic)
         if count is None:
             raise DeadLetterPublishError(f"dead-letter topic {topic!r} does not exist (or is not readable)")
@@ -125,10 +140,9 @@ class DeadLetterPublishingRecoverer(Recoverer):
         if extra:
             items = extra.items() if isinstance(extra, Mapping) else extra
             headers += [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
-        send(topic, record.value, key=record.key, headers=headers, partition=partition)
-        errors = ctx.flush()
-        if errors:
-            raise DeadLetterPublishError(f"dead-letter publication of {record.coordinates} to {topic!r} failed: {'; '.join(errors)}")
+        error = ctx.deliver(PendingOutput(topic, record.value, record.key, encode_headers(headers), partition))
+        if error is not None:
+            raise DeadLetterPublishError(f"dead-letter publication of {record.coordinates} to {topic!r} failed: {error}")
         log.info(
             "dead-lettered %s to %s after %d attempt(s): %s: %s",
             record.coordinates, topic, record.attempt, type(exception).__name__, exception,

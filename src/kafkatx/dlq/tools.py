@@ -18,15 +18,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kafkatx.dlq.headers import ORIGINAL_TOPIC, DeadLetterInfo, parse_dead_letter_headers
-from kafkatx.errors import KafkaTxError
-from kafkatx.listener.outputs import PendingOutput
-from kafkatx.listener.producer import TransactionalProducer, UnknownTopicError
-from kafkatx.record import Headers
+from kafkatx.classification import FENCING_CODES
+from kafkatx.errors import KafkaClientError
+from kafkatx.outputs import PendingOutput
+from kafkatx.errors import UnknownTopicError
+from kafkatx.listener.producer import TransactionalProducer
+from kafkatx.record import ConsumedMessage, Headers
 
 __all__ = [
     "DeadLetterEntry",
@@ -145,7 +147,7 @@ def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", "backslashreplace")
 
 
-def _entry(msg: Message) -> DeadLetterEntry:
+def _entry(msg: ConsumedMessage) -> DeadLetterEntry:
     headers: Headers = [(k, v) for k, v in (msg.headers() or []) if v is not None]
     ts_type, ts = msg.timestamp()
     return DeadLetterEntry(
@@ -362,7 +364,7 @@ class _Event(NamedTuple):
 
     partition: int
     offset: int
-    message: Message | None
+    message: ConsumedMessage | None
 
 
 def _read(
@@ -398,26 +400,27 @@ def _read(
                 "did not reach their end (is the broker reachable?)"
             )
         for msg in batch:
-            p = msg.partition()
-            if p not in pending:
+            partition, offset = msg.partition(), msg.offset()
+            if partition is None or offset is None or partition not in pending:
                 continue
+            p = partition
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     pending.discard(p)
                     consumer.pause([TopicPartition(topic, p)])
-                    yield _Event(p, msg.offset(), None)
+                    yield _Event(p, offset, None)
                 elif err.fatal() or not (err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)):
                     raise DlqToolError(f"reading {topic!r} partition {p} failed: {err.str()}")
                 else:
                     log.debug("transient error reading %s[%d]: %s", topic, p, err.str())
                 continue
-            if msg.offset() >= stops[p]:
+            if offset >= stops[p]:
                 pending.discard(p)
                 consumer.pause([TopicPartition(topic, p)])
-                yield _Event(p, msg.offset(), None)
+                yield _Event(p, offset, None)
                 continue
-            yield _Event(p, msg.offset(), msg)
+            yield _Event(p, offset, cast(ConsumedMessage, msg))  # no error: a consumed record
 
 
 # ---------------------------------------------------------------------------
@@ -599,17 +602,16 @@ def replay_dlq(
         consumer.close()
 
 
-_FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 def _why(exc: BaseException) -> str:
     """The error's text, plus what fencing means here: another replay of the same group took over."""
-    error = exc.error if isinstance(exc, KafkaTxError) else exc.args[0] if isinstance(exc, KafkaException) else None
+    error = exc.error if isinstance(exc, KafkaClientError) else exc.args[0] if isinstance(exc, KafkaException) else None
     if not isinstance(error, KafkaError):
         return str(exc)
-    # the KafkaError's own text: KafkaTxError's message describes what a listener container would do
+    # the KafkaError's own text: KafkaClientError's message describes what a listener container would do
     text = f"{error.name()}: {error.str()}"
-    if error.code() in _FENCED_CODES:
+    if error.code() in FENCING_CODES:
         text += " (another replay with the same group started and took over; only one can run at a time)"
     return text
 
@@ -617,7 +619,7 @@ def _why(exc: BaseException) -> str:
 def _kafka(fn: Callable[[], Any], what: str) -> Any:
     try:
         return fn()
-    except (KafkaTxError, KafkaException) as exc:
+    except (KafkaClientError, KafkaException) as exc:
         raise DlqToolError(f"cannot {what}: {_why(exc)}") from exc
 
 
@@ -687,7 +689,7 @@ class _Replay:
             if self.producer is not None and self.producer.in_transaction:
                 try:
                     self.producer.abort()
-                except KafkaTxError as exc:
+                except KafkaClientError as exc:
                     log.warning("aborting the replay transaction failed (%s); the next run aborts it", _why(exc))
             raise
         finally:
@@ -721,7 +723,7 @@ class _Replay:
                 self.producer.produce(out)
             except UnknownTopicError as exc:
                 raise DlqToolError(f"cannot replay {entry.coordinates} to {target!r}: {exc}") from exc
-            except (KafkaTxError, KafkaException) as exc:
+            except (KafkaClientError, KafkaException) as exc:
                 raise DlqToolError(f"producing {entry.coordinates} to {target!r} failed: {_why(exc)}; run again to resume") from exc
         batch.append(out)
         if self.on_record is not None:
@@ -742,7 +744,7 @@ class _Replay:
                 if offsets:
                     self.producer.send_offsets(offsets, self.consumer.consumer_group_metadata())
                 self.producer.commit()
-            except (KafkaTxError, KafkaException) as exc:
+            except (KafkaClientError, KafkaException) as exc:
                 raise DlqToolError(
                     f"committing a replay batch of {len(batch)} record(s) from {self.topic!r} failed: {_why(exc)}. "
                     f"Nothing of that batch was replayed; earlier batches were. Run the same replay again to resume."

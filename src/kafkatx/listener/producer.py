@@ -2,7 +2,7 @@
 
 Retriable errors are retried here (tenacity, bounded by the retry timeout)
 and never reach handlers; everything else leaves as a typed
-:class:`~kafkatx.errors.KafkaTxError` so the container can react by class.
+:class:`~kafkatx.errors.KafkaClientError` so the container can react by class.
 """
 
 from __future__ import annotations
@@ -14,27 +14,20 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from kafkatx._retry import retry_call
+from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
     ApplicationRecoverableError,
-    ErrorClass,
-    KafkaTxError,
+    KafkaClientError,
+    RecordRejectedError,
     TransactionAbortableError,
-    classify,
-    retry_call,
+    UnknownTopicError,
 )
-from kafkatx.listener.outputs import OutputError, PendingOutput
+from kafkatx.outputs import PendingOutput
 
-__all__ = ["TransactionalProducer", "UnknownTopicError"]
+__all__ = ["TransactionalProducer"]
 
 log = logging.getLogger("kafkatx.producer")
-
-
-class UnknownTopicError(OutputError):
-    """A record was sent to a topic that does not exist."""
-
-
-class RecordRejectedError(OutputError):
-    """The client refused an output record (too large, invalid); retrying cannot help."""
 
 
 class TransactionalProducer:
@@ -85,7 +78,7 @@ class TransactionalProducer:
                 )
             except BaseException:
                 try:
-                    producer.close(0)  # confluent-kafka raises the producer's fatal error here again
+                    producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
                 except Exception:
                     log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
                 raise
@@ -109,7 +102,7 @@ class TransactionalProducer:
                     # confluent-kafka warns when close() cannot abort the open transaction; a
                     # discarded producer is typically fenced, and its transaction is dead anyway.
                     warnings.simplefilter("ignore", RuntimeWarning)
-                    producer.close(1.0)
+                    producer.close(1.0)  # type: ignore[call-arg]  # the stubs miss close(timeout)
             except Exception:
                 log.debug("closing producer %s failed", self.transactional_id, exc_info=True)
 
@@ -118,7 +111,7 @@ class TransactionalProducer:
         if self._producer is not None and self.in_transaction:
             try:
                 self.abort()
-            except KafkaTxError:
+            except KafkaClientError:
                 log.warning("abort at close of %s failed", self.transactional_id, exc_info=True)
         self.discard()
 
@@ -130,7 +123,8 @@ class TransactionalProducer:
         self._call("begin_transaction", producer.begin_transaction)
         self.in_transaction = True
 
-    def produce(self, out: PendingOutput) -> None:
+    def produce(self, out: PendingOutput, on_error: Callable[[str], None] | None = None) -> None:
+        """Produce ``out`` in the open transaction. ``on_error`` receives this record's own delivery error."""
         producer = self._producer
         assert producer is not None and self.in_transaction, "produce outside a transaction"
         if out.topic not in self._known_topics and self.partition_count(out.topic) is None:
@@ -139,10 +133,15 @@ class TransactionalProducer:
             )
         while True:
             try:
-                if out.partition is None:
-                    producer.produce(out.topic, out.value, out.key, headers=out.headers)
+                if on_error is not None:
+                    producer.produce(
+                        out.topic, out.value, out.key, out.partition if out.partition is not None else -1,
+                        headers=out.headers, on_delivery=self._own_delivery(on_error),  # type: ignore[arg-type]
+                    )  # fmt: skip
+                elif out.partition is None:
+                    producer.produce(out.topic, out.value, out.key, headers=out.headers)  # type: ignore[arg-type]
                 else:
-                    producer.produce(out.topic, out.value, out.key, out.partition, headers=out.headers)
+                    producer.produce(out.topic, out.value, out.key, out.partition, headers=out.headers)  # type: ignore[arg-type]
                 return
             except BufferError:
                 producer.poll(0.05)  # local queue full: let deliveries drain
@@ -199,7 +198,7 @@ class TransactionalProducer:
             log.debug("flush before abort of %s failed", self.transactional_id, exc_info=True)
         try:
             self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()))
-        except KafkaTxError as exc:
+        except KafkaClientError as exc:
             if isinstance(exc, ApplicationRecoverableError):
                 raise
             raise ApplicationRecoverableError(
@@ -216,6 +215,11 @@ class TransactionalProducer:
             if remaining:
                 return [*self.delivery_errors, f"{remaining} record(s) not delivered within {timeout:g}s"]
         return list(self.delivery_errors)
+
+    def wait_for_deliveries(self, timeout: float = 30.0) -> int:
+        """Wait for every record sent so far; the number still undelivered after ``timeout``."""
+        producer = self._producer
+        return int(producer.flush(timeout)) if producer is not None else 0
 
     def partition_count(self, topic: str, *, refresh: bool = False) -> int | None:
         """Partitions of ``topic`` from metadata (cached), or None if it does not exist."""
@@ -247,20 +251,20 @@ class TransactionalProducer:
                 refresh=refresh or self._refresh,
                 on_retry=self._on_retry,
             )
-        except KafkaTxError as exc:
+        except KafkaClientError as exc:
             err = exc.error
             if err is not None and err.code() == KafkaError._STATE and err.txn_requires_abort() and self.in_transaction:
                 raise self._failed_delivery_error(err, operation) from exc
             raise
 
-    def _failed_delivery_error(self, err: KafkaError, operation: str) -> KafkaTxError:
+    def _failed_delivery_error(self, err: KafkaError, operation: str) -> KafkaClientError:
         """librdkafka answers _STATE once a record of the transaction failed delivery (the
         transaction is then abortable); that delivery error decides the reaction."""
         producer = self._producer
         if producer is not None and not self._delivery_failures:
             producer.poll(1.0)  # serve the delivery reports
         if self._delivery_failures:
-            return KafkaTxError.from_kafka(self._delivery_failures[0], operation=operation, path="produce")
+            return KafkaClientError.from_kafka(self._delivery_failures[0], operation=operation, path="produce")
         return TransactionAbortableError(
             f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
         )
@@ -269,8 +273,28 @@ class TransactionalProducer:
         if self._producer is not None:
             self._producer.list_topics(timeout=5)
 
+    def _fatal_cause(self, err: KafkaError) -> KafkaError:
+        """The error that made the producer fatal, for a bare ``_FATAL`` (e.g. from produce()).
+
+        A fatal transactional producer answers every transactional call with
+        its original error (``_FENCED``, OUT_OF_ORDER_SEQUENCE_NUMBER...), so
+        asking it to abort (which it cannot do any more) tells why.
+        """
+        producer = self._producer
+        if producer is None or err.code() != KafkaError._FATAL:
+            return err
+        try:
+            producer.abort_transaction(0.1)
+        except KafkaException as exc:
+            cause = exc.args[0] if exc.args else None
+            if isinstance(cause, KafkaError) and cause.code() != KafkaError._FATAL:
+                return cause
+        except Exception:
+            log.debug("asking %s for its fatal error failed", self.transactional_id, exc_info=True)
+        return err
+
     def _produce_error(self, exc: KafkaException, out: PendingOutput) -> BaseException:
-        err: KafkaError = exc.args[0]
+        err: KafkaError = self._fatal_cause(exc.args[0])
         code = err.code()
         if code == KafkaError._STATE and self.in_transaction and not err.fatal():
             return self._failed_delivery_error(err, "produce")
@@ -286,7 +310,15 @@ class TransactionalProducer:
         ):
             size = len(out.value or b"") + len(out.key or b"")
             return RecordRejectedError(f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}")
-        return KafkaTxError.from_kafka(exc, operation="produce", path="produce")
+        return KafkaClientError.from_kafka(err, operation="produce", path="produce")
+
+    def _own_delivery(self, on_error: Callable[[str], None]) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            self._on_delivery(err, msg)
+            if err is not None:
+                on_error(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
+
+        return report
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:

@@ -6,24 +6,32 @@ option fails at import time with a message naming it, not at 3 a.m.
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from tenacity.wait import wait_base
+from typing import TYPE_CHECKING, Any, Literal
 
 from kafkatx.errors import InvalidConfigurationError
-from kafkatx.listener.outputs import Serializer
+from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, RetryMode, check_option_names
+from kafkatx.outputs import Serializer
 from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
-from kafkatx.rollback.backoff import as_wait
 from kafkatx.rollback.classifier import ExceptionClassifier
+from kafkatx.rollback.policy import FailurePolicy
+from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor
 
-__all__ = ["ListenerSpec", "Fencing", "RetryMode", "validate_topic"]
+if TYPE_CHECKING:
+    from kafkatx.listener.container import ListenerContainer, Runner
 
-Fencing = Literal["group", "partition"]
-RetryMode = Literal["rollback", "in_place"]
+__all__ = ["ListenerSpec", "build_spec", "validate_topic"]
+
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+#: Options that make up the failure policy; with after_rollback=DefaultAfterRollbackProcessor(...) they live there.
+_POLICY_OPTIONS = (
+    "max_attempts", "backoff", "dlq", "not_retryable", "retryable", "default_not_retryable",
+    "max_recovery_failures", "recovery_backoff",
+)  # fmt: skip
 
 
 def validate_topic(name: Any, what: str) -> str:
@@ -42,11 +50,13 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
 
 @dataclass(slots=True)
 class ListenerSpec:
-    """Everything the container needs to run one listener."""
+    """Everything a container needs to run one listener (read-only once declared)."""
 
     name: str
     handler: Callable[..., Any]
     topics: tuple[str, ...]
+    policy: FailurePolicy
+    processor: AfterRollbackProcessor
     output: str | None = None
     kind: Literal["record", "batch"] = "record"
     max_batch_records: int = 5000
@@ -54,14 +64,7 @@ class ListenerSpec:
     max_transaction_ms: int | None = None
     fencing: Fencing = "group"
     concurrency: int = 1
-    max_attempts: int = 3
-    backoff: wait_base | None = None
-    recoverer: Recoverer = field(default_factory=LoggingRecoverer)
     dlq_topic: str | None = None
-    classifier: ExceptionClassifier = field(default_factory=ExceptionClassifier)
-    after_rollback: Any = None
-    max_recovery_failures: int | None = None
-    recovery_backoff: wait_base | None = None
     retry: RetryMode = "rollback"
     serializer: Serializer | None = None
     group_id: str | None = None
@@ -69,46 +72,32 @@ class ListenerSpec:
     producer_config: dict[str, Any] = field(default_factory=dict)
     max_abortable_retries: int = 5
     idle_event_interval: float | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
+    runner: Callable[[ListenerContainer], Runner] | None = None
+
+    @property
+    def recoverer(self) -> Recoverer:
+        return self.policy.recoverer
 
 
 def build_spec(
     handler: Any,
     topics: Iterable[str],
+    options: Mapping[str, Any],
     *,
-    name: str | None = None,
-    output: str | None = None,
     kind: Literal["record", "batch"] = "record",
-    max_batch_records: int = 5000,
-    max_batch_ms: int = 100,
-    max_transaction_ms: int | None = None,
-    fencing: str = "group",
-    concurrency: int = 1,
-    max_attempts: int = 3,
-    backoff: Any = None,
-    dlq: Any = False,
-    not_retryable: Iterable[type[BaseException]] = (),
-    retryable: Iterable[type[BaseException]] = (),
-    default_not_retryable: bool = True,
-    after_rollback: Any = None,
-    max_recovery_failures: int | None = None,
-    recovery_backoff: Any = None,
-    retry: str = "rollback",
-    serializer: Serializer | None = None,
-    group_id: str | None = None,
-    consumer_config: dict[str, Any] | None = None,
-    producer_config: dict[str, Any] | None = None,
-    max_abortable_retries: int = 5,
-    idle_event_interval: float | None = None,
-    options: dict[str, Any] | None = None,
+    runner: Callable[[ListenerContainer], Runner] | None = None,
+    where: str = "listener",
 ) -> ListenerSpec:
-    """Validate listener options and build a :class:`ListenerSpec`."""
-    import tenacity
-
+    """Validate listener ``options`` (see :class:`~kafkatx.listener.options.ListenerOptions`) into a spec."""
+    check_option_names(options, LISTENER_DEFAULTS, where)
+    opts = {**LISTENER_DEFAULTS, **options}
     if not callable(handler):
         raise InvalidConfigurationError(
             f"a listener handler must be callable (a function taking a Record), got {type(handler).__name__} {handler!r}"
         )
+    if kind == "record":
+        _check_takes_one_argument(handler)
     topics = tuple(topics)
     if not topics:
         raise InvalidConfigurationError("a listener needs at least one input topic")
@@ -116,80 +105,138 @@ def build_spec(
         validate_topic(t, "input topic")
     if len(set(topics)) != len(topics):
         raise InvalidConfigurationError(f"input topics listed twice: {topics}")
+    output = opts["output"]
     if output is not None:
         validate_topic(output, "output topic")
         if output in topics:
             raise InvalidConfigurationError(f"output topic {output!r} is also an input topic of the same listener (a loop)")
+    fencing, retry = opts["fencing"], opts["retry"]
     if fencing not in ("group", "partition"):
         raise InvalidConfigurationError(f"fencing must be 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}")
     if retry not in ("rollback", "in_place"):
         raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
-    if max_recovery_failures is not None:
-        _positive_int(max_recovery_failures, "max_recovery_failures")
-    if idle_event_interval is not None and (
-        isinstance(idle_event_interval, bool) or not isinstance(idle_event_interval, (int, float)) or idle_event_interval <= 0
-    ):
-        raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle_event_interval!r}")
-    if max_transaction_ms is not None:
-        _positive_int(max_transaction_ms, "max_transaction_ms")
+    idle = opts["idle_event_interval"]
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0):
+        raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle!r}")
+    if opts["max_transaction_ms"] is not None:
+        _positive_int(opts["max_transaction_ms"], "max_transaction_ms")
+    serializer = opts["serializer"]
     if serializer is not None and not callable(serializer):
         raise InvalidConfigurationError(f"serializer must be callable, got {serializer!r}")
-    if max_batch_ms < 0 or isinstance(max_batch_ms, bool) or not isinstance(max_batch_ms, int):
+    max_batch_ms = opts["max_batch_ms"]
+    if isinstance(max_batch_ms, bool) or not isinstance(max_batch_ms, int) or max_batch_ms < 0:
         raise InvalidConfigurationError(f"max_batch_ms must be an integer >= 0, got {max_batch_ms!r}")
-    try:
-        wait = as_wait(backoff)
-        rwait = as_wait(recovery_backoff) if recovery_backoff is not None else tenacity.wait_exponential(multiplier=0.5, max=30)
-        classifier = ExceptionClassifier(not_retryable, retryable=retryable, include_defaults=default_not_retryable)
-    except (TypeError, ValueError) as exc:
-        raise InvalidConfigurationError(str(exc)) from exc
+    for key in ("consumer_config", "producer_config"):
+        if opts[key] is not None and not isinstance(opts[key], Mapping):
+            raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
+    topics_checked = topics
+    policy, processor, dlq_topic = _failure_handling(opts, options, topics_checked, retry)
+    return ListenerSpec(
+        name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
+        handler=handler,
+        topics=topics,
+        policy=policy,
+        processor=processor,
+        output=output,
+        kind=kind,
+        max_batch_records=_positive_int(opts["max_batch_records"], "max_batch_records"),
+        max_batch_ms=max_batch_ms,
+        max_transaction_ms=opts["max_transaction_ms"],
+        fencing=fencing,
+        concurrency=_positive_int(opts["concurrency"], "concurrency"),
+        dlq_topic=dlq_topic,
+        retry=retry,
+        serializer=serializer,
+        group_id=opts["group_id"],
+        consumer_config=dict(opts["consumer_config"] or {}),
+        producer_config=dict(opts["producer_config"] or {}),
+        max_abortable_retries=_positive_int(opts["max_abortable_retries"], "max_abortable_retries", 0),
+        idle_event_interval=float(idle) if idle is not None else None,
+        runner=runner,
+    )
 
-    dlq_topic: str | None = None
-    recoverer: Recoverer
-    if dlq is False or dlq is None:
-        recoverer = LoggingRecoverer()
-    elif dlq is True or isinstance(dlq, str):
-        from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
 
-        if isinstance(dlq, str):
-            dlq_topic = validate_topic(dlq, "dead-letter topic")
-            if dlq_topic in topics:
-                raise InvalidConfigurationError(f"dead-letter topic {dlq!r} is also an input topic")
-        recoverer = DeadLetterPublishingRecoverer(dlq_topic)
-    elif callable(dlq):
-        recoverer = as_recoverer(dlq)
-    else:
-        raise InvalidConfigurationError(
-            f"dlq must be False, True (<topic>-dlt), a topic name, or a recoverer (record, exception) -> None; got {dlq!r}"
-        )
+def _failure_handling(
+    opts: Mapping[str, Any], given: Mapping[str, Any], topics: tuple[str, ...], retry: str
+) -> tuple[FailurePolicy, AfterRollbackProcessor, str | None]:
+    """The listener's failure policy and after-rollback processor.
+
+    With ``after_rollback=DefaultAfterRollbackProcessor(...)`` the processor's
+    policy is the listener's (in-place retries and the recovery of failed
+    recoveries follow it too); the policy options may not also be given on the
+    listener, since one of the two would be silently ignored.
+    """
+    after_rollback = opts["after_rollback"]
     if after_rollback is not None and not callable(getattr(after_rollback, "process", None)):
         raise InvalidConfigurationError(
             f"after_rollback must be an AfterRollbackProcessor (an object with process(context)), got {after_rollback!r}"
         )
-    return ListenerSpec(
-        name=name or getattr(handler, "__qualname__", None) or type(handler).__name__,
-        handler=handler,
-        topics=topics,
-        output=output,
-        kind=kind,
-        max_batch_records=_positive_int(max_batch_records, "max_batch_records"),
-        max_batch_ms=max_batch_ms,
-        max_transaction_ms=max_transaction_ms,
-        fencing=fencing,  # type: ignore[arg-type]
-        concurrency=_positive_int(concurrency, "concurrency"),
-        max_attempts=_positive_int(max_attempts, "max_attempts"),
-        backoff=wait,
-        recoverer=recoverer,
-        dlq_topic=dlq_topic,
-        classifier=classifier,
-        after_rollback=after_rollback,
-        max_recovery_failures=max_recovery_failures,
-        recovery_backoff=rwait,
-        retry=retry,  # type: ignore[arg-type]
-        serializer=serializer,
-        group_id=group_id,
-        consumer_config=dict(consumer_config or {}),
-        producer_config=dict(producer_config or {}),
-        max_abortable_retries=_positive_int(max_abortable_retries, "max_abortable_retries", 0),
-        idle_event_interval=float(idle_event_interval) if idle_event_interval is not None else None,
-        options=dict(options or {}),
+    if isinstance(after_rollback, DefaultAfterRollbackProcessor):
+        both = [key for key in _POLICY_OPTIONS if key in given]
+        if both:
+            raise InvalidConfigurationError(
+                f"{', '.join(both)} given both on the listener and through after_rollback="
+                "DefaultAfterRollbackProcessor(...): set them in one place (the processor's settings would win)"
+            )
+        return after_rollback.policy, after_rollback, _dlq_topic(after_rollback.policy.recoverer)
+    if after_rollback is not None and retry == "in_place":
+        raise InvalidConfigurationError(
+            'retry="in_place" cannot follow a custom after_rollback processor (in-place retries decide inside the '
+            "batch's transaction, without calling it): use retry=\"rollback\", or pass a DefaultAfterRollbackProcessor"
+        )
+    try:
+        classifier = ExceptionClassifier(
+            opts["not_retryable"], retryable=opts["retryable"], include_defaults=opts["default_not_retryable"]
+        )
+        recoverer, dlq_topic = _recoverer(opts["dlq"], topics)
+        policy = FailurePolicy(
+            recoverer,
+            max_attempts=opts["max_attempts"],
+            backoff=opts["backoff"],
+            classifier=classifier,
+            max_recovery_failures=opts["max_recovery_failures"],
+            recovery_backoff=opts["recovery_backoff"],
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidConfigurationError(str(exc)) from exc
+    return policy, after_rollback or DefaultAfterRollbackProcessor(policy=policy), dlq_topic
+
+
+def _recoverer(dlq: Any, topics: tuple[str, ...]) -> tuple[Recoverer, str | None]:
+    if dlq is False or dlq is None:
+        return LoggingRecoverer(), None
+    if dlq is True or isinstance(dlq, str):
+        from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
+
+        topic: str | None = None
+        if isinstance(dlq, str):
+            topic = validate_topic(dlq, "dead-letter topic")
+            if topic in topics:
+                raise InvalidConfigurationError(f"dead-letter topic {dlq!r} is also an input topic")
+        return DeadLetterPublishingRecoverer(topic), topic
+    if callable(dlq):
+        return as_recoverer(dlq), _dlq_topic(dlq)
+    raise InvalidConfigurationError(
+        f"dlq must be False, True (<topic>-dlt), a topic name, or a recoverer (record, exception) -> None; got {dlq!r}"
     )
+
+
+def _dlq_topic(recoverer: Any) -> str | None:
+    topic = getattr(recoverer, "topic", None)
+    return topic if isinstance(topic, str) else None
+
+
+def _check_takes_one_argument(handler: Callable[..., Any]) -> None:
+    """A record handler is called as ``handler(record)``: say so now if it cannot be."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # builtins and some C callables have no signature: trust them
+        return
+    try:
+        signature.bind(object())
+    except TypeError as exc:
+        name = getattr(handler, "__qualname__", repr(handler))
+        raise InvalidConfigurationError(
+            f"listener handler {name}{signature} cannot be called with one Record ({exc}): "
+            "declare it as def handler(record: Record) -> ..."
+        ) from None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kafkatx.record import Record
-from kafkatx.recoverers._context import RecoveryContext, current_recovery
+from kafkatx.context import RecoveryContext, current_recovery
 
 __all__ = ["Recoverer", "LoggingRecoverer", "CompositeRecoverer", "as_recoverer", "RecoveryContext", "current_recovery"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import tenacity
 from tenacity.wait import wait_base
 
-__all__ = ["Backoff", "as_wait", "delay_for"]
+__all__ = ["Backoff", "as_wait"]
 
 Backoff = wait_base | float | int | None
 
@@ -27,12 +27,3 @@ def as_wait(backoff: Any) -> wait_base | None:
     raise TypeError(
         f"backoff must be a tenacity wait strategy (wait_fixed, wait_exponential, ...) or seconds, got {backoff!r}"
     )
-
-
-def delay_for(wait: wait_base | None, failures: int) -> float:
-    """Seconds to wait after the ``failures``-th failed attempt (1-based)."""
-    if wait is None:
-        return 0.0
-    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-    state.attempt_number = failures
-    return max(0.0, float(wait(state)))

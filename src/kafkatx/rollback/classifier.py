@@ -10,16 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from kafkatx.listener.outputs import OutputError
+from tenacity import RetryCallState
+from tenacity.retry import retry_base
 
-__all__ = ["DeserializationError", "DEFAULT_NOT_RETRYABLE", "ExceptionClassifier", "cause_chain", "root_cause", "exception_fqcn"]
+from kafkatx.errors import DeserializationError, OutputError
 
-
-class DeserializationError(ValueError):
-    """Raise it (or a subclass) when a record's bytes cannot be decoded.
-
-    It is not retryable by default: the same bytes will not decode next time.
-    """
+__all__ = ["DEFAULT_NOT_RETRYABLE", "ExceptionClassifier", "retry_if_retryable", "cause_chain", "root_cause", "exception_fqcn"]
 
 
 DEFAULT_NOT_RETRYABLE: tuple[type[BaseException], ...] = (
@@ -101,3 +97,20 @@ def _closest(cls: type, candidates: tuple[type[BaseException], ...]) -> type | N
         if base in candidates:
             return base
     return None
+
+
+class retry_if_retryable(retry_base):  # noqa: N801 - named like tenacity's own retry strategies
+    """A tenacity retry strategy that asks an :class:`ExceptionClassifier`.
+
+    It composes with tenacity's others (``retry_if_retryable(c) & retry_if_exception_type(IOError)``).
+    """
+
+    def __init__(self, classifier: ExceptionClassifier) -> None:
+        self.classifier = classifier
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        if outcome is None or not outcome.failed:
+            return False
+        exc = outcome.exception()
+        return exc is not None and self.classifier.is_retryable(exc)

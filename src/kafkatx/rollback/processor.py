@@ -1,10 +1,11 @@
-"""After-rollback processing: what happens once a handler's transaction is aborted.
+"""After-rollback processors: what happens once a handler's transaction is aborted.
 
 The container aborts the failed transaction, then calls
 :meth:`AfterRollbackProcessor.process` inside a NEW transaction, giving it a
-:class:`RollbackContext`. The default processor follows Spring's
-DefaultAfterRollbackProcessor (count, back off, seek, recover and commit the
-offset in the same transaction), with three improvements:
+:class:`RollbackContext`. The default processor asks the listener's
+:class:`~kafkatx.rollback.policy.FailurePolicy` and does what Spring's
+DefaultAfterRollbackProcessor does (count, back off, seek, recover and
+commit the offset in the same transaction), with three improvements:
 
 - the batch-mates that were aborted with the failed record are re-run and
   committed in that same new transaction, so a poison record costs one abort
@@ -21,53 +22,57 @@ offset in the same transaction), with three improvements:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tenacity.wait import wait_base
 
 from kafkatx.events import Event, HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.record import Record
-from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
-from kafkatx.rollback.backoff import as_wait, delay_for
+from kafkatx.recoverers import Recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
+from kafkatx.rollback.policy import Action, FailurePolicy
 from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["AfterRollbackProcessor", "DefaultAfterRollbackProcessor", "RollbackContext", "RecoveryError"]
+__all__ = ["AfterRollbackProcessor", "DefaultAfterRollbackProcessor", "RollbackContext"]
 
 log = logging.getLogger("kafkatx.rollback")
 
 
-class RecoveryError(Exception):
-    """A recoverer failed; the record is kept (not committed) and recovery is retried."""
-
-    def __init__(self, record: Record, exception: BaseException, recoverer: str) -> None:
-        super().__init__(f"recoverer {recoverer} failed for {record.coordinates}: {type(exception).__name__}: {exception}")
-        self.record = record
-        self.exception = exception
-        self.recoverer = recoverer
-
-
 class RollbackContext(Protocol):
-    """What an after-rollback processor can see and do. Provided by the container."""
+    """What an after-rollback processor can see and do. Provided by the container.
+
+    ``failed.attempt`` is the delivery attempt that failed; ``records`` are
+    the unprocessed records, failed one first; ``processed`` the batch-mates
+    before it, aborted with it (each with its true next ``attempt``).
+    """
 
     listener: str
     group_id: str
     failed: Record
     exception: BaseException
-    records: Sequence[Record]  # the unprocessed records, failed one first
-    processed: Sequence[Record]  # batch-mates before the failed one, aborted with it
     tracker: FailureTracker
+    stop_event: threading.Event
 
     @property
-    def stopping(self) -> bool: ...
+    def records(self) -> Sequence[Record]:
+        """The unprocessed records, failed one first."""
+
+    @property
+    def processed(self) -> Sequence[Record]:
+        """The batch-mates before the failed record, aborted with it."""
+
+    @property
+    def stopping(self) -> bool:
+        """True once the container is stopping: decide nothing you cannot finish."""
 
     def replay_processed(self) -> None:
-        """Re-run the handler for ``processed`` in this transaction (attempts not counted)."""
+        """Re-run the handler for ``processed`` in this transaction (their attempts are not counted)."""
 
     def recover(self, recoverer: Recoverer, record: Record, exception: BaseException) -> None:
-        """Call ``recoverer`` in this transaction; raises :class:`RecoveryError` if it fails."""
+        """Call ``recoverer`` in this transaction; raises :class:`~kafkatx.RecoveryError` if it fails."""
 
     def commit_offset(self, record: Record) -> None:
         """Commit ``record.offset + 1`` in this transaction: the record is done
@@ -82,11 +87,14 @@ class RollbackContext(Protocol):
     def backoff(self, record: Record, seconds: float) -> None:
         """Hold ``record``'s partition for ``seconds`` while the consumer keeps polling."""
 
-    def publish(self, event: Event) -> None: ...
+    def publish(self, event: Event) -> None:
+        """Publish an event to the App's subscribers."""
 
 
 @runtime_checkable
 class AfterRollbackProcessor(Protocol):
+    """Anything with ``process(context)``; see :class:`RollbackContext`."""
+
     def process(self, context: RollbackContext) -> None: ...
 
 
@@ -95,57 +103,76 @@ class DefaultAfterRollbackProcessor:
 
     ``max_attempts`` counts every delivery, the first included (1 = no retry).
     A record whose exception the classifier marks not retryable is recovered
-    at its first failure.
+    at its first failure. The settings form a
+    :class:`~kafkatx.rollback.policy.FailurePolicy` (``.policy``), which a
+    listener's in-place retries follow too.
     """
 
     def __init__(
         self,
-        recoverer: Recoverer | None = None,
+        recoverer: Any = None,
         *,
         max_attempts: int = 3,
         backoff: wait_base | float | None = None,
         classifier: ExceptionClassifier | None = None,
+        max_recovery_failures: int | None = None,
+        recovery_backoff: wait_base | float | None = None,
+        policy: FailurePolicy | None = None,
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        self.recoverer = as_recoverer(recoverer) if recoverer is not None else LoggingRecoverer()
-        self.max_attempts = max_attempts
-        self.wait = as_wait(backoff)
-        self.classifier = classifier or ExceptionClassifier()
+        self.policy = policy or FailurePolicy(
+            recoverer,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            classifier=classifier,
+            max_recovery_failures=max_recovery_failures,
+            recovery_backoff=recovery_backoff,
+        )
+
+    @property
+    def recoverer(self) -> Recoverer:
+        return self.policy.recoverer
+
+    @property
+    def max_attempts(self) -> int:
+        return self.policy.max_attempts
 
     def process(self, context: RollbackContext) -> None:
         context.replay_processed()
-        failed, exc, tracker = context.failed, context.exception, context.tracker
+        failed, exc, tracker, policy = context.failed, context.exception, context.tracker, self.policy
         state = tracker.state(failed)
         if state is not None and state.pending_recovery:
             # An earlier recovery of this record failed: retry the recovery, not the handler.
             exc = state.last_exception or exc
         else:
             state = tracker.record_failure(failed, exc)
-            retryable = self.classifier.is_retryable(exc)
+            verdict = policy.decide(state.failures, exc, context.stop_event)
             context.publish(HandlerFailed(context.listener, 0, failed, exc, state.failures))
-            if retryable and state.failures < self.max_attempts:
-                delay = delay_for(self.wait, state.failures)
+            coords = _coords(failed, state.failures)
+            if verdict.action is Action.ABANDON:
+                log.info("%s failed on attempt %d; the container is stopping, so it is left for the next start",
+                         failed.coordinates, state.failures, extra=coords)  # fmt: skip
+                return
+            if verdict.action is Action.RETRY:
                 log.info(
                     "%s failed on attempt %d/%d (%s: %s); retrying%s",
-                    failed.coordinates, state.failures, self.max_attempts, type(exc).__name__, exc,
-                    f" in {delay:.3g}s" if delay else "",
-                    extra=_coords(failed, state.failures),
+                    failed.coordinates, state.failures, policy.max_attempts, type(exc).__name__, exc,
+                    f" in {verdict.delay:.3g}s" if verdict.delay else "", extra=coords,
                 )  # fmt: skip
                 context.seek_unprocessed(include_failed=True)
-                context.backoff(failed, delay)
-                context.publish(RecordRetryScheduled(context.listener, 0, failed, state.failures + 1, delay))
+                context.backoff(failed, verdict.delay)
+                context.publish(RecordRetryScheduled(context.listener, 0, failed, state.failures + 1, verdict.delay))
                 return
-            why = "not retryable" if not retryable else f"attempts exhausted ({state.failures}/{self.max_attempts})"
             log.warning(
                 "%s failed (%s: %s), %s; recovering with %s",
-                failed.coordinates, type(exc).__name__, exc, why, self.recoverer.name,
-                extra=_coords(failed, state.failures),
+                failed.coordinates, type(exc).__name__, exc, verdict.reason, policy.recoverer.name, extra=coords,
             )  # fmt: skip
-        context.recover(self.recoverer, replace(failed, attempt=state.failures), exc)
-        context.commit_offset(failed)  # the tracker slot is cleared once this transaction commits
+        context.recover(policy.recoverer, replace(failed, attempt=state.failures), exc)
+        context.commit_offset(failed)
         context.seek_unprocessed(include_failed=False)
-        context.publish(RecordRecovered(context.listener, 0, failed, exc, self.recoverer.name))
+        context.publish(RecordRecovered(context.listener, 0, failed, exc, policy.recoverer.name))
+
+    def __repr__(self) -> str:
+        return f"DefaultAfterRollbackProcessor({self.policy!r})"
 
 
 def _coords(record: Record, attempt: int) -> dict[str, object]:

@@ -1,15 +1,23 @@
-"""Counts failed deliveries per record, in memory, per container thread.
+"""Counts failed deliveries per record, per container thread.
 
-One slot per (topic, partition), like Spring's FailedRecordTracker: a failure
-at another offset of the same partition replaces the slot, a failure with a
-different exception type restarts the count, and recovery or revocation
-clears it. Counts are not shared across processes and restart at 1 after a
-rebalance or a restart.
+Unlike Spring's FailedRecordTracker (one slot per partition, replaced when
+another offset of the partition fails), kafkatx keeps a slot per record:
+a batch transaction can fail on one record, then on an earlier batch-mate
+while it is re-run, and neither count may be lost. A slot ends when its
+record's offset is committed (success or recovery), when its partition is
+revoked, or when the exception type changes the way Spring resets: the count
+goes on only if the previous root cause is an instance of the new root
+cause's class (``IllegalStateException`` then a wrapper around another
+``IllegalStateException`` keeps counting; then ``IllegalArgumentException``
+starts again at 1).
+
+Counts restored from committed offset metadata (see
+:mod:`kafkatx.rollback.durable`) seed a slot with :meth:`FailureTracker.seed`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kafkatx.record import Record
@@ -22,20 +30,27 @@ TopicPartition = tuple[str, int]
 
 @dataclass(slots=True)
 class FailureState:
+    """What kafkatx remembers of one failing record."""
+
     offset: int
     failures: int = 0
-    exception_type: str = ""
     recovery_failures: int = 0
     last_exception: BaseException | None = None
     # Set after a recoverer failed: the next delivery goes straight to recovery
     # instead of calling the handler again.
     pending_recovery: bool = False
 
+    @property
+    def next_attempt(self) -> int:
+        return self.failures + 1
+
 
 class FailureTracker:
+    """Per-record failure state of one container (one consumer thread)."""
+
     def __init__(self, *, reset_on_exception_change: bool = True) -> None:
         self.reset_on_exception_change = reset_on_exception_change
-        self._slots: dict[TopicPartition, FailureState] = {}
+        self._slots: dict[TopicPartition, dict[int, FailureState]] = {}
         #: The failing partitions' slots; empty in normal operation, so the hot path checks it once per record.
         self.failing = self._slots
 
@@ -44,47 +59,63 @@ class FailureTracker:
 
     def attempt(self, topic: str, partition: int, offset: int) -> int:
         """The delivery attempt (1-based) that the next handler call of this record is."""
-        slot = self._slots.get((topic, partition))
-        if slot is None or slot.offset != offset:
-            return 1
-        return slot.failures + 1
+        state = self.state_at(topic, partition, offset)
+        return 1 if state is None else state.failures + 1
 
     def record_failure(self, record: Record, exc: BaseException) -> FailureState:
         """Count one failed delivery of ``record`` and return its state."""
-        key = (record.topic, record.partition)
-        kind = exception_fqcn(root_cause(exc))
-        slot = self._slots.get(key)
-        if slot is None or slot.offset != record.offset or (
-            self.reset_on_exception_change and slot.failures and slot.exception_type != kind
-        ):
-            recovery_failures = slot.recovery_failures if slot is not None and slot.offset == record.offset else 0
-            slot = FailureState(record.offset, recovery_failures=recovery_failures)
-            self._slots[key] = slot
-        slot.failures += 1
-        slot.exception_type = kind
-        slot.last_exception = exc
-        return slot
+        slots = self._slots.setdefault((record.topic, record.partition), {})
+        state = slots.get(record.offset)
+        if state is None:
+            state = slots[record.offset] = FailureState(record.offset)
+        elif self.reset_on_exception_change and state.failures and not _same_kind(state.last_exception, exc):
+            state.failures = 0
+        state.failures += 1
+        state.last_exception = exc
+        state.pending_recovery = False
+        return state
 
-    def record_recovery_failure(self, record: Record) -> FailureState:
-        key = (record.topic, record.partition)
-        slot = self._slots.get(key)
-        if slot is None or slot.offset != record.offset:
-            slot = FailureState(record.offset)
-            self._slots[key] = slot
-        slot.recovery_failures += 1
-        slot.pending_recovery = True
-        return slot
+    def record_recovery_failure(self, record: Record, exc: BaseException | None = None) -> FailureState:
+        """Count a failed recovery; the record's next delivery retries the recovery, not the handler."""
+        slots = self._slots.setdefault((record.topic, record.partition), {})
+        state = slots.get(record.offset)
+        if state is None:
+            state = slots[record.offset] = FailureState(record.offset, failures=max(record.attempt, 1))
+        if state.last_exception is None:
+            state.last_exception = exc
+        state.recovery_failures += 1
+        state.pending_recovery = True
+        return state
+
+    def seed(self, topic: str, partition: int, offset: int, failures: int) -> None:
+        """Restore a count found in committed offset metadata (a previous owner's)."""
+        if failures > 0:
+            slots = self._slots.setdefault((topic, partition), {})
+            state = slots.get(offset)
+            if state is None or state.failures < failures:
+                slots[offset] = FailureState(offset, failures=failures)
 
     def state(self, record: Record) -> FailureState | None:
         return self.state_at(record.topic, record.partition, record.offset)
 
     def state_at(self, topic: str, partition: int, offset: int) -> FailureState | None:
-        slot = self._slots.get((topic, partition))
-        return slot if slot is not None and slot.offset == offset else None
+        slots = self._slots.get((topic, partition))
+        return slots.get(offset) if slots is not None else None
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Forget every record below the committed offsets: it succeeded or was recovered."""
+        for tp, next_offset in offsets.items():
+            slots = self._slots.get(tp)
+            if slots is None:
+                continue
+            for offset in [o for o in slots if o < next_offset]:
+                del slots[offset]
+            if not slots:
+                del self._slots[tp]
 
     def clear(self, record: Record) -> None:
-        slot = self._slots.get((record.topic, record.partition))
-        if slot is not None and slot.offset == record.offset:
+        slots = self._slots.get((record.topic, record.partition))
+        if slots is not None and slots.pop(record.offset, None) is not None and not slots:
             del self._slots[(record.topic, record.partition)]
 
     def clear_partitions(self, partitions: Iterable[TopicPartition]) -> None:
@@ -93,3 +124,13 @@ class FailureTracker:
 
     def clear_all(self) -> None:
         self._slots.clear()
+
+
+def _same_kind(previous: BaseException | None, exc: BaseException) -> bool:
+    """Spring's rule: keep counting when the previous root cause is an instance of the new one's class."""
+    if previous is None:
+        return True
+    old, new = root_cause(previous), root_cause(exc)
+    if hasattr(old, "original_fqcn") or hasattr(new, "original_fqcn"):
+        return exception_fqcn(old) == exception_fqcn(new)  # wrappers of errors that crossed a process (Spark)
+    return isinstance(old, type(new))

@@ -21,13 +21,15 @@ exactly once. See docs/SPARK.md.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow  # noqa: F401  - fail at import (the App turns it into a clear message) without the extra
 import pyspark  # noqa: F401
 
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.listener.options import SparkListenerOptions, check_option_names
+from kafkatx.listener.spec import build_spec
 from kafkatx.spark._errors import SparkJobError, SparkOutputError, as_job_error
 from kafkatx.spark._frames import INPUT_SCHEMA, OUTPUT_COLUMNS
 from kafkatx.spark._runner import SparkSessionError, SparkUnitRunner
@@ -79,7 +81,7 @@ def _lease(app: App) -> SessionLease:
     return lease
 
 
-def spark_listener(app: App, topics: Sequence[str], options: dict[str, Any]) -> Callable[[F], F]:
+def spark_listener(app: App, topics: Sequence[str], options: Mapping[str, Any]) -> Callable[[F], F]:
     """The decorator behind :meth:`kafkatx.App.spark_listener`.
 
     Takes the usual listener options (``output``, ``max_attempts``,
@@ -102,6 +104,7 @@ def spark_listener(app: App, topics: Sequence[str], options: dict[str, Any]) -> 
     for key, why in _NOT_FOR_SPARK.items():
         if key in opts:
             raise InvalidConfigurationError(f"spark_listener does not take {key!r}: {why}")
+    check_option_names(opts, SparkListenerOptions.__annotations__, "spark_listener")
     max_bisect_jobs = opts.pop("max_bisect_jobs", DEFAULT_MAX_BISECT_JOBS)
     if isinstance(max_bisect_jobs, bool) or not isinstance(max_bisect_jobs, int) or max_bisect_jobs < 0:
         raise InvalidConfigurationError(f"max_bisect_jobs must be an integer >= 0, got {max_bisect_jobs!r}")
@@ -109,22 +112,19 @@ def spark_listener(app: App, topics: Sequence[str], options: dict[str, Any]) -> 
     opts.setdefault("max_batch_ms", DEFAULT_MAX_BATCH_MS)
     lease = _lease(app)
 
-    def factory(container: ListenerContainer) -> SparkUnitRunner:
-        # Called by each container as the App starts: the session is created and
-        # warmed up here, before any consumer polls or any transaction begins.
-        return SparkUnitRunner(container, lease.acquire(), max_bisect_jobs)
-
     def decorator(handler: F) -> F:
         if not callable(handler):
             raise InvalidConfigurationError(
                 f"a spark listener handler must be callable (DataFrame -> DataFrame or None), got {handler!r}"
             )
-        try:
-            app.add_listener(handler, *topics, kind="batch", options={"unit_runner": factory, "spark": True}, **opts)
-        except TypeError as exc:
-            if "unexpected keyword argument" in str(exc):
-                raise InvalidConfigurationError(f"spark_listener got an unknown option: {exc}") from None
-            raise
+
+        def runner(container: ListenerContainer) -> SparkUnitRunner:
+            # Called by each container as the App starts: the session is created and
+            # warmed up here, before any consumer polls or any transaction begins.
+            return SparkUnitRunner(spec, lease.acquire(), max_bisect_jobs)
+
+        spec = build_spec(handler, topics, opts, kind="batch", runner=runner, where="spark_listener")
+        app.register(spec)
         return handler
 
     return decorator

@@ -24,8 +24,7 @@ import re
 import sys
 from typing import Any
 
-from kafkatx.errors import KafkaTxError
-from kafkatx.listener.outputs import OutputError
+from kafkatx.errors import KafkaClientError, KafkaTxError, OutputError
 
 __all__ = ["SparkJobError", "SparkOutputError", "as_job_error", "is_data_independent"]
 
@@ -35,7 +34,7 @@ _FILE_LINE = re.compile(r"^\s+File \"")
 _MAX_NOTE = 8_000
 
 
-class SparkJobError(Exception):
+class SparkJobError(KafkaTxError):
     """A Spark job failed; it names the exception that caused it.
 
     - ``original_fqcn``: ``module.Class`` of the original exception
@@ -92,7 +91,7 @@ class SparkOutputError(OutputError):
     """A Spark handler returned something kafkatx cannot produce (no ``value`` column,
     an unsupported column type, a topic that does not exist...).
 
-    Like every :class:`~kafkatx.listener.outputs.OutputError` it is not
+    Like every :class:`~kafkatx.OutputError` it is not
     retryable by default. ``data_independent`` is True for schema problems,
     which no subset of the batch can fix.
     """
@@ -125,7 +124,7 @@ def _job_error_class(original: type[BaseException] | None) -> type[SparkJobError
         original is None
         or not issubclass(original, Exception)
         or original.__module__.startswith(("pyspark.", "py4j."))
-        or issubclass(original, (SparkJobError, KafkaTxError))  # never let a UDF error look like a Kafka error
+        or issubclass(original, (SparkJobError, KafkaClientError))  # never let a UDF error look like a Kafka error
         or original is Exception
     ):
         return SparkJobError

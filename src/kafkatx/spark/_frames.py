@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Message
 
-from kafkatx.listener.outputs import PendingOutput
+from kafkatx.outputs import PendingOutput
 from kafkatx.spark._errors import SparkOutputError
+from kafkatx.record import ConsumedMessage
 
 __all__ = ["INPUT_SCHEMA", "messages_to_table", "table_to_outputs", "OUTPUT_COLUMNS"]
 
@@ -37,7 +37,7 @@ INPUT_SCHEMA = pa.schema(
 OUTPUT_COLUMNS = ("value", "key", "topic", "partition", "headers")
 
 
-def messages_to_table(msgs: Sequence[Message]) -> pa.Table:
+def messages_to_table(msgs: Sequence[ConsumedMessage]) -> pa.Table:
     """The input table of a batch, one row per message, in batch order."""
     n = len(msgs)
     topics: list[str] = [""] * n
@@ -74,7 +74,7 @@ def messages_to_table(msgs: Sequence[Message]) -> pa.Table:
 
 
 def _is_text_or_binary(t: pa.DataType) -> bool:
-    return (
+    return bool(
         pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
         or pa.types.is_null(t)
     )  # fmt: skip

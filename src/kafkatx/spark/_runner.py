@@ -1,12 +1,12 @@
-"""The transaction-unit runner of a Spark listener: job, retries, poison isolation, commit.
+"""The runner of a Spark listener: job, retries, poison isolation, commit.
 
-Per unit (a batch, or one partition's slice with ``fencing="partition"``):
+Per transaction unit (a batch, or one partition's slice with ``fencing="partition"``):
 
 1. Run the job over the unit's records, outside any transaction (a Spark job
    can take seconds; a transaction left open that long only risks its
    timeout). Outputs are collected in memory.
 2. On failure, retry from memory after the listener's back-off (a
-   stop-aware wait), counting attempts for the unit, up to ``max_attempts``
+   stop-aware wait), counting attempts for the batch, up to ``max_attempts``
    (a not-retryable error skips the retries).
 3. Still failing: isolate the poison records by bisection (see
    :meth:`_SparkUnitRunner._isolate`), then run the job once more over all
@@ -14,9 +14,16 @@ Per unit (a batch, or one partition's slice with ``fencing="partition"``):
    aggregate and the union of half-batch outputs is not the job's output.
 4. One transaction: the outputs, the poison records handed to the
    listener's recoverer (dead-letter topic), and the offsets of the whole
-   unit. Kafka errors follow the container's rules: abortable → abort and
-   redo the transaction from memory; application-recoverable → replace the
-   producer and rewind, without recovery.
+   unit, committed through :meth:`TransactionUnit.transact
+   <kafkatx.listener.unit.TransactionUnit.transact>` like any other runner's:
+   the membership check before the commit, abortable → abort and redo the
+   transaction from memory, application-recoverable → replace the producer
+   and rewind, without recovery.
+
+Retry decisions come from the listener's
+:class:`~kafkatx.rollback.policy.FailurePolicy`, the same object the record
+runner and the after-rollback processor ask. This module uses only the
+public unit interface of ``kafkatx.listener``.
 """
 
 from __future__ import annotations
@@ -28,21 +35,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from confluent_kafka import Message, TopicPartition
 
-from kafkatx.errors import ApplicationRecoverableError, TransactionAbortableError
+from kafkatx.context import bind_sink
+from kafkatx.errors import (
+    ApplicationRecoverableError,
+    ContainerError,
+    OutputError,
+    RecoveryError,
+    RecoveryExhaustedError,
+)
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, RecoveryFailed, TransactionCommitted
-from kafkatx.listener.container import ContainerError, RecoveryExhaustedError, to_record
-from kafkatx.listener.context import bind_sink
-from kafkatx.listener.outputs import OutputError, PendingOutput
-from kafkatx.listener.producer import TransactionalProducer
-from kafkatx.rollback.backoff import delay_for
-from kafkatx.rollback.processor import RecoveryError
+from kafkatx.listener.unit import TransactionUnit
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import ConsumedMessage, to_record
+from kafkatx.rollback.policy import Action
 from kafkatx.spark._errors import SparkOutputError, as_job_error, is_data_independent
 from kafkatx.spark._frames import messages_to_table, table_to_outputs
 
 if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.spec import ListenerSpec
 
 __all__ = ["SparkUnitRunner", "SparkSessionError"]
 
@@ -64,7 +75,7 @@ class _JobFailed(Exception):
 
 
 class _Stopping(Exception):
-    """Internal: the container stops; give the unit up uncommitted."""
+    """Internal: the container stops; give the batch up uncommitted."""
 
 
 @dataclass(slots=True)
@@ -99,10 +110,10 @@ class _Budget:
         return self.used >= self.limit
 
 
-class _Unit:
+class _Batch:
     """One unit's messages and their Arrow table (built once, sliced per job)."""
 
-    def __init__(self, msgs: Sequence[Message]) -> None:
+    def __init__(self, msgs: Sequence[ConsumedMessage]) -> None:
         self.msgs = msgs
         self._table: pa.Table | None = None
 
@@ -123,13 +134,12 @@ class _Unit:
 
 
 class SparkUnitRunner:
-    """``runner(msgs, producer)``: what the container calls for each transaction unit."""
+    """``runner(unit)``: what a Spark listener's container calls for each transaction unit."""
 
-    def __init__(self, container: ListenerContainer, session: Any, max_bisect_jobs: int) -> None:
-        self._c = container
-        self._spec = container.spec
+    def __init__(self, spec: ListenerSpec, session: Any, max_bisect_jobs: int) -> None:
+        self._spec = spec
         self._session = session
-        self._handler: Callable[[Any], Any] = container.spec.handler
+        self._handler: Callable[[Any], Any] = spec.handler
         self.max_bisect_jobs = max_bisect_jobs
         # Poison records whose recovery failed: on redelivery they go straight
         # to recovery instead of into the job (like the tracker's pending_recovery).
@@ -139,64 +149,64 @@ class SparkUnitRunner:
         self.jobs_run = 0
 
     # -- the unit ---------------------------------------------------------------
-    def __call__(self, msgs: list[Message], producer: TransactionalProducer) -> None:
-        c = self._c
+    def __call__(self, tx: TransactionUnit) -> None:
+        msgs = tx.messages
         started = time.perf_counter()
-        unit = _Unit(msgs)
-        self._forget_stale(msgs)
-        known = {i: self._known[unit.coords(i)] for i in range(len(msgs)) if unit.coords(i) in self._known}
+        batch = _Batch(msgs)
+        self._forget_stale(tx)
+        known = {i: self._known[batch.coords(i)] for i in range(len(msgs)) if batch.coords(i) in self._known}
         candidates = [i for i in range(len(msgs)) if i not in known]
         try:
-            outcome = self._process(unit, candidates, producer)
+            outcome = self._process(batch, candidates, tx)
         except _Stopping:
-            c._seek_to_start(msgs)  # nothing committed: the records come back on restart
+            tx.rewind()  # nothing committed: the records come back on restart
             return
         except ApplicationRecoverableError as exc:  # the producer could not answer a metadata check
-            c._recreate_producer(producer, exc, msgs)
+            tx.replace_producer(exc)
             return
         outcome.poison.update(known)
-        self._commit(unit, outcome, producer, started)
+        self._commit(batch, outcome, tx, started)
 
-    def _process(self, unit: _Unit, candidates: list[int], producer: TransactionalProducer) -> _Outcome:
+    def _process(self, batch: _Batch, candidates: list[int], tx: TransactionUnit) -> _Outcome:
         if not candidates:
             return _Outcome([], failed=True)
-        c, spec = self._c, self._spec
+        policy = tx.policy
         attempts = 0
         while True:
             try:
-                return _Outcome(self._run(unit, candidates, producer))
+                return _Outcome(self._run(batch, candidates, tx))
             except _JobFailed as failed:
                 exc = failed.exc
             attempts += 1
-            first = to_record(unit.msgs[candidates[0]], attempts)
-            c.publish(HandlerFailed(c.name, c.worker, first, exc, attempts))
-            retryable = spec.classifier.is_retryable(exc)
-            if retryable and attempts < spec.max_attempts:
-                delay = delay_for(spec.backoff, attempts)
+            first = to_record(batch.msgs[candidates[0]], attempts)
+            tx.publish(HandlerFailed(tx.listener, tx.worker, first, exc, attempts))
+            verdict = policy.decide(attempts, exc, tx.stop_event)
+            if verdict.action is Action.ABANDON:
+                raise _Stopping
+            if verdict.action is Action.RETRY:
                 log.info(
                     "spark listener %s: job over %d record(s) from %s failed on attempt %d/%d (%s: %s); retrying%s",
-                    c.name, len(candidates), first.coordinates, attempts, spec.max_attempts, type(exc).__name__, exc,
-                    f" in {delay:.3g}s" if delay else "",
+                    tx.listener, len(candidates), first.coordinates, attempts, policy.max_attempts,
+                    type(exc).__name__, exc, f" in {verdict.delay:.3g}s" if verdict.delay else "",
                 )  # fmt: skip
-                c.publish(RecordRetryScheduled(c.name, c.worker, first, attempts + 1, delay))
-                if c._stop.wait(delay) if delay > 0 else c._stop.is_set():
+                tx.publish(RecordRetryScheduled(tx.listener, tx.worker, first, attempts + 1, verdict.delay))
+                if tx.wait(verdict.delay):
                     raise _Stopping
                 continue
-            why = "not retryable" if not retryable else f"attempts exhausted ({attempts}/{spec.max_attempts})"
             log.warning(
                 "spark listener %s: job over %d record(s) from %s failed (%s: %s), %s; isolating the records that "
-                "make it fail", c.name, len(candidates), first.coordinates, type(exc).__name__, exc, why,
+                "make it fail", tx.listener, len(candidates), first.coordinates, type(exc).__name__, exc, verdict.reason,
             )  # fmt: skip
-            return self._isolate(unit, candidates, exc, attempts, producer)
+            return self._isolate(batch, candidates, exc, attempts, tx)
 
     # -- running the job -------------------------------------------------------------
-    def _run(self, unit: _Unit, indices: Sequence[int], producer: TransactionalProducer) -> list[PendingOutput]:
+    def _run(self, batch: _Batch, indices: Sequence[int], tx: TransactionUnit) -> list[PendingOutput]:
         """Run the handler over ``indices`` and return its encoded outputs; raises _JobFailed."""
         self.jobs_run += 1
         sent = _SendBuffer(self._spec.serializer)
         previous = bind_sink(sent)
         try:
-            df = self._session.createDataFrame(unit.table(indices))
+            df = self._session.createDataFrame(batch.table(indices))
             outputs = self._collect(self._handler(df))
         except Exception as exc:  # whatever the handler raises fails this run, as in the record path
             raise _JobFailed(as_job_error(exc)) from None
@@ -205,7 +215,7 @@ class SparkUnitRunner:
         if sent:
             outputs = [*sent, *outputs]
         try:
-            self._check_destinations(outputs, producer)
+            self._check_destinations(outputs, tx)
         except SparkOutputError as exc:
             raise _JobFailed(exc) from None
         return outputs
@@ -226,14 +236,14 @@ class SparkUnitRunner:
             data_independent=True,
         )
 
-    def _check_destinations(self, outputs: list[PendingOutput], producer: TransactionalProducer) -> None:
+    def _check_destinations(self, outputs: list[PendingOutput], tx: TransactionUnit) -> None:
         """Missing topics and partitions fail the job now, so that bisection can find the rows' records."""
         wanted: dict[str, int] = {}
         for out in outputs:
             top = wanted.get(out.topic, -1)
             wanted[out.topic] = max(top, out.partition if out.partition is not None else -1)
         for topic, max_partition in wanted.items():
-            count = producer.partition_count(topic)
+            count = tx.partition_count(topic)
             if count is None:
                 raise SparkOutputError(
                     f"spark listener {self._spec.name!r}: output topic {topic!r} does not exist; create it first "
@@ -248,7 +258,7 @@ class SparkUnitRunner:
 
     # -- poison isolation ------------------------------------------------------------
     def _isolate(
-        self, unit: _Unit, candidates: list[int], exc: BaseException, attempts: int, producer: TransactionalProducer
+        self, batch: _Batch, candidates: list[int], exc: BaseException, attempts: int, tx: TransactionUnit
     ) -> _Outcome:
         """Find the records whose presence makes the job fail; run it once over the rest.
 
@@ -276,54 +286,54 @@ class SparkUnitRunner:
             if is_data_independent(failure):
                 found = {i: failure for i in remaining}
             else:
-                found = self._find_one(unit, remaining, failure, budget, producer)
+                found = self._find_one(batch, remaining, failure, budget, tx)
             poison.update(found)
             good = [i for i in remaining if i not in found]
             if not good:
                 break
-            if self._c._stop.is_set():
+            if tx.stopping:
                 raise _Stopping
             budget.used += 1
             try:
-                outputs = self._run(unit, good, producer)
+                outputs = self._run(batch, good, tx)
                 break
             except _JobFailed as again:
                 remaining, failure = good, again.exc
-        self._check_session(failure)
+        self._check_session(failure, tx)
         ordered = sorted(poison)
         log.warning(
             "spark listener %s: %d poison record(s) out of %d isolated in %d job(s) (%.1fs): %s",
-            self._c.name, len(ordered), len(candidates), self.jobs_run - jobs_before, time.perf_counter() - started,
-            unit.describe(ordered),
+            tx.listener, len(ordered), len(candidates), self.jobs_run - jobs_before, time.perf_counter() - started,
+            batch.describe(ordered),
         )  # fmt: skip
         return _Outcome(outputs, {i: _Poison(poison[i], attempts) for i in ordered}, failed=True)
 
-    def _check_session(self, failure: BaseException) -> None:
+    def _check_session(self, failure: BaseException, tx: TransactionUnit) -> None:
         """Blame records only if Spark itself works: a dead JVM or an unreachable
         Connect server fails every probe, and would dead-letter whole batches."""
         try:
             self._session.range(1).count()
         except Exception as exc:
             raise SparkSessionError(
-                f"spark listener {self._c.name!r}: the SparkSession cannot run a trivial job ({type(exc).__name__}: "
+                f"spark listener {tx.listener!r}: the SparkSession cannot run a trivial job ({type(exc).__name__}: "
                 f"{exc}), so the batch's failure ({type(failure).__name__}: {failure}) is not blamed on its records. "
                 "The container stops; nothing of the batch was committed."
             ) from exc
 
     def _find_one(
         self,
-        unit: _Unit,
+        batch: _Batch,
         failing: list[int],
         failure: BaseException,
         budget: _Budget,
-        producer: TransactionalProducer,
+        tx: TransactionUnit,
     ) -> dict[int, BaseException]:
         """One poison record of ``failing`` (a set known to fail with ``failure``), with its error."""
         while len(failing) > 1:
             if budget.exhausted:
-                return self._suspects(failing, failure, budget)
+                return self._suspects(failing, failure, budget, tx)
             mid = len(failing) // 2
-            left_failure = self._probe(unit, failing[:mid], budget, producer)
+            left_failure = self._probe(batch, failing[:mid], budget, tx)
             if left_failure is None:
                 failing = failing[mid:]  # the first half passes: the failure came from the second
             else:
@@ -331,122 +341,111 @@ class SparkUnitRunner:
         return {failing[0]: failure}
 
     def _probe(
-        self, unit: _Unit, indices: list[int], budget: _Budget, producer: TransactionalProducer
+        self, batch: _Batch, indices: list[int], budget: _Budget, tx: TransactionUnit
     ) -> BaseException | None:
-        if self._c._stop.is_set():
+        if tx.stopping:
             raise _Stopping
         budget.used += 1
         try:
-            self._run(unit, indices, producer)
+            self._run(batch, indices, tx)
         except _JobFailed as failed:
             return failed.exc
         return None
 
-    def _suspects(self, failing: list[int], failure: BaseException, budget: _Budget) -> dict[int, BaseException]:
+    def _suspects(
+        self, failing: list[int], failure: BaseException, budget: _Budget, tx: TransactionUnit
+    ) -> dict[int, BaseException]:
         note = (
             f"kafkatx: bisection stopped at max_bisect_jobs={budget.limit}; this record was dead-lettered as one "
             f"of {len(failing)} suspects whose job failed together"
         )
         if note not in getattr(failure, "__notes__", ()):
             failure.add_note(note)
-        log.warning("spark listener %s: %s", self._c.name, note)
+        log.warning("spark listener %s: %s", tx.listener, note)
         return {i: failure for i in failing}
 
     # -- the transaction ---------------------------------------------------------------
-    def _commit(self, unit: _Unit, outcome: _Outcome, producer: TransactionalProducer, started: float) -> None:
-        c, spec, msgs = self._c, self._spec, unit.msgs
-        offsets: dict[TP, int] = {}
-        for m in msgs:
-            tp = (m.topic(), m.partition())
-            offsets[tp] = max(offsets.get(tp, -1), m.offset() + 1)
-        abortable = 0
+    def _commit(self, batch: _Batch, outcome: _Outcome, tx: TransactionUnit, started: float) -> None:
+        """One transaction: the job's outputs, the poison records recovered, the offsets of the whole unit."""
+        msgs = batch.msgs
+        offsets = tx.next_offsets()
         while True:
             poison = sorted(outcome.poison.items())
             records = {i: to_record(msgs[i], p.attempts) for i, p in poison}
-            try:
-                producer.begin()
+
+            def work() -> None:
                 for out in outcome.outputs:
-                    producer.produce(out)
+                    tx.produce(out)
                 for i, p in poison:
-                    c._recover(spec.recoverer, records[i], p.exc, producer)
-                assert c._consumer is not None
-                producer.send_offsets(
-                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()], c._consumer.consumer_group_metadata()
-                )
-                producer.commit()
-            except TransactionAbortableError as exc:
-                abortable += 1
-                c._note_kafka_error(exc, "abort and redo the batch's transaction")
-                if not c._abort(producer, len(msgs), f"abortable error: {exc}", msgs):
-                    return
-                if abortable > spec.max_abortable_retries:
-                    c._recreate_producer(producer, exc, msgs, escalated=True)
-                    return
-                continue  # same outputs from memory: the same outcome as re-running the job
-            except ApplicationRecoverableError as exc:
-                c._recreate_producer(producer, exc, msgs)
-                return
+                    tx.recover(tx.policy.recoverer, records[i], p.exc)
+                tx.send_offsets(offsets)
+
+            recovery: RecoveryError | None = None
+            rejected: OutputError | None = None
+            try:
+                if not tx.transact(work, what="batch's transaction"):
+                    return  # the producer was replaced and the unit rewound to the committed offsets
             except RecoveryError as exc:
-                if c._abort(producer, len(msgs), str(exc), msgs):
-                    self._recovery_failed(unit, outcome, exc)
-                return
+                recovery = exc
             except OutputError as exc:  # the client refused an output record
-                if not c._abort(producer, len(msgs), f"output rejected: {exc}", msgs):
-                    return
+                rejected = exc
+            if recovery is not None:
+                self._recovery_failed(batch, outcome, recovery, tx)
+                return
+            if rejected is not None:
                 log.error(
                     "spark listener %s: an output of the job over %d record(s) was rejected (%s); its rows cannot "
                     "be traced to records, so all of them go to the recoverer",
-                    c.name, len(msgs) - len(outcome.poison), exc,
+                    tx.listener, len(msgs) - len(outcome.poison), rejected,
                 )  # fmt: skip
-                rest = {i: _Poison(exc, 1) for i in range(len(msgs)) if i not in outcome.poison}
+                rest = {i: _Poison(rejected, 1) for i in range(len(msgs)) if i not in outcome.poison}
                 outcome = _Outcome([], {**outcome.poison, **rest}, failed=True)
                 continue
             break
         for i, p in poison:
-            self._known.pop(unit.coords(i), None)
-            self._recovery_failures.pop(unit.coords(i), None)
-            c.publish(RecordRecovered(c.name, c.worker, records[i], p.exc, spec.recoverer.name))
-        c.publish(
+            self._known.pop(batch.coords(i), None)
+            self._recovery_failures.pop(batch.coords(i), None)
+            tx.publish(RecordRecovered(tx.listener, tx.worker, records[i], p.exc, tx.policy.recoverer.name))
+        tx.publish(
             TransactionCommitted(
-                c.name, c.worker, len(msgs), len(outcome.outputs), time.perf_counter() - started,
+                tx.listener, tx.worker, len(msgs), len(outcome.outputs), time.perf_counter() - started,
                 "after_rollback" if outcome.failed else "batch",
             )
         )  # fmt: skip
 
-    def _recovery_failed(self, unit: _Unit, outcome: _Outcome, exc: RecoveryError) -> None:
+    def _recovery_failed(self, batch: _Batch, outcome: _Outcome, exc: RecoveryError, tx: TransactionUnit) -> None:
         """Keep every poison record (skip the job for them next time), back off, rewind; stop at the limit."""
-        c, spec = self._c, self._spec
         for i, p in outcome.poison.items():
-            self._known[unit.coords(i)] = p
+            self._known[batch.coords(i)] = p
         record = exc.record
         key = (record.topic, record.partition, record.offset)
         failures = self._recovery_failures[key] = self._recovery_failures.get(key, 0) + 1
         original = self._known.get(key)
-        c.publish(
-            RecoveryFailed(c.name, c.worker, record, original.exc if original else None, exc.exception, failures)
+        tx.publish(
+            RecoveryFailed(tx.listener, tx.worker, record, original.exc if original else None, exc.exception, failures)
         )
-        limit = spec.max_recovery_failures
-        if limit is not None and failures >= limit:
+        delay = tx.policy.recovery_delay(failures)
+        if delay is None:
             raise RecoveryExhaustedError(
-                f"listener {c.name!r}: recovery of {record.coordinates} failed {failures} time(s) "
-                f"(max_recovery_failures={limit}); last error: {type(exc.exception).__name__}: {exc.exception}. "
-                "The container stopped; the record was not committed and will be delivered again on restart."
+                f"listener {tx.listener!r}: recovery of {record.coordinates} failed {failures} time(s) "
+                f"(max_recovery_failures={tx.policy.max_recovery_failures}); last error: "
+                f"{type(exc.exception).__name__}: {exc.exception}. The container stopped; the record was not "
+                "committed and will be delivered again on restart."
             ) from exc.exception
-        delay = delay_for(spec.recovery_backoff, failures)
         log.error(
             "spark listener %s: recovery of %s failed (%d time(s)): %s: %s; nothing committed, retrying in %.3gs",
-            c.name, record.coordinates, failures, type(exc.exception).__name__, exc.exception, delay,
+            tx.listener, record.coordinates, failures, type(exc.exception).__name__, exc.exception, delay,
         )  # fmt: skip
-        c._seek_to_start(list(unit.msgs))
-        c._pause((record.topic, record.partition), delay)
+        tx.rewind()
+        tx.pause((record.topic, record.partition), delay)
 
-    def _forget_stale(self, msgs: Sequence[Message]) -> None:
+    def _forget_stale(self, tx: TransactionUnit) -> None:
         """Drop remembered poison of partitions we lost, or offsets already committed by someone."""
         if not self._known and not self._recovery_failures:
             return
-        assigned = self._c.assignment
+        assigned = tx.assignment
         first: dict[TP, int] = {}
-        for m in msgs:
+        for m in tx.messages:
             first.setdefault((m.topic(), m.partition()), m.offset())
         for table in (self._known, self._recovery_failures):
             for key in list(table):

@@ -57,7 +57,7 @@ def ship_module_by_value(module: types.ModuleType | str) -> None:
     """Pickle ``module``'s functions and classes by value, so workers need not import it."""
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[module] if isinstance(module, str) else module)
+    cloudpickle.register_pickle_by_value(sys.modules[module] if isinstance(module, str) else module)  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from kafkatx.record import Record
 

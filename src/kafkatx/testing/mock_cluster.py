@@ -221,7 +221,7 @@ def _error_code(error: Any) -> int:
     return int(code)
 
 
-def _int32(value: int, what: str) -> int:
+def _checked_int32(value: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, not {type(value).__name__}")
     if not _INT32_MIN <= value <= _INT32_MAX:
@@ -260,7 +260,7 @@ class MockCluster:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
         if initial_rebalance_delay_ms is not None:
-            initial_rebalance_delay_ms = _int32(initial_rebalance_delay_ms, "initial_rebalance_delay_ms")
+            initial_rebalance_delay_ms = _checked_int32(initial_rebalance_delay_ms, "initial_rebalance_delay_ms")
             if initial_rebalance_delay_ms < 0:
                 raise ValueError(f"initial_rebalance_delay_ms must be >= 0, got {initial_rebalance_delay_ms}")
 
@@ -379,7 +379,7 @@ class MockCluster:
 
     def set_initial_rebalance_delay(self, ms: int) -> None:
         """Set ``group.initial.rebalance.delay.ms`` (mock default 3000) for all groups."""
-        ms = _int32(ms, "ms")
+        ms = _checked_int32(ms, "ms")
         if ms < 0:
             raise ValueError(f"ms must be >= 0, got {ms}")
         with self._lock:
@@ -421,7 +421,7 @@ class MockCluster:
         broker answers after ``rtt_ms`` so timeouts can be provoked. Broker
         errors take precedence over cluster-wide ones.
         """
-        broker_id = _int32(broker_id, "broker_id")
+        broker_id = _checked_int32(broker_id, "broker_id")
         key = _api_key(api_key)
         if not errors:
             raise ValueError("push_broker_request_errors needs at least one error")
@@ -433,7 +433,7 @@ class MockCluster:
             if isinstance(item, tuple):
                 if len(item) != 2:
                     raise ValueError(f"expected an (error_code, rtt_ms) pair, got {item!r}")
-                code, rtt = _error_code(item[0]), _int32(item[1], "rtt_ms")
+                code, rtt = _error_code(item[0]), _checked_int32(item[1], "rtt_ms")
                 if rtt < 0:
                     raise ValueError(f"rtt_ms must be >= 0, got {rtt}")
             else:
@@ -458,7 +458,7 @@ class MockCluster:
         self._set_broker(broker_id, up=True)
 
     def _set_broker(self, broker_id: int, *, up: bool) -> None:
-        broker_id = _int32(broker_id, "broker_id")
+        broker_id = _checked_int32(broker_id, "broker_id")
         func = self._lib.rd_kafka_mock_broker_set_up if up else self._lib.rd_kafka_mock_broker_set_down
         with self._lock:
             err = func(self._handle(), broker_id)

@@ -11,19 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from kafkatx.errors import OutputError
 from kafkatx.record import Output
 
-__all__ = ["OutputError", "PendingOutput", "collect_outputs", "encode", "encode_headers", "Serializer"]
+__all__ = ["PendingOutput", "collect_outputs", "encode", "encode_headers", "Serializer"]
 
 Serializer = Callable[[Any], bytes]
-
-
-class OutputError(TypeError):
-    """A handler returned or sent something kafkatx cannot produce.
-
-    It subclasses TypeError, so it is not retryable by default: retrying the
-    same record would return the same bad value.
-    """
 
 
 class PendingOutput(NamedTuple):

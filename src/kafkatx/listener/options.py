@@ -1,0 +1,141 @@
+"""The options of a listener declaration, typed, so that editors complete them and type checkers check them.
+
+``App.listener``, ``App.add_listener`` and ``App.spark_listener`` take them
+as keyword arguments (``**options: Unpack[ListenerOptions]``); their
+``inspect.signature`` lists every option with its default. A misspelt option
+is an :class:`~kafkatx.InvalidConfigurationError` that suggests the closest
+name, raised when the decorator runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, TypedDict
+
+from tenacity.wait import wait_base
+
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.record import Record
+from kafkatx.recoverers import Recoverer
+
+__all__ = [
+    "ListenerOptions",
+    "SparkListenerOptions",
+    "LISTENER_DEFAULTS",
+    "check_option_names",
+    "signature_with_options",
+]
+
+Fencing = Literal["group", "partition"]
+RetryMode = Literal["rollback", "in_place"]
+Backoff = wait_base | float | None
+DeadLetter = bool | str | Recoverer | Callable[[Record, BaseException], object] | None
+
+
+class ListenerOptions(TypedDict, total=False):
+    """Keyword options of ``@app.listener`` (see the README for each one's meaning)."""
+
+    name: str
+    output: str | None
+    max_batch_records: int
+    max_batch_ms: int
+    max_transaction_ms: int | None
+    fencing: Fencing
+    concurrency: int
+    max_attempts: int
+    backoff: Backoff
+    dlq: DeadLetter
+    not_retryable: Iterable[type[BaseException]]
+    retryable: Iterable[type[BaseException]]
+    default_not_retryable: bool
+    after_rollback: Any
+    max_recovery_failures: int | None
+    recovery_backoff: Backoff
+    retry: RetryMode
+    serializer: Callable[[Any], bytes] | None
+    group_id: str | None
+    consumer_config: Mapping[str, Any]
+    producer_config: Mapping[str, Any]
+    max_abortable_retries: int
+    idle_event_interval: float | None
+
+
+class SparkListenerOptions(TypedDict, total=False):
+    """Keyword options of ``@app.spark_listener``: the listener's, minus per-record ones, plus ``max_bisect_jobs``."""
+
+    name: str
+    output: str | None
+    max_batch_records: int
+    max_batch_ms: int
+    max_transaction_ms: int | None
+    fencing: Fencing
+    concurrency: int
+    max_attempts: int
+    backoff: Backoff
+    dlq: DeadLetter
+    not_retryable: Iterable[type[BaseException]]
+    retryable: Iterable[type[BaseException]]
+    default_not_retryable: bool
+    max_recovery_failures: int | None
+    recovery_backoff: Backoff
+    serializer: Callable[[Any], bytes] | None
+    group_id: str | None
+    consumer_config: Mapping[str, Any]
+    producer_config: Mapping[str, Any]
+    max_abortable_retries: int
+    idle_event_interval: float | None
+    max_bisect_jobs: int
+
+
+#: The defaults of every listener option (what the signature shows).
+LISTENER_DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "output": None,
+    "max_batch_records": 5000,
+    "max_batch_ms": 100,
+    "max_transaction_ms": None,
+    "fencing": "group",
+    "concurrency": 1,
+    "max_attempts": 3,
+    "backoff": None,
+    "dlq": False,
+    "not_retryable": (),
+    "retryable": (),
+    "default_not_retryable": True,
+    "after_rollback": None,
+    "max_recovery_failures": None,
+    "recovery_backoff": None,
+    "retry": "rollback",
+    "serializer": None,
+    "group_id": None,
+    "consumer_config": None,
+    "producer_config": None,
+    "max_abortable_retries": 5,
+    "idle_event_interval": None,
+}
+
+
+def check_option_names(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    """Reject unknown options with the closest valid name, before anything else is validated."""
+    allowed = list(allowed)
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(sorted(allowed))}"
+            raise InvalidConfigurationError(f"{where} got an unknown option {key!r}{hint}")
+
+
+def signature_with_options(
+    fn: Callable[..., Any], options: type[Any], defaults: Mapping[str, Any]
+) -> inspect.Signature:
+    """``fn``'s signature with ``**options`` spelt out as keyword-only parameters (for help() and editors)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hints = options.__annotations__
+    for key in hints:
+        params.append(
+            inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(key), annotation=hints[key])
+        )
+    return sig.replace(parameters=params)

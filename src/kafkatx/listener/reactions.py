@@ -1,0 +1,149 @@
+"""KIP-1050 reactions to Kafka errors inside a transaction, and producer replacement.
+
+- Abortable: abort and redo the transaction from memory, up to
+  ``max_abortable_retries`` times in a row; then escalate to a new producer.
+- Application-recoverable (fencing, a producer gone fatal, a stuck call):
+  discard the producer, rewind to the committed offsets; the next
+  transaction creates a new producer with the same transactional.id. The
+  after-rollback processor is not involved: after fencing, the partitions
+  may belong to another consumer already.
+- Group membership lost mid-transaction: abort and rewind.
+
+A producer replaced more than ``max_producer_recreations`` times within a
+minute stops the container (:class:`~kafkatx.FencedTooOftenError`): another
+process is almost certainly using the same transactional.id.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from kafkatx.classification import ErrorClass
+from kafkatx.errors import (
+    ApplicationRecoverableError,
+    FencedTooOftenError,
+    GroupMembershipChanged,
+    KafkaClientError,
+    TransactionAbortableError,
+)
+from kafkatx.events import KafkaErrorHandled, ProducerRecreated
+from kafkatx.listener.unit import first_offsets
+from kafkatx.record import ConsumedMessage
+
+if TYPE_CHECKING:
+    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.producer import TransactionalProducer
+    from kafkatx.listener.unit import TransactionUnit
+
+__all__ = ["KafkaErrorReactions"]
+
+log = logging.getLogger("kafkatx.container")
+
+_FENCE_WINDOW_S = 60.0
+
+
+class KafkaErrorReactions:
+    """The reactions of one container (its producers share the recreation budget)."""
+
+    def __init__(self, container: ListenerContainer) -> None:
+        self._c = container
+        self._recreations: collections.deque[float] = collections.deque()
+
+    def react(
+        self,
+        unit: TransactionUnit,
+        exc: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged,
+        abortable: int,
+        action: str,
+    ) -> bool:
+        """React to ``exc`` raised in ``unit``'s transaction. True: run the transaction again from memory.
+
+        ``abortable`` counts the abortable errors of this unit in a row.
+        """
+        c = self._c
+        if isinstance(exc, TransactionAbortableError):
+            self.note(exc, action)
+            if not unit.abort(len(unit.messages), f"abortable error: {exc}"):
+                return False
+            if abortable > c.spec.max_abortable_retries:
+                self.recreate_producer(unit._producer, exc, unit.messages, escalated=True)
+                return False
+            return True
+        if isinstance(exc, ApplicationRecoverableError):
+            self.recreate_producer(unit._producer, exc, unit.messages)
+            return False
+        log.warning("%s", exc)
+        if unit.abort(len(unit.messages), str(exc)):
+            self.rewind_to_committed(unit.messages)
+        return False
+
+    def recreate_producer(
+        self, producer: TransactionalProducer, exc: KafkaClientError, msgs: Sequence[ConsumedMessage], *, escalated: bool = False
+    ) -> None:
+        """Application-recoverable: drop the producer, rewind to the committed offsets, carry on."""
+        c = self._c
+        now = time.monotonic()
+        self._recreations.append(now)
+        while self._recreations and self._recreations[0] < now - _FENCE_WINDOW_S:
+            self._recreations.popleft()
+        log.warning(
+            "listener %s: %s%s; replacing producer %s and rewinding to the committed offsets",
+            c.name, "escalated: " if escalated else "", exc, producer.transactional_id,
+        )  # fmt: skip
+        producer.discard()
+        c.publish(ProducerRecreated(c.name, c.worker, producer.transactional_id, exc))
+        self.note(exc, "recreate producer")
+        limit = c.runtime.max_producer_recreations
+        if len(self._recreations) > limit:
+            raise FencedTooOftenError(
+                f"listener {c.name!r}: producer {producer.transactional_id} had to be replaced "
+                f"{len(self._recreations)} times within {_FENCE_WINDOW_S:.0f}s (max_producer_recreations={limit}; "
+                f"last error: {exc}). Another process is probably using the same transactional.id: give each "
+                "instance a unique instance_id."
+            ) from exc
+        self.rewind_to_committed(msgs)
+        if c.spec.fencing == "partition" and not escalated and exc.fenced:
+            # KIP-98 mode: the transactional.id belongs to the partition, so a newer producer with
+            # it means the partition was most likely given to another consumer, and this one has
+            # not heard yet (it was dropped from the group while busy). Starting a new producer now
+            # would fence that owner in turn, and both would commit the same records. So hold the
+            # partition until the group says whose it is: a revoke ends the hold, and if it is
+            # still ours after a couple of heartbeats, the next transaction takes the id back.
+            for tp in first_offsets(msgs):
+                log.warning("listener %s: holding %s[%d] for %.0fs after fencing (was it reassigned?)",
+                            c.name, tp[0], tp[1], c.fence_hold)  # fmt: skip
+                c.pause(tp, c.fence_hold)
+
+    def rewind_to_committed(self, msgs: Sequence[ConsumedMessage]) -> None:
+        """Seek the partitions of ``msgs`` that are still ours to their committed offsets."""
+        c = self._c
+        consumer = c.consumer
+        if consumer is None:
+            return
+        starts = first_offsets(msgs)
+        wanted = [TopicPartition(t, p) for (t, p) in starts if (t, p) in c.assigned]
+        if not wanted:
+            return
+        try:
+            committed = consumer.committed(wanted, timeout=10)
+        except Exception:
+            log.warning("could not read committed offsets; rewinding to the batch start", exc_info=True)
+            committed = [TopicPartition(tp.topic, tp.partition, starts[(tp.topic, tp.partition)]) for tp in wanted]
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else starts[(tp.topic, tp.partition)]
+            c.seek((tp.topic, tp.partition), offset)
+
+    def note(self, exc: KafkaClientError, action: str) -> None:
+        c = self._c
+        c.publish(KafkaErrorHandled(c.name, c.worker, exc.operation or "", exc.error_class.name, exc, action))
+
+    def on_retry(self, cls: ErrorClass, err: KafkaError, attempt: int) -> None:
+        """A retriable error that the producer retries by itself (for events and metrics)."""
+        c = self._c
+        c.publish(KafkaErrorHandled(c.name, c.worker, "", cls.name, None, f"retry #{attempt}", {"code": err.name()}))

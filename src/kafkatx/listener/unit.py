@@ -1,0 +1,331 @@
+"""The transaction unit: what a runner needs to turn consumed records into one exactly-once commit.
+
+A container splits each poll into units (the whole batch with
+``fencing="group"``, each partition's slice with ``fencing="partition"``) and
+hands each to its listener's runner as ``runner(unit)``. The record runner
+(handler per record) and the Spark runner (one job per unit) are both
+written on this interface only, and so can yours:
+
+.. code-block:: python
+
+    def run(unit: TransactionUnit) -> None:
+        outputs = my_batch_job(unit.records())          # outside the transaction
+        def work() -> None:
+            for out in outputs:
+                unit.produce(out)
+            unit.send_offsets(unit.next_offsets())
+        unit.transact(work)                            # begin, work, commit; KIP-1050 reactions
+
+:meth:`TransactionUnit.transact` begins a transaction, runs ``work``, and
+commits under the membership check (a consumer that left its group aborts
+instead of committing: the zombie check). Kafka errors get their KIP-1050
+reaction there: abortable, abort and run ``work`` again; application-
+recoverable, replace the producer and rewind to the committed offsets. Any
+other exception aborts the transaction and propagates, for the runner to
+decide (usually: ask :attr:`TransactionUnit.policy`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import TopicPartition
+
+from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
+from kafkatx.errors import (
+    ApplicationRecoverableError,
+    GroupMembershipChanged,
+    KafkaClientError,
+    RecoveryError,
+    TransactionAbortableError,
+)
+from kafkatx.events import Event, TransactionAborted
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import ConsumedMessage, Record, to_record
+
+if TYPE_CHECKING:
+    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.producer import TransactionalProducer
+    from kafkatx.listener.spec import ListenerSpec
+    from kafkatx.recoverers import Recoverer
+    from kafkatx.rollback.policy import FailurePolicy
+    from kafkatx.rollback.tracker import FailureTracker
+
+__all__ = ["TransactionUnit", "TP", "first_offsets", "next_offsets"]
+
+log = logging.getLogger("kafkatx.container")
+
+TP = tuple[str, int]
+_KAFKA_REACTIONS = (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged)
+
+
+class TransactionUnit:
+    """One slice of consumed records, the transactional producer that owns them, and the container's services.
+
+    Attributes: ``messages`` (the consumed ``confluent_kafka.ConsumedMessage``\\ s, in
+    partition order), ``spec`` (the listener's declaration), ``policy`` (its
+    :class:`~kafkatx.rollback.policy.FailurePolicy`), ``tracker`` (the
+    container's failure counts), ``listener``, ``group_id``, ``worker``.
+    """
+
+    __slots__ = ("_c", "_producer", "messages", "spec", "policy", "tracker", "listener", "group_id", "worker",
+                 "_offsets", "_membership", "outputs")  # fmt: skip
+
+    def __init__(self, container: ListenerContainer, producer: TransactionalProducer, messages: list[ConsumedMessage]) -> None:
+        self._c = container
+        self._producer = producer
+        self.messages = messages
+        self.spec: ListenerSpec = container.spec
+        self.policy: FailurePolicy = container.spec.policy
+        self.tracker: FailureTracker = container.tracker
+        self.listener: str = container.name
+        self.group_id: str = container.group_id
+        self.worker: int = container.worker
+        self._offsets: dict[TP, int] = {}
+        self._membership: Any = None
+        #: Records produced in the current transaction (for events and metrics).
+        self.outputs = 0
+
+    def with_messages(self, messages: list[ConsumedMessage]) -> TransactionUnit:
+        """The same container and producer, over ``messages`` (e.g. the records left after a failure)."""
+        if messages is self.messages:
+            return self
+        return TransactionUnit(self._c, self._producer, messages)
+
+    # -- the container's state ------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """True once the container was asked to stop: give up what is not committed yet."""
+        return self._c.stop_event.is_set()
+
+    @property
+    def stop_event(self) -> Any:
+        """The container's stop event (``threading.Event``), for tenacity's ``stop_when_event_set``."""
+        return self._c.stop_event
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the container stops. True if it is stopping."""
+        if seconds <= 0:
+            return self.stopping
+        return self._c.stop_event.wait(seconds)
+
+    def publish(self, event: Event) -> None:
+        self._c.publish(event)
+
+    def records(self, messages: Sequence[ConsumedMessage] | None = None) -> list[Record]:
+        """The unit's messages as :class:`~kafkatx.Record`\\ s, each with its true next ``attempt``."""
+        attempt = self.tracker.attempt
+        msgs = self.messages if messages is None else messages
+        return [to_record(m, attempt(m.topic(), m.partition(), m.offset())) for m in msgs]
+
+    def next_offsets(self, messages: Sequence[ConsumedMessage] | None = None) -> dict[TP, int]:
+        """The offsets to commit once ``messages`` (default: the whole unit) are done."""
+        return next_offsets(self.messages if messages is None else messages)
+
+    @property
+    def assignment(self) -> set[TP]:
+        """The partitions the container owns right now."""
+        return set(self._c.assigned)
+
+    def partition_count(self, topic: str) -> int | None:
+        """Partitions of ``topic`` from metadata (cached), or None if it does not exist."""
+        return self._producer.partition_count(topic)
+
+    # -- one transaction ------------------------------------------------------
+    def transact(self, work: Callable[[], None], *, records: int | None = None, what: str = "batch") -> bool:
+        """Begin, run ``work``, commit. True if it committed.
+
+        ``work`` produces and calls :meth:`send_offsets`. On an abortable Kafka
+        error the transaction is aborted and ``work`` runs again (at most
+        ``max_abortable_retries`` times in a row, then the producer is
+        replaced). On an application-recoverable error, or when the consumer
+        left its group, the unit is rewound to the committed offsets and
+        False is returned. Other Kafka errors (invalid configuration) are
+        raised as they are: the container stops. Any other exception (a
+        handler's) aborts the transaction and is raised again; if the abort
+        itself failed (the producer was replaced and the unit rewound), False
+        is returned instead.
+        """
+        count = len(self.messages) if records is None else records
+        abortable = 0
+        while True:
+            reaction: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged | None = None
+            failure: BaseException | None = None
+            try:
+                self.begin()
+                work()
+                self.commit()
+                return True
+            except _KAFKA_REACTIONS as exc:
+                reaction = exc
+            except KafkaClientError:
+                raise  # invalid configuration or retries that ran out: the container stops (and closes the producer)
+            except BaseException as exc:
+                failure = exc
+            # Outside the except blocks: nothing raised from here on gets them as its __context__.
+            if reaction is not None:
+                abortable = abortable + 1 if isinstance(reaction, TransactionAbortableError) else 0
+                if self._c.reactions.react(self, reaction, abortable, f"abort and reprocess the {what}"):
+                    continue
+                return False
+            assert failure is not None
+            if not self.abort(count, f"{what} failed: {type(failure).__name__}"):
+                return False
+            raise failure
+
+    def begin(self) -> None:
+        self._offsets = {}
+        self._membership = None
+        self.outputs = 0
+        self._producer.begin()
+
+    def produce(self, output: PendingOutput) -> None:
+        """Produce one record in the open transaction (waits for queue space, classifies errors)."""
+        self._producer.produce(output)
+        self.outputs += 1
+
+    def direct(self, topic: str) -> Callable[..., Any] | None:
+        """confluent-kafka's own ``produce`` for ``topic``, for hot paths; see TransactionalProducer.direct."""
+        return self._producer.direct(topic)
+
+    def send_offsets(self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None) -> None:
+        """Send the next offsets to consume to the transaction, with the consumer's group metadata.
+
+        ``metadata`` (per partition) is stored with the committed offset: kafkatx uses it to carry
+        attempt counts across restarts and rebalances.
+        """
+        if not offsets:
+            return
+        membership = self._c.membership()
+        meta = metadata or {}
+        self._producer.send_offsets(
+            [TopicPartition(t, p, o, metadata=meta[(t, p)]) if (t, p) in meta else TopicPartition(t, p, o)
+             for (t, p), o in offsets.items()],
+            membership,
+        )  # fmt: skip
+        self._offsets.update(offsets)
+        self._membership = membership
+
+    def commit(self) -> None:
+        """Commit, unless the consumer left its group since the offsets were sent (GroupMembershipChanged)."""
+        membership = self._membership
+        self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
+        self._c.committed(self._offsets)
+
+    def abort(self, records: int, reason: str) -> bool:
+        """Abort the open transaction. False if the abort failed (the producer was then replaced and the unit rewound)."""
+        try:
+            self._producer.abort()
+        except ApplicationRecoverableError as exc:
+            self._c.reactions.recreate_producer(self._producer, exc, self.messages)
+            return False
+        self.publish(TransactionAborted(self.listener, self.worker, records, reason))
+        log.debug("listener %s aborted a transaction of %d record(s): %s", self.listener, records, reason)
+        return True
+
+    def recover(self, recoverer: Recoverer, record: Record, exception: BaseException, *, confirm: bool = True) -> None:
+        """Run ``recoverer`` inside the open transaction; raise :class:`~kafkatx.RecoveryError` if it fails.
+
+        ``kafkatx.send()`` produces directly into the transaction meanwhile.
+        With ``confirm=False`` (in-place recovery inside a batch transaction)
+        the recoverer's own deliveries are not waited for: the batch's commit
+        confirms them, and a failed dead letter fails that commit.
+        """
+        producer = self._producer
+        sink = _DirectSink(self, self.spec.serializer)
+        previous_sink = bind_sink(sink)
+        previous_ctx = bind_recovery(
+            RecoveryContext(
+                self.listener, self.group_id, producer.partition_count,
+                sink.deliver if confirm else sink.deliver_unconfirmed,
+                producer.flush if confirm else list, self.policy.is_retryable,
+            )
+        )  # fmt: skip
+        failure: Exception | None = None
+        try:
+            recoverer(record, exception)
+        except KafkaClientError:
+            raise
+        except Exception as exc:
+            failure = exc
+        finally:
+            bind_recovery(previous_ctx)
+            bind_sink(previous_sink)
+        if failure is not None:
+            raise RecoveryError(record, failure, recoverer.name) from failure
+
+    def replace_producer(self, exc: KafkaClientError) -> None:
+        """Application-recoverable outside a transaction: discard the producer, rewind to the committed offsets."""
+        self._c.reactions.recreate_producer(self._producer, exc, self.messages)
+
+    # -- consumer positions ---------------------------------------------------------
+    def seek(self, tp: TP, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` next (ignored if the partition was revoked meanwhile)."""
+        self._c.seek(tp, offset)
+
+    def rewind(self, messages: Sequence[ConsumedMessage] | None = None) -> None:
+        """Seek every partition of ``messages`` (default: the unit) back to its first record."""
+        for tp, offset in first_offsets(self.messages if messages is None else messages).items():
+            self._c.seek(tp, offset)
+
+    def rewind_to_committed(self, messages: Sequence[ConsumedMessage] | None = None) -> None:
+        """Seek the partitions of ``messages`` back to their committed offsets."""
+        self._c.reactions.rewind_to_committed(self.messages if messages is None else messages)
+
+    def pause(self, tp: TP, seconds: float) -> None:
+        """Hold ``tp`` for ``seconds`` while the consumer keeps polling (no rebalance; other partitions flow).
+
+        The hold ends early if the partition is revoked: a pause never outlives the assignment it was made for.
+        """
+        self._c.pause(tp, seconds)
+
+
+class _DirectSink:
+    """``send()`` target inside recoverers: produces straight into the unit's transaction."""
+
+    __slots__ = ("_unit", "serializer", "_errors")
+
+    def __init__(self, unit: TransactionUnit, serializer: Any) -> None:
+        self._unit, self.serializer = unit, serializer
+        self._errors: list[str] = []
+
+    def add(self, output: PendingOutput) -> None:
+        self._unit._producer.produce(output)  # not counted in the unit's outputs: recoveries have their own events
+
+    def deliver(self, output: PendingOutput) -> str | None:
+        """Produce ``output`` and wait for its own delivery; its error, or None."""
+        errors: list[str] = []
+        producer = self._unit._producer
+        producer.produce(output, on_error=errors.append)
+        undelivered = producer.wait_for_deliveries()
+        if errors:
+            return errors[0]
+        if undelivered:
+            return f"not delivered yet: {undelivered} record(s) of the transaction still in flight"
+        return None
+
+    def deliver_unconfirmed(self, output: PendingOutput) -> str | None:
+        self.add(output)
+        return None
+
+
+def first_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
+    """The first offset of each partition in ``msgs``."""
+    first: dict[TP, int] = {}
+    for m in msgs:
+        first.setdefault((m.topic(), m.partition()), m.offset())
+    return first
+
+
+def next_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
+    """The offset after the last record of each partition in ``msgs``."""
+    offsets: dict[TP, int] = {}
+    for m in msgs:
+        tp = (m.topic(), m.partition())
+        offset = m.offset() + 1
+        if offset > offsets.get(tp, -1):
+            offsets[tp] = offset
+    return offsets
+

@@ -1,0 +1,276 @@
+"""The after-rollback path: what the container does once a unit's transaction was aborted for a handler failure.
+
+:func:`after_rollback` runs the listener's after-rollback processor inside a
+NEW transaction, through a :class:`RollbackScope` (the processor's
+:class:`~kafkatx.rollback.processor.RollbackContext`). After the commit,
+every record the transaction did not commit is rewound (or handed back to
+be handled next from memory), so a processor cannot lose records by
+forgetting to seek. :func:`recovery_failed` is what happens when the
+recoverer itself fails: the batch-mates before the record are committed,
+the record is kept, and its partition backs off before recovery is retried.
+
+The unit interface (:class:`~kafkatx.listener.unit.TransactionUnit`) is the
+only thing this module uses of the container.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+
+from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
+from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import ConsumedMessage, Record
+from kafkatx.recoverers import Recoverer
+from kafkatx.rollback import durable
+from kafkatx.rollback.processor import AfterRollbackProcessor
+
+if TYPE_CHECKING:
+    import threading
+
+    from kafkatx.listener.unit import TransactionUnit
+
+__all__ = ["HandlerFailure", "RollbackScope", "after_rollback", "recovery_failed", "Replay"]
+
+log = logging.getLogger("kafkatx.rollback")
+
+TP = tuple[str, int]
+#: Runs the handler for one record and returns its encoded outputs (raising what the handler raised).
+Replay = Callable[[Record], Sequence[PendingOutput]]
+_NEVER = 2**63  # an offset no record reaches
+
+
+class HandlerFailure(Exception):
+    """Internal signal: the handler (or its outputs) failed for record ``index`` of a unit.
+
+    It never reaches users: the record's own exception is ``exc``, raised
+    and kept outside any ``except`` block of kafkatx, so its
+    ``__context__`` chain is the handler's alone.
+    """
+
+    def __init__(self, index: int, exc: BaseException, record: Record) -> None:
+        super().__init__(index, exc, record)
+        self.index, self.exc, self.record = index, exc, record
+
+
+def after_rollback(
+    unit: TransactionUnit,
+    msgs: list[ConsumedMessage],
+    failure: HandlerFailure,
+    processor: AfterRollbackProcessor,
+    replay: Replay,
+    *,
+    keep_in_memory: bool,
+) -> list[ConsumedMessage]:
+    """Run ``processor`` in a new transaction. Returns the records to handle next, from memory.
+
+    Those are the records the transaction did not commit on partitions not
+    held for a back-off (Spring seeks back and polls them again; the result
+    is the same without the round trip). Records of held partitions are
+    rewound instead, and everything is when ``keep_in_memory`` is False.
+    """
+    while True:
+        scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
+        started = time.perf_counter()
+        again: HandlerFailure | None = None
+        recovery: RecoveryError | None = None
+        try:
+            if not scope.unit.transact(functools.partial(_process, processor, scope), what="after-rollback transaction"):
+                return []
+        except HandlerFailure as exc:  # a replayed batch-mate failed this time (the transaction was aborted)
+            again = exc
+        except RecoveryError as exc:
+            recovery = exc
+        if again is not None:
+            failure = again
+            continue
+        if recovery is not None:
+            recovery_failed(unit, msgs, failure, recovery, replay)
+            return []
+        rest = scope.apply(keep_in_memory=keep_in_memory and not unit.stopping)
+        unit.publish(
+            TransactionCommitted(unit.listener, unit.worker, scope.committed_records, scope.unit.outputs,
+                                 time.perf_counter() - started, "after_rollback")
+        )  # fmt: skip
+        return rest
+
+
+def _process(processor: AfterRollbackProcessor, scope: RollbackScope) -> None:
+    processor.process(scope)
+    scope.send_offsets()
+
+
+def recovery_failed(
+    unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
+) -> None:
+    """The recoverer failed (the transaction was aborted): keep the record, commit its batch-mates, back off.
+
+    The record's next delivery goes straight to recovery, not to the handler.
+    After ``max_recovery_failures`` the container stops
+    (:class:`~kafkatx.RecoveryExhaustedError`): the record was not committed
+    and is delivered again on restart.
+    """
+    record = exc.record
+    state = unit.tracker.record_recovery_failure(record, failure.exc)
+    unit.publish(RecoveryFailed(unit.listener, unit.worker, record, failure.exc, exc.exception, state.recovery_failures))
+    delay = unit.policy.recovery_delay(state.recovery_failures)
+    if delay is None:
+        raise RecoveryExhaustedError(
+            f"listener {unit.listener!r}: recovery of {record.coordinates} failed {state.recovery_failures} time(s) "
+            f"(max_recovery_failures={unit.policy.max_recovery_failures}); last error: "
+            f"{type(exc.exception).__name__}: {exc.exception}. The container stopped; the record was not "
+            "committed and will be delivered again on restart."
+        ) from exc.exception
+    log.error(
+        "recovery of %s failed (%d time(s)): %s: %s; keeping the record, retrying recovery in %.3gs",
+        record.coordinates, state.recovery_failures, type(exc.exception).__name__, exc.exception, delay,
+        extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+    )  # fmt: skip
+    if not _commit_processed(unit, msgs, failure, replay):
+        unit.with_messages(msgs).rewind()
+    unit.pause((record.topic, record.partition), delay)
+
+
+def _commit_processed(unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> bool:
+    """Commit the batch-mates before a record whose recovery failed, keeping only that record.
+
+    Without this, every failed recovery (a dead-letter topic that is down)
+    would roll the healthy records back with it, over and over.
+    """
+    scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
+    scope.hold(failure.record)
+
+    def work() -> None:
+        scope.replay_processed()
+        scope.send_offsets()
+
+    try:
+        if not scope.unit.transact(work, records=failure.index, what="commit of the batch-mates"):
+            return True  # the producer was replaced and the unit rewound to the committed offsets
+    except HandlerFailure as exc:
+        log.debug("could not commit the batch-mates of %s: %s", failure.record.coordinates, exc.exc)
+        return False
+    scope.apply()
+    return True
+
+
+class RollbackScope:
+    """The :class:`~kafkatx.rollback.processor.RollbackContext` of one after-rollback transaction."""
+
+    def __init__(self, unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> None:
+        self.unit = unit
+        self._msgs = msgs
+        self._replay = replay
+        self._index = failure.index
+        self.listener = unit.listener
+        self.group_id = unit.group_id
+        self.tracker = unit.tracker
+        self.stop_event: threading.Event = unit.stop_event
+        self.failed = failure.record
+        self.exception = failure.exc
+        self.processed = unit.records(msgs[: failure.index])
+        self._offsets: dict[TP, int] = {}
+        self._held: dict[TP, Record] = {}
+        self._pauses: dict[TP, float] = {}
+        self.committed_records = 0
+
+    @functools.cached_property
+    def records(self) -> list[Record]:
+        """The unprocessed records, failed one first (built on demand: the default processor never needs them)."""
+        return [self.failed, *self.unit.records(self._msgs[self._index + 1 :])]
+
+    @property
+    def stopping(self) -> bool:
+        return self.unit.stopping
+
+    def publish(self, event: Event) -> None:
+        self.unit.publish(event)
+
+    def replay_processed(self) -> None:
+        unit = self.unit
+        for i, record in enumerate(self.processed):
+            failure: HandlerFailure | None = None
+            try:
+                outputs = self._replay(record)
+                for out in outputs:
+                    unit.produce(out)
+            except KafkaClientError:
+                raise
+            except OutputError as exc:  # an output the client refused: the record's failure
+                failure = HandlerFailure(i, exc, record)
+            except Exception as exc:
+                failure = HandlerFailure(i, exc, record)
+            if failure is not None:
+                raise failure
+            self._offsets[(record.topic, record.partition)] = record.offset + 1
+            self.committed_records += 1
+
+    def recover(self, recoverer: Recoverer, record: Record, exception: BaseException) -> None:
+        self.unit.recover(recoverer, record, exception)
+
+    def commit_offset(self, record: Record) -> None:
+        tp = (record.topic, record.partition)
+        self._offsets[tp] = max(self._offsets.get(tp, -1), record.offset + 1)
+        self._held.pop(tp, None)
+        self.committed_records += 1
+
+    def seek_unprocessed(self, *, include_failed: bool = True) -> None:
+        """Seeks are derived from what this transaction commits; see :meth:`apply`."""
+        if include_failed:
+            self.hold(self.failed)
+
+    def hold(self, record: Record) -> None:
+        """Keep ``record`` for another delivery; its failure count is committed with its offset."""
+        self._held[(record.topic, record.partition)] = record
+
+    def backoff(self, record: Record, seconds: float) -> None:
+        self.hold(record)
+        if seconds > 0:
+            self._pauses[(record.topic, record.partition)] = seconds
+
+    def send_offsets(self) -> None:
+        """Send this transaction's offsets; a held record's partition carries its failure count."""
+        offsets, metadata = dict(self._offsets), {}
+        for tp, record in self._held.items():
+            state = self.tracker.state(record)
+            if state is None or offsets.get(tp, record.offset) > record.offset:
+                continue
+            offsets[tp] = record.offset  # nothing past the held record: the count rides on its own offset
+            metadata[tp] = durable.encode(record.offset, state.failures)
+        self.unit.send_offsets(offsets, metadata)
+        self._offsets = offsets
+
+    def apply(self, *, keep_in_memory: bool = False) -> list[ConsumedMessage]:
+        """After the commit: rewind every partition to its first record not committed, and pause.
+
+        With ``keep_in_memory``, partitions not held for a back-off are not
+        rewound: their uncommitted records are returned, to be handled next.
+        """
+        last: dict[TP, int] = {}
+        for m in self._msgs:
+            last[(m.topic(), m.partition())] = m.offset()
+        kept: dict[TP, int] = {}
+        for tp, first in _first_offsets(self._msgs).items():
+            target = max(self._offsets.get(tp, first), first)
+            if last[tp] >= target:  # some of this partition's records were not committed
+                if keep_in_memory and tp not in self._pauses:
+                    kept[tp] = target
+                else:
+                    self.unit.seek(tp, target)
+        for tp, seconds in self._pauses.items():
+            self.unit.pause(tp, seconds)
+        if not kept:
+            return []
+        return [m for m in self._msgs if m.offset() >= kept.get((m.topic(), m.partition()), _NEVER)]
+
+
+def _first_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
+    first: dict[TP, int] = {}
+    for m in msgs:
+        first.setdefault((m.topic(), m.partition()), m.offset())
+    return first
