@@ -86,7 +86,7 @@ def main() -> None:
     import kafkatx
     from kafkatx import App
     from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.producer import TransactionalProducer
+    from kafkatx.producer import TransactionalProducer
     from kafkatx.local import LocalBroker
     from kafkatx.testing import create_topic
     from run import preload

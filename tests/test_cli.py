@@ -114,3 +114,19 @@ def test_run_local_gives_the_app_the_embedded_broker_client_config(tmp_path: Pat
     assert len(seen) == 1
     assert all(seen[0][k] == v for k, v in LocalBroker.client_config.items())
     assert seen[0]["client.rack"] == "r1", "the App's own config is kept"
+
+
+def test_a_misspelt_listener_option_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    (tmp_path / "typo_app.py").write_text(
+        "from kafkatx import App\n"
+        "app = App('typo', bootstrap_servers='127.0.0.1:9')\n"
+        "@app.listener('orders', max_attempt=3)\n"
+        "def handle(record):\n"
+        "    return record.value\n"
+    )
+    proc = start("typo_app:app", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 78, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert "unknown option 'max_attempt'" in lines[0] and "did you mean 'max_attempts'?" in lines[0], out

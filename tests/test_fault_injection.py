@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-import kafkatx.listener.producer as producer_module
+import kafkatx.producer as producer_module
 from kafkatx import ApplicationRecoverableError, App, InvalidConfigurationError, Record, TransactionAbortableError
 from kafkatx.events import (
     ContainerStopped,

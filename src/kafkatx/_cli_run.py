@@ -57,6 +57,9 @@ def load_app(target: str) -> Any:
 def _run(args: argparse.Namespace) -> int:
     try:
         app = load_app(args.target)
+    except InvalidConfigurationError as exc:  # raised while the module declared its listeners
+        print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
     except ValueError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -32,7 +32,7 @@ from kafkatx.listener.options import (
     SparkListenerOptions,
     signature_with_options,
 )
-from kafkatx.listener.producer import TransactionalProducer
+from kafkatx.producer import TransactionalProducer
 from kafkatx.listener.spec import ListenerSpec, build_spec
 from kafkatx.outputs import PendingOutput, encode, encode_headers
 

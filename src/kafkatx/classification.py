@@ -302,10 +302,9 @@ def classify(error: object, *, path: ErrorPath = "transaction") -> ErrorClass:
     handler failure. ``path`` is ``"produce"`` for errors from ``produce()``
     and delivery reports, ``"transaction"`` for the transactional API calls.
     """
-    from kafkatx.errors import KafkaClientError  # errors builds on this module
-
-    if isinstance(error, KafkaClientError):
-        return error.error_class
+    error_class = getattr(error, "error_class", None)
+    if isinstance(error_class, ErrorClass) and isinstance(error, Exception):
+        return error_class  # a kafkatx KafkaClientError (errors.py builds on this module, not the reverse)
     if isinstance(error, KafkaError):
         return _classify_kafka_error(error, path)
     if isinstance(error, KafkaException):

@@ -27,7 +27,7 @@ from kafkatx.classification import FENCING_CODES
 from kafkatx.errors import KafkaClientError
 from kafkatx.outputs import PendingOutput
 from kafkatx.errors import UnknownTopicError
-from kafkatx.listener.producer import TransactionalProducer
+from kafkatx.producer import TransactionalProducer
 from kafkatx.record import ConsumedMessage, Headers
 
 __all__ = [

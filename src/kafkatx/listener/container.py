@@ -34,7 +34,7 @@ from kafkatx.errors import (
     KafkaTxError,
 )
 from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
-from kafkatx.listener.producer import TransactionalProducer
+from kafkatx.producer import TransactionalProducer
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TP, TransactionUnit, first_offsets

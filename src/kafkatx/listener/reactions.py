@@ -38,7 +38,7 @@ from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.producer import TransactionalProducer
+    from kafkatx.producer import TransactionalProducer
     from kafkatx.listener.unit import TransactionUnit
 
 __all__ = ["KafkaErrorReactions"]

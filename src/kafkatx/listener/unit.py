@@ -47,7 +47,7 @@ from kafkatx.record import ConsumedMessage, Record, to_record
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.producer import TransactionalProducer
+    from kafkatx.producer import TransactionalProducer
     from kafkatx.listener.spec import ListenerSpec
     from kafkatx.recoverers import Recoverer
     from kafkatx.rollback.policy import FailurePolicy

@@ -77,9 +77,7 @@ def configure(
     - ``warm_up``: run a small job at start so the first batch does not pay
       for the JVM's warm-up (class loading, code generation).
     """
-    from kafkatx.app import App
-
-    if not isinstance(app, App):
+    if not callable(getattr(app, "register", None)) or not callable(getattr(app, "add_shutdown_hook", None)):
         raise InvalidConfigurationError(f"kafkatx.spark.configure() needs an App, got {type(app).__name__}")
     if master is not None and (not isinstance(master, str) or not master.strip()):
         raise InvalidConfigurationError(f"master must be a Spark master URL such as 'local[*]', got {master!r}")

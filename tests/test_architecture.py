@@ -1,0 +1,62 @@
+"""The shape of the package: packages import downwards only, and spark/ builds on the public unit interface."""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "kafkatx"
+
+
+def _runtime_imports(path: Path) -> list[str]:
+    """Modules imported by ``path`` at run time (function-level imports included, TYPE_CHECKING blocks not)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_only = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for sub in ast.walk(node)
+    }
+    return [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kafkatx.") and id(node) not in type_only
+    ]
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_no_import_cycle_between_packages_and_modules() -> None:
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "__init__.py":
+            continue  # the public API re-exports everything
+        here = path.relative_to(SRC).parts[0].removesuffix(".py")
+        for module in _runtime_imports(path):
+            if _top(module) != here:
+                edges[here].add(_top(module))
+    cycles = []
+    for start in list(edges):
+        stack = [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in edges.get(node, ()):
+                if nxt == start:
+                    cycles.append(" -> ".join([*trail, nxt]))
+                elif nxt not in trail:
+                    stack.append((nxt, [*trail, nxt]))
+    assert cycles == [], cycles
+
+
+def test_spark_uses_nothing_private_of_listener() -> None:
+    for path in (SRC / "spark").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kafkatx.listener"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private and "._" not in node.module, f"{path.name} imports {node.module}: {private}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("c", "container", "_c"):
+                assert not node.attr.startswith("_"), f"{path.name} reaches into the container: .{node.attr}"

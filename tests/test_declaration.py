@@ -1,0 +1,69 @@
+"""Listener declarations: typed options, checked when the decorator runs (no broker needed)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from kafkatx import App, DefaultAfterRollbackProcessor, InvalidConfigurationError, KafkaTxError, Record
+from kafkatx.listener.options import LISTENER_DEFAULTS, ListenerOptions
+
+
+def app() -> App:
+    return App("decl", bootstrap_servers="127.0.0.1:9")
+
+
+def handle(record: Record) -> bytes | None:
+    return record.value
+
+
+def test_a_misspelt_option_suggests_the_closest_name() -> None:
+    with pytest.raises(InvalidConfigurationError, match=r"unknown option 'max_attempt'; did you mean 'max_attempts'\?"):
+        app().listener("in", max_attempt=3)(handle)  # type: ignore[call-arg]
+    with pytest.raises(InvalidConfigurationError, match=r"unknown option 'zzz'; valid options: "):
+        app().add_listener(handle, "in", zzz=1)  # type: ignore[call-arg]
+
+
+def test_every_error_raised_at_declaration_is_a_kafkatx_error() -> None:
+    with pytest.raises(KafkaTxError):
+        app().listener("in", fencing="nope")(handle)  # type: ignore[arg-type]
+
+
+def test_the_signatures_list_every_option_with_its_default() -> None:
+    for method in (App.listener, App.add_listener):
+        params = inspect.signature(method).parameters
+        assert set(ListenerOptions.__annotations__) <= set(params)
+        assert params["max_attempts"].default == 3 and params["max_attempts"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["fencing"].default == "group"
+    assert set(LISTENER_DEFAULTS) == set(ListenerOptions.__annotations__)
+    assert inspect.signature(App.spark_listener).parameters["max_batch_records"].default == 50_000
+
+
+def test_a_handler_that_cannot_take_a_record_is_rejected_when_declared() -> None:
+    def no_args() -> None: ...
+
+    def two_args(record: Record, other: int) -> None: ...
+
+    for bad in (no_args, two_args):
+        with pytest.raises(InvalidConfigurationError, match="cannot be called with one Record"):
+            app().listener("in")(bad)
+    app().listener("in")(lambda record, extra=None: None)  # optional extras are fine
+    app().listener("in")(print)  # builtins have no signature to check
+
+
+def test_policy_options_in_two_places_are_rejected() -> None:
+    processor = DefaultAfterRollbackProcessor(max_attempts=5)
+    with pytest.raises(InvalidConfigurationError, match="max_attempts given both on the listener and through after_rollback"):
+        app().listener("in", after_rollback=processor, max_attempts=2)(handle)
+    spec = app().add_listener(handle, "in", after_rollback=processor, retry="in_place")
+    assert spec.policy is processor.policy, "in-place retries follow the processor's policy"
+
+
+def test_in_place_retries_cannot_follow_a_custom_processor() -> None:
+    class Custom:
+        def process(self, context: object) -> None: ...
+
+    with pytest.raises(InvalidConfigurationError, match='retry="in_place" cannot follow a custom after_rollback'):
+        app().listener("in", after_rollback=Custom(), retry="in_place")(handle)
+    app().listener("in", after_rollback=Custom())(handle)  # the rollback path calls it
