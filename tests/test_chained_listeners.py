@@ -10,13 +10,17 @@ is skipped by B, and B commits past it.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
 from confluent_kafka import Consumer, TopicPartition
 
 from kafkatx import App, Record
+from kafkatx.local import chained_listeners, warn_about_chained_listeners
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -74,6 +78,47 @@ def test_chained_listeners_deliver_every_record_after_an_abort(request: pytest.F
         wave(first, b"sentinel-1")  # A aborts once, then commits all four
         wave(second, b"sentinel-2")  # and again; B reads along all the time
     assert failed >= {b"fail-1", b"fail-2"}, "A's transactions did abort"
-    assert sorted(kafka.values(mid)) == sorted([b"A(" + v + b")" for v in first + second] + [b"sentinel-1", b"sentinel-2"])
+    assert Counter(kafka.values(mid)) == Counter([b"A(" + v + b")" for v in first + second] + [b"sentinel-1", b"sentinel-2"])
     expected = [b"BA(" + v + b")" for v in first] + [b"Bsentinel-1"] + [b"BA(" + v + b")" for v in second] + [b"Bsentinel-2"]
     assert kafka.values(out) == expected
+
+
+@dataclass
+class _Listener:
+    name: str
+    topics: tuple[str, ...]
+    output: str | None = None
+    dlq_topic: str | None = None
+
+
+def test_chained_listeners_are_found_through_outputs_and_dead_letter_topics() -> None:
+    listeners = [
+        _Listener("a", ("src",), output="mid", dlq_topic="src-dlt"),
+        _Listener("b", ("mid",), output="out"),
+        _Listener("replay", ("src-dlt", "other")),
+        _Listener("alone", ("x",), output="y"),
+    ]
+    assert chained_listeners(listeners) == [("a", "mid", "b"), ("a", "src-dlt", "replay")]
+    assert chained_listeners([_Listener("a", ("src",), output="mid")]) == []
+
+
+@pytest.mark.local_broker_only
+def test_chained_listeners_on_the_embedded_broker_log_a_warning(kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture) -> None:
+    src, mid, out = kafka.topic(), kafka.topic(), kafka.topic()
+    app = App(unique_name("chain"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
+    app.listener(src, output=mid, name="enrich")(lambda record: record.value)
+    with caplog.at_level(logging.WARNING, logger="kafkatx.local"), running(app):
+        pass
+    assert not [r for r in caplog.records if r.name == "kafkatx.local"], "a single listener is no chain"
+
+    app.listener(mid, output=out, name="publish", group_id=unique_name("b"))(lambda record: record.value)
+    with caplog.at_level(logging.WARNING, logger="kafkatx.local"), running(app):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kafkatx.local" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "'publish' reads" in warnings[0] and "listener 'enrich' writes" in warnings[0] and "lose records" in warnings[0]
+
+
+def test_no_chain_warning_for_a_cluster_that_is_not_an_embedded_broker_of_this_process() -> None:
+    listeners = [_Listener("a", ("src",), output="mid"), _Listener("b", ("mid",))]
+    assert warn_about_chained_listeners(listeners, "127.0.0.1:1") == []

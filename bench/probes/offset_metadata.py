@@ -45,8 +45,8 @@ def main() -> None:
             p = p or producer()
             p.begin_transaction()
             try:
-                p.send_offsets_to_transaction([TopicPartition(topic, 0, offset, metadata=metadata)],
-                                              consumer.consumer_group_metadata(), 10)  # fmt: skip
+                tp = TopicPartition(topic, 0, offset) if metadata is None else TopicPartition(topic, 0, offset, metadata=metadata)
+                p.send_offsets_to_transaction([tp], consumer.consumer_group_metadata(), 10)
                 if commit:
                     p.commit_transaction(10)
                 else:
@@ -66,7 +66,7 @@ def main() -> None:
         print("abort  offset 5, 'attempt=1':", txn(5, "attempt=1", False, p), "-> committed() =", committed())
         print("commit offset 7, 'attempt=2':", txn(7, "attempt=2", True, p), "-> committed() =", committed())
         print("abort  offset 8, 'attempt=3':", txn(8, "attempt=3", False, p), "-> committed() =", committed())
-        print("commit offset 9, metadata None:", txn(9, None, True, p), "-> committed() =", committed())
+        print("commit offset 9, no metadata:  ", txn(9, None, True, p), "-> committed() =", committed())
         print("commit offset 10, metadata '':", txn(10, "", True, p), "-> committed() =", committed())
         print("commit offset 11, non-ASCII 'ä→✓':", txn(11, "ä→✓", True, p), "-> committed() =", committed())
 

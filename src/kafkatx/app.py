@@ -28,6 +28,7 @@ from kafkatx.listener.context import bind_sink
 from kafkatx.listener.outputs import PendingOutput, encode, encode_headers
 from kafkatx.listener.producer import TransactionalProducer
 from kafkatx.listener.spec import ListenerSpec, build_spec
+from kafkatx.local import warn_about_chained_listeners
 
 __all__ = ["App", "Transaction"]
 
@@ -290,7 +291,7 @@ class App:
                 raise RuntimeError(f"App {self.name!r} is already running")
             if not self.listeners:
                 raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
-            self.resolved_bootstrap_servers()
+            warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
             self._prepare_topics()
             self._stopped.clear()
