@@ -16,7 +16,7 @@ For each run it prints: when the group was stable again (every partition
 owned by exactly one live member) counted from the kill/close, when the
 restarted member had partitions again, the rebalance callbacks the
 surviving member w1 got, and any moment two members owned one partition.
-A run that is not stable after 90 s is reported as such.
+A run that is not stable after --timeout seconds (90) is reported as such.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from _group import Group  # noqa: E402
 from kafkatx.local import LocalBroker  # noqa: E402
 
 PARTITIONS = 4
+TIMEOUT = 90.0  # --timeout
 SCENARIOS = ["kill-same-id", "kill-new-id", "close-static", "close-dynamic", "kill-dynamic"]
 
 
@@ -58,8 +59,8 @@ def run(bootstrap: str, scenario: str) -> str:
             time.sleep(2.0)
             new_id = {"kill-same-id": "w0", "kill-new-id": "w0-new-" + suffix}.get(scenario)
             r = g.start("w0r", new_id)
-            t_back = g.wait(lambda: bool(r.owned()), 90)
-            t_stable = g.wait(lambda: g.stable(PARTITIONS, ["w0r", "w1"]), max(0.0, 90 - (time.time() - t0)))
+            t_back = g.wait(lambda: bool(r.owned()), TIMEOUT)
+            t_stable = g.wait(lambda: g.stable(PARTITIONS, ["w0r", "w1"]), max(0.0, TIMEOUT - (time.time() - t0)))
             g.watch(10)  # does it stay stable?
             still = g.stable(PARTITIONS, ["w0r", "w1"])
             same = sorted(r.owned()) == sorted(before["w0"])
@@ -71,7 +72,7 @@ def run(bootstrap: str, scenario: str) -> str:
         t0 = w0.term()
         w0.proc.wait(30)
         t_closed = next((e["t"] for e in w0.events if e["event"] == "closed"), None)
-        t_all = g.wait(lambda: sorted(w1.owned()) == list(range(PARTITIONS)), 90)
+        t_all = g.wait(lambda: sorted(w1.owned()) == list(range(PARTITIONS)), TIMEOUT)
         w1_events = [(round(e["t"] - t0, 2), e["event"], e["partitions"]) for e in w1.events_after(t0)]
         return (f"close() returned after {_dt(t_closed, t0)}; w1 owns all partitions after {_dt(t_all, t0)}; "
                 f"w1 callbacks: {w1_events or 'none'}")
@@ -80,7 +81,7 @@ def run(bootstrap: str, scenario: str) -> str:
 
 
 def _dt(t: float | None, t0: float) -> str:
-    return "never (90 s)" if t is None else f"{t - t0:.1f} s"
+    return f"never ({TIMEOUT:.0f} s)" if t is None else f"{t - t0:.1f} s"
 
 
 def _overlaps(g: Group, t0: float) -> str:
@@ -95,7 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=", ".join(SCENARIOS))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds to wait for the group to settle (default 90)")
     args = ap.parse_args()
+    globals()["TIMEOUT"] = args.timeout
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         ap.error(f"unknown scenario(s) {sorted(unknown)}; choose from {SCENARIOS}")
