@@ -79,12 +79,14 @@ def test_same_transactional_id_fences_the_first_producer(kafka: KafkaTestKit) ->
 def test_live_read_committed_consumer_sees_commits_after_an_abort(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
     """A consumer that is caught up while a producer aborts must still get the later commits.
 
-    noida-db 0.2.3 fails this: after an aborted transaction whose records
-    reached the log, a live read_committed consumer skips every later
-    committed record of the same producer (its position moves to the end),
-    while a fresh reader sees them. Real Kafka passes. Consequence: on the
-    local broker, do not chain a read_committed consumer behind a
-    transactional producer that aborts; read outputs with a fresh reader.
+    noida-db 0.2.3 fails this: every read_committed FetchResponse lists all
+    aborted transactions of the partition, also those whose ABORT marker is
+    before the fetch offset (Kafka lists only those overlapping the fetched
+    range). A fetch that starts past one of a producer's ABORT markers then
+    makes the client drop every later record of that producer in the
+    response, and its position moves past them. A reader that starts before
+    the first abort sees them (noida answers with the whole log at once).
+    Real Kafka passes. Details and the measurements: docs/BROKERS.md.
     """
     import threading
     import time

@@ -32,9 +32,10 @@ from kafkatx.listener.options import (
     SparkListenerOptions,
     signature_with_options,
 )
-from kafkatx.producer import TransactionalProducer
 from kafkatx.listener.spec import ListenerSpec, build_spec
+from kafkatx.local import warn_about_chained_listeners
 from kafkatx.outputs import PendingOutput, encode, encode_headers
+from kafkatx.producer import TransactionalProducer
 
 __all__ = ["App", "Transaction"]
 
@@ -303,7 +304,7 @@ class App:
                 raise RuntimeError(f"App {self.name!r} is already running")
             if not self.listeners:
                 raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
-            self.resolved_bootstrap_servers()
+            warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
             self._prepare_topics()
             self._stopped.clear()
