@@ -35,11 +35,11 @@ from kafkatx.errors import (
 )
 from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
 from kafkatx.producer import TransactionalProducer
+from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
 from kafkatx.record import ConsumedMessage
-from kafkatx.rollback import durable
 from kafkatx.rollback.tracker import FailureTracker
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class ListenerContainer:
         self.name = spec.name if spec.concurrency == 1 else f"{spec.name}#{worker}"
         self.tracker = FailureTracker()
         self.reactions = KafkaErrorReactions(self)
+        self.guard = CrashGuard(self)
         self.failure: BaseException | None = None
         self.stop_reason = "normal"
         self.stop_event = threading.Event()
@@ -163,6 +164,13 @@ class ListenerContainer:
         )  # fmt: skip
 
     def _close(self) -> None:
+        if self.consumer is not None and self.failure is None:
+            # A clean stop: nothing crashed, so withdraw the in-flight claims (the consumer's close
+            # revokes the partitions too, but by then this container no longer commits).
+            try:
+                self.guard.release(sorted(self.assigned))
+            except Exception:
+                log.debug("withdrawing in-flight claims at close failed", exc_info=True)
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             try:
@@ -180,6 +188,14 @@ class ListenerContainer:
             retry_timeout=self.runtime.transaction_retry_timeout,
             on_retry=self.reactions.on_retry,
         )
+
+    def producer_for(self, tp: TP) -> TransactionalProducer:
+        """The transactional producer that commits ``tp``'s offsets."""
+        return self._producer_for(tp)
+
+    def committed_offset(self, tp: TP) -> int | None:
+        """The next offset of ``tp`` this container committed last, if any."""
+        return self._committed.get(tp)
 
     def _producer_for(self, tp: TP) -> TransactionalProducer:
         if self._group_producer is not None:
@@ -221,16 +237,13 @@ class ListenerContainer:
             log.warning("listener %s: could not read committed offsets of %s (%s); attempt counts start at 1",
                         self.name, _fmt_tps([(p.topic, p.partition) for p in partitions]), exc)  # fmt: skip
             return
-        for tp in committed:
-            count = durable.decode(tp.metadata)
-            if count is not None and count.offset == tp.offset:
-                self.tracker.seed(tp.topic, tp.partition, count.offset, count.failures)
-                log.info("listener %s: %s[%d]@%d has failed %d time(s) before (committed count)",
-                         self.name, tp.topic, tp.partition, count.offset, count.failures)  # fmt: skip
+        self.guard.restore(committed)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
+        if not lost:  # still ours until this callback returns: withdraw claims of batches that never started
+            self.guard.release(tps)
         self.assigned.difference_update(tps)
         self._revoked_in_poll.update(tps)
         self.tracker.clear_partitions(tps)
@@ -340,6 +353,10 @@ class ListenerContainer:
             return
         self._last_activity = time.monotonic()
         self._positions_checked = False
+        if self.guard.careful:
+            batch = self._run_careful(batch)
+            if not batch:
+                return
         if spec.fencing == "partition":
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
@@ -350,6 +367,28 @@ class ListenerContainer:
         else:
             assert self._group_producer is not None
             self._runner(TransactionUnit(self, self._group_producer, batch))
+
+    def _run_careful(self, batch: list[ConsumedMessage]) -> list[ConsumedMessage]:
+        """Handle the records of partitions in careful mode one per transaction; return the others.
+
+        A partition whose record does not commit (it is retried after a
+        back-off, or its recovery failed) gives up the rest of its records in
+        this poll: they are fetched again in order.
+        """
+        guard, rest, stopped = self.guard, [], set()
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            if tp in stopped:
+                continue
+            if not guard.is_careful(msg) or tp not in self.assigned:
+                rest.append(msg)
+                continue
+            if self.stop_event.is_set() or not guard.run_careful(msg, self._runner):
+                stopped.add(tp)
+                committed = self.committed_offset(tp)
+                if committed is not None and committed <= msg.offset() and tp not in self._paused_until:
+                    self.seek(tp, committed)
+        return [m for m in rest if (m.topic(), m.partition()) not in stopped]
 
     def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
         """Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.

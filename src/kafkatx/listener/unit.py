@@ -193,13 +193,14 @@ class TransactionUnit:
     def send_offsets(self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None) -> None:
         """Send the next offsets to consume to the transaction, with the consumer's group metadata.
 
-        ``metadata`` (per partition) is stored with the committed offset: kafkatx uses it to carry
-        attempt counts across restarts and rebalances.
+        ``metadata`` (per partition) is stored with the committed offset; by default kafkatx stores
+        its own there (attempt counts and crash claims, see :mod:`kafkatx.rollback.durable`).
         """
         if not offsets:
             return
         membership = self._c.membership()
-        meta = metadata or {}
+        claims = self._c.guard.metadata(offsets)
+        meta = {**claims, **metadata} if claims is not None and metadata else (claims or metadata or {})
         self._producer.send_offsets(
             [TopicPartition(t, p, o, metadata=meta[(t, p)]) if (t, p) in meta else TopicPartition(t, p, o)
              for (t, p), o in offsets.items()],

@@ -27,7 +27,6 @@ from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.recoverers import Recoverer
-from kafkatx.rollback import durable
 from kafkatx.rollback.processor import AfterRollbackProcessor
 
 if TYPE_CHECKING:
@@ -234,15 +233,13 @@ class RollbackScope:
             self._pauses[(record.topic, record.partition)] = seconds
 
     def send_offsets(self) -> None:
-        """Send this transaction's offsets; a held record's partition carries its failure count."""
-        offsets, metadata = dict(self._offsets), {}
+        """Send this transaction's offsets. A held record's own offset is committed too (nothing past it):
+        the commit's metadata then carries its failure count (see :mod:`kafkatx.rollback.durable`)."""
+        offsets = dict(self._offsets)
         for tp, record in self._held.items():
-            state = self.tracker.state(record)
-            if state is None or offsets.get(tp, record.offset) > record.offset:
-                continue
-            offsets[tp] = record.offset  # nothing past the held record: the count rides on its own offset
-            metadata[tp] = durable.encode(record.offset, state.failures)
-        self.unit.send_offsets(offsets, metadata)
+            if offsets.get(tp, record.offset) <= record.offset:
+                offsets[tp] = record.offset
+        self.unit.send_offsets(offsets)
         self._offsets = offsets
 
     def apply(self, *, keep_in_memory: bool = False) -> list[ConsumedMessage]:

@@ -1,15 +1,31 @@
-"""Attempt counts that travel with the committed offset.
+"""Failure state that travels with the committed offset, so attempt counts survive restarts and crashes.
 
-When the after-rollback transaction keeps a failing record for another
-attempt, it commits the record's own offset (nothing past it) with
-offset-commit metadata saying how often it has failed. Whoever owns the
-partition next (after a restart, a rebalance, in another process) reads it
-with the committed offset and goes on counting, so ``max_attempts`` means the
-same thing across restarts. Any later commit of that partition (the record
-succeeded or was recovered) carries no metadata and so clears it.
+Every transaction kafkatx commits stores, as offset-commit metadata of each
+partition, a :class:`PartitionState` about the record at the committed
+offset:
 
-The metadata is a short JSON object behind a ``kafkatx:`` prefix; foreign
-or malformed metadata is ignored.
+- ``failures``: how many of its attempts failed (an exception, or the
+  process dying while it was being handled);
+- ``inflight``: an attempt at it (or at a batch starting with it) was handed
+  to the handler and is not finished. A normal commit sets it for the next
+  batch, which is about to start; a clean stop clears it again;
+- ``careful_until``: records below this offset are handled one per
+  transaction, each committed before the next one starts (crash isolation).
+
+Whoever owns the partition next (after a restart, a rebalance, in another
+process) reads it back with the committed offset. An ``inflight`` flag still
+set means the previous owner died while handling: if it was handling one
+record (careful mode), that record failed once more; if it was handling a
+batch, kafkatx cannot tell which record killed it, so it handles the next
+``max_batch_records`` records one per transaction, and the one that kills
+the process again is counted. After ``max_attempts`` it is recovered
+(dead-lettered) without calling the handler, so a record that crashes the
+process (a native library fault, ``os._exit``, the OOM killer) cannot stop a
+partition forever.
+
+The metadata is a short JSON object behind a ``kafkatx:`` prefix, well under
+Kafka's ``offset.metadata.max.bytes`` (4096); foreign or malformed metadata
+is ignored.
 """
 
 from __future__ import annotations
@@ -17,31 +33,44 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["DurableCount", "encode", "decode"]
+__all__ = ["PartitionState", "encode", "decode"]
 
 _PREFIX = "kafkatx:"
 
 
 @dataclass(frozen=True, slots=True)
-class DurableCount:
-    """The failure count of the record at ``offset``, as committed by its last owner."""
+class PartitionState:
+    """What a committed offset says about the record at that offset."""
 
     offset: int
-    failures: int
+    failures: int = 0
+    inflight: bool = False
+    careful_until: int | None = None
 
 
-def encode(offset: int, failures: int) -> str:
-    return _PREFIX + json.dumps({"offset": offset, "failures": failures}, separators=(",", ":"))
+def encode(state: PartitionState) -> str:
+    data: dict[str, object] = {"offset": state.offset}
+    if state.failures:
+        data["failures"] = state.failures
+    if state.inflight:
+        data["inflight"] = True
+    if state.careful_until is not None:
+        data["careful_until"] = state.careful_until
+    return _PREFIX + json.dumps(data, separators=(",", ":"))
 
 
-def decode(metadata: str | None) -> DurableCount | None:
+def decode(metadata: str | None, offset: int) -> PartitionState | None:
+    """The state stored with committed ``offset``, or None (none, foreign, or about another offset)."""
     if not metadata or not metadata.startswith(_PREFIX):
         return None
     try:
         data = json.loads(metadata[len(_PREFIX) :])
-        offset, failures = data["offset"], data["failures"]
-    except (ValueError, KeyError, TypeError):
+        state = PartitionState(
+            int(data["offset"]), int(data.get("failures", 0)), bool(data.get("inflight", False)),
+            None if data.get("careful_until") is None else int(data["careful_until"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not (isinstance(offset, int) and isinstance(failures, int)) or offset < 0 or failures < 0:
+    if state.offset != offset or state.offset < 0 or state.failures < 0:
         return None
-    return DurableCount(offset, failures)
+    return state

@@ -1,0 +1,199 @@
+"""Crash counting: attempt counts that survive the process, and records that kill it.
+
+The state lives in offset-commit metadata (:mod:`kafkatx.rollback.durable`).
+This module is the container's side of it:
+
+- every commit claims the next batch as in flight (:meth:`CrashGuard.metadata`),
+  and a clean stop or revoke withdraws the claims (:meth:`CrashGuard.release`):
+  a claim still standing at the next start means the process died;
+- on assignment, a claim still standing means the previous owner died while
+  handling (:meth:`CrashGuard.restore`): the partition's next
+  ``max_batch_records`` records are handled one per transaction ("careful
+  mode"), each commit marking the next record as in flight, so the record
+  that kills the process again is counted;
+- a record that has failed ``max_attempts`` times this way is recovered
+  (dead-lettered) without calling the handler (:meth:`CrashGuard.run_careful`).
+
+Record listeners only: a Spark job cannot be run one record at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from confluent_kafka import TopicPartition
+
+from kafkatx.errors import KafkaClientError, KafkaTxError, RecoveryError
+from kafkatx.events import RecordRecovered
+from kafkatx.listener.unit import TP, TransactionUnit
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed
+from kafkatx.rollback.durable import PartitionState, decode, encode
+
+if TYPE_CHECKING:
+    from kafkatx.listener.container import ListenerContainer, Runner
+
+__all__ = ["CrashGuard", "ProcessCrashedError"]
+
+log = logging.getLogger("kafkatx.container")
+
+
+class ProcessCrashedError(KafkaTxError):
+    """The process died while handling this record, ``crashes`` time(s) (the dead-letter record's exception)."""
+
+    def __init__(self, record: str, crashes: int) -> None:
+        super().__init__(
+            f"the process died {crashes} time(s) while handling {record} (a crash, os._exit, the OOM killer, "
+            "a native library fault); kafkatx recovered it without calling the handler again"
+        )
+        self.crashes = crashes
+
+
+class CrashGuard:
+    """Claims, careful mode and crash recovery of one container."""
+
+    def __init__(self, container: ListenerContainer) -> None:
+        self._c = container
+        self.enabled = container.spec.kind == "record"
+        self._careful: dict[TP, int] = {}  # partition -> careful_until (exclusive)
+        self._pending: dict[TP, int] = {}  # partitions whose last commit claimed `offset` in flight
+        self._marked: set[TP] = set()  # careful partitions whose next record is already marked in flight
+
+    @property
+    def careful(self) -> Mapping[TP, int]:
+        return self._careful
+
+    # -- what commits say ------------------------------------------------------------
+    def metadata(self, offsets: Mapping[TP, int]) -> dict[TP, str] | None:
+        """The offset-commit metadata of a transaction committing ``offsets``."""
+        if not self.enabled:
+            return None
+        tracker, out = self._c.tracker, {}
+        for tp, offset in offsets.items():
+            until = self._careful.get(tp)
+            if until is not None and offset >= until:
+                del self._careful[tp]
+                self._marked.discard(tp)
+                until = None
+                log.info("listener %s: %s[%d] handled past the crash range; batches again", self._c.name, *tp)
+            state = tracker.state_at(tp[0], tp[1], offset)
+            out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until))
+            self._pending[tp] = offset
+            if until is not None:
+                self._marked.add(tp)  # this commit's claim marks the next record in flight
+        return out
+
+    # -- the next owner ----------------------------------------------------------------
+    def restore(self, committed: list[TopicPartition]) -> None:
+        """Read what the previous owner committed; seed counts and enter careful mode after a crash."""
+        c = self._c
+        for tp in committed:
+            if tp.offset < 0 or tp.topic is None:
+                continue
+            state = decode(tp.metadata, tp.offset)
+            if state is None:
+                continue
+            key, failures, until = (tp.topic, tp.partition), state.failures, state.careful_until
+            if state.inflight and self.enabled:
+                if until is not None and tp.offset < until:
+                    failures += 1  # one record was in flight: it is the one that died
+                    log.warning("listener %s: the previous owner of %s[%d] died while handling offset %d "
+                                "(%d failed attempt(s) so far)", c.name, *key, tp.offset, failures)  # fmt: skip
+                else:
+                    until = tp.offset + c.spec.max_batch_records
+                    log.warning(
+                        "listener %s: the previous owner of %s[%d] died while handling a batch from offset %d; "
+                        "handling offsets up to %d one per transaction to find the record that killed it",
+                        c.name, *key, tp.offset, until,
+                    )  # fmt: skip
+            if failures:
+                c.tracker.seed(tp.topic, tp.partition, tp.offset, failures)
+            if self.enabled and until is not None and until > tp.offset:
+                self._careful[key] = until
+                self._marked.discard(key)
+
+    def release(self, tps: list[TP]) -> None:
+        """A clean stop or revoke: withdraw the in-flight claims.
+
+        Nothing crashed, so no claim is true: a batch that was handed and not
+        committed was aborted (its failures, if any, are in the tracker, and
+        are kept).
+        """
+        claims = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
+        if not claims or self._c.consumer is None:
+            return
+        by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
+        for tp, offset in claims.items():
+            producer = self._c.producer_for(tp)
+            by_producer.setdefault(id(producer), (TransactionUnit(self._c, producer, []), {}))[1][tp] = offset
+        for unit, offsets in by_producer.values():
+            meta = {}
+            for tp, offset in offsets.items():
+                state = self._c.tracker.state_at(tp[0], tp[1], offset)
+                meta[tp] = encode(PartitionState(offset, state.failures if state else 0, False, self._careful.get(tp)))
+            try:
+                unit.transact(functools.partial(unit.send_offsets, offsets, meta), records=0, what="release")
+            except KafkaClientError as exc:
+                log.debug("could not withdraw in-flight claims of %s: %s", offsets, exc)
+        for tp in tps:
+            self._careful.pop(tp, None)
+            self._marked.discard(tp)
+
+    # -- careful mode ----------------------------------------------------------------------
+    def is_careful(self, msg: ConsumedMessage) -> bool:
+        until = self._careful.get((msg.topic(), msg.partition()))
+        return until is not None and msg.offset() < until
+
+    def run_careful(self, msg: ConsumedMessage, runner: Runner) -> bool:
+        """Handle one record of a careful partition in its own transaction. True if it was committed."""
+        c = self._c
+        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        producer = c.producer_for(tp)
+        state = c.tracker.state_at(tp[0], tp[1], offset)
+        failures = state.failures if state else 0
+        if failures >= c.spec.policy.max_attempts:
+            return self._recover(msg, failures)
+        if tp not in self._marked:  # nothing committed yet marks this record in flight: do it now
+            marker = encode(PartitionState(offset, failures, True, self._careful.get(tp)))
+            unit = TransactionUnit(c, producer, [])
+            try:
+                if not unit.transact(lambda: unit.send_offsets({tp: offset}, {tp: marker}), records=0, what="marker"):
+                    return False
+            except KafkaClientError:
+                raise
+            self._marked.add(tp)
+        self._marked.discard(tp)  # the marker is used up by this attempt
+        runner(TransactionUnit(c, producer, [msg]))
+        return c.committed_offset(tp) == offset + 1
+
+    def _recover(self, msg: ConsumedMessage, crashes: int) -> bool:
+        c = self._c
+        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        record: Record = to_record(msg, crashes)
+        exc = ProcessCrashedError(record.coordinates, crashes)
+        unit = TransactionUnit(c, c.producer_for(tp), [msg])
+        log.error("listener %s: %s", c.name, exc)
+
+        def work() -> None:
+            unit.recover(c.spec.policy.recoverer, record, exc)
+            unit.send_offsets({tp: offset + 1})
+
+        error: RecoveryError | None = None
+        try:
+            if not unit.transact(work, what="recovery of a record that crashed the process"):
+                return False
+        except RecoveryError as err:
+            error = err
+        if error is not None:
+            recovery_failed(unit, [msg], HandlerFailure(0, exc, record), error, _no_replay)
+            return False
+        c.publish(RecordRecovered(c.name, c.worker, record, exc, c.spec.policy.recoverer.name))
+        return True
+
+
+def _no_replay(record: Record) -> Sequence[PendingOutput]:
+    raise AssertionError("a single-record unit has no batch-mates to replay")  # pragma: no cover
