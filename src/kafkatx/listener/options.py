@@ -34,58 +34,42 @@ Backoff = wait_base | float | None
 DeadLetter = bool | str | Recoverer | Callable[[Record, BaseException], object] | None
 
 
-class ListenerOptions(TypedDict, total=False):
+class _SharedOptions(TypedDict, total=False):
+    """The options record and Spark listeners share."""
+
+    name: str
+    output: str | None
+    max_batch_records: int
+    max_batch_ms: int
+    max_transaction_ms: int | None
+    fencing: Fencing
+    concurrency: int
+    max_attempts: int
+    backoff: Backoff
+    dlq: DeadLetter
+    not_retryable: Iterable[type[BaseException]]
+    retryable: Iterable[type[BaseException]]
+    default_not_retryable: bool
+    max_recovery_failures: int | None
+    recovery_backoff: Backoff
+    serializer: Callable[[Any], bytes] | None
+    group_id: str | None
+    consumer_config: Mapping[str, Any]
+    producer_config: Mapping[str, Any]
+    max_abortable_retries: int
+    idle_event_interval: float | None
+
+
+class ListenerOptions(_SharedOptions, total=False):
     """Keyword options of ``@app.listener`` (see the README for each one's meaning)."""
 
-    name: str
-    output: str | None
-    max_batch_records: int
-    max_batch_ms: int
-    max_transaction_ms: int | None
-    fencing: Fencing
-    concurrency: int
-    max_attempts: int
-    backoff: Backoff
-    dlq: DeadLetter
-    not_retryable: Iterable[type[BaseException]]
-    retryable: Iterable[type[BaseException]]
-    default_not_retryable: bool
     after_rollback: Any
-    max_recovery_failures: int | None
-    recovery_backoff: Backoff
     retry: RetryMode
-    serializer: Callable[[Any], bytes] | None
-    group_id: str | None
-    consumer_config: Mapping[str, Any]
-    producer_config: Mapping[str, Any]
-    max_abortable_retries: int
-    idle_event_interval: float | None
 
 
-class SparkListenerOptions(TypedDict, total=False):
+class SparkListenerOptions(_SharedOptions, total=False):
     """Keyword options of ``@app.spark_listener``: the listener's, minus per-record ones, plus ``max_bisect_jobs``."""
 
-    name: str
-    output: str | None
-    max_batch_records: int
-    max_batch_ms: int
-    max_transaction_ms: int | None
-    fencing: Fencing
-    concurrency: int
-    max_attempts: int
-    backoff: Backoff
-    dlq: DeadLetter
-    not_retryable: Iterable[type[BaseException]]
-    retryable: Iterable[type[BaseException]]
-    default_not_retryable: bool
-    max_recovery_failures: int | None
-    recovery_backoff: Backoff
-    serializer: Callable[[Any], bytes] | None
-    group_id: str | None
-    consumer_config: Mapping[str, Any]
-    producer_config: Mapping[str, Any]
-    max_abortable_retries: int
-    idle_event_interval: float | None
     max_bisect_jobs: int
 
 
