@@ -7,7 +7,6 @@ import threading
 import time
 from collections import Counter
 
-import pytest
 import tenacity
 
 from kafkatx import (
@@ -19,7 +18,14 @@ from kafkatx import (
     send,
 )
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.events import PartitionsRevoked, RecordRecovered, RecoveryFailed, TransactionAborted, TransactionCommitted
+from kafkatx.events import (
+    PartitionsRevoked,
+    RecordRecovered,
+    RecordRetryScheduled,
+    RecoveryFailed,
+    TransactionAborted,
+    TransactionCommitted,
+)
 from kafkatx.testing import KafkaTestKit, delete_topics, running, unique_name, wait_for
 
 
@@ -183,19 +189,20 @@ def test_stop_interrupts_a_backoff(kafka: KafkaTestKit) -> None:
     src = kafka.topic()
     kafka.produce(src, [b"x"])
     app = make_app(kafka)
-    failed = threading.Event()
+    scheduled = threading.Event()
+    recovered: list[RecordRecovered] = []
+    app.on(RecordRetryScheduled)(lambda e: scheduled.set())
+    app.on(RecordRecovered)(recovered.append)
 
-    @app.listener(src, backoff=60)
+    @app.listener(src, backoff=60, dlq=True)
     def handler(record: Record) -> None:
-        failed.set()
         raise ConnectionError("down")
 
     app.start()
-    assert failed.wait(20)
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    app.stop()
-    assert time.monotonic() - t0 < 5
+    assert scheduled.wait(20), "the record waits for its 60 s back-off"
+    app.stop(timeout=20)
+    assert not app.containers[0].alive, "stop() interrupted the back-off"
+    assert recovered == [] and kafka.read(src + "-dlt") == [], "stopping is not a reason to dead-letter"
     # The after-rollback transaction commits the failed record's own offset (0: nothing past it), with its
     # failure count as metadata, so that the next owner goes on counting.
     assert kafka.committed(app.group_id, src).get(0, 0) == 0, "the failed record was not committed"
@@ -349,8 +356,7 @@ def test_default_after_rollback_processor_can_be_configured_directly(kafka: Kafk
     assert parked == [4]
 
 
-@pytest.mark.parametrize("retry", ["in_place"])
-def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit, retry: str) -> None:
+def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit) -> None:
     src, out = kafka.topic(partitions=2), kafka.topic()
     kafka.produce(src, [b"poison-%d" % i if i % 50 == 7 else b"ok-%d" % i for i in range(400)])
     app = make_app(kafka)
@@ -358,7 +364,7 @@ def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit, retry: 
     app.on(TransactionAborted)(lambda e: tx.update(["abort"]))
     calls: Counter[bytes] = Counter()
 
-    @app.listener(src, output=out, max_attempts=3, dlq=True, retry=retry, max_batch_records=400)
+    @app.listener(src, output=out, max_attempts=3, dlq=True, retry="in_place", max_batch_records=400)
     def handler(record: Record) -> bytes:
         calls[record.value or b""] += 1
         send(out, b"side-" + (record.value or b""))

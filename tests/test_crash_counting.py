@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.rollback.durable import decode
-from kafkatx.testing import KafkaTestKit, unique_name, wait_for
+from kafkatx.testing import KafkaTestKit, unique_name
 
 pytestmark = pytest.mark.slow
 

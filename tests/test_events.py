@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -10,7 +9,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-import kafkatx.listener.container as container_module
 from kafkatx import App, Record, RecoveryExhaustedError
 from kafkatx.events import (
     ContainerIdle,
@@ -208,13 +206,6 @@ def test_a_raising_callback_does_not_break_processing(kafka: KafkaTestKit, caplo
     ), "the callback's failure should be logged"
 
 
-def _container_publishes_idle() -> bool:
-    return "ContainerIdle" in inspect.getsource(container_module)
-
-
-@pytest.mark.skipif(
-    not _container_publishes_idle(), reason="the container does not publish ContainerIdle yet (issue 7 diff)"
-)
 def test_idle_event_after_the_interval_without_records(kafka: KafkaTestKit) -> None:
     topic = kafka.topic()
     app = make_app(kafka)

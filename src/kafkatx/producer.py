@@ -57,7 +57,7 @@ class TransactionalProducer:
         self._producer: Producer | None = None
         self.in_transaction = False
         self.delivery_errors: list[str] = []
-        self._delivery_failures: list[KafkaError] = []
+        self._delivery_failures: list[tuple[KafkaError, str]] = []  # the error, and where: "topic[partition]"
         self._known_topics: dict[str, int] = {}
         self.generation = 0  # bumped each time a new Producer takes over the id
 
@@ -123,7 +123,7 @@ class TransactionalProducer:
         self._call("begin_transaction", producer.begin_transaction)
         self.in_transaction = True
 
-    def produce(self, out: PendingOutput, on_error: Callable[[str], None] | None = None) -> None:
+    def produce(self, out: PendingOutput, on_error: Callable[[KafkaError], None] | None = None) -> None:
         """Produce ``out`` in the open transaction. ``on_error`` receives this record's own delivery error."""
         producer = self._producer
         assert producer is not None and self.in_transaction, "produce outside a transaction"
@@ -216,6 +216,13 @@ class TransactionalProducer:
                 return [*self.delivery_errors, f"{remaining} record(s) not delivered within {timeout:g}s"]
         return list(self.delivery_errors)
 
+    def transaction_failure(self, *, besides: KafkaError | None = None) -> KafkaClientError | None:
+        """The typed error of the first record of this transaction that failed delivery (other than ``besides``)."""
+        for err, where in self._delivery_failures:
+            if err is not besides:
+                return _located(err, "produce", where)
+        return None
+
     def wait_for_deliveries(self, timeout: float = 30.0) -> int:
         """Wait for every record sent so far; the number still undelivered after ``timeout``."""
         producer = self._producer
@@ -264,7 +271,8 @@ class TransactionalProducer:
         if producer is not None and not self._delivery_failures:
             producer.poll(1.0)  # serve the delivery reports
         if self._delivery_failures:
-            return KafkaClientError.from_kafka(self._delivery_failures[0], operation=operation, path="produce")
+            err, where = self._delivery_failures[0]
+            return _located(err, operation, where)
         return TransactionAbortableError(
             f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
         )
@@ -312,16 +320,23 @@ class TransactionalProducer:
             return RecordRejectedError(f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}")
         return KafkaClientError.from_kafka(err, operation="produce", path="produce")
 
-    def _own_delivery(self, on_error: Callable[[str], None]) -> Callable[[KafkaError | None, Message], None]:
+    def _own_delivery(self, on_error: Callable[[KafkaError], None]) -> Callable[[KafkaError | None, Message], None]:
         def report(err: KafkaError | None, msg: Message) -> None:
             self._on_delivery(err, msg)
             if err is not None:
-                on_error(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
+                on_error(err)
 
         return report
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            self._delivery_failures.append(err)
+            self._delivery_failures.append((err, f"{msg.topic()}[{msg.partition()}]"))
             self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
 
+
+def _located(err: KafkaError, operation: str, where: str) -> KafkaClientError:
+    """The typed error of a failed delivery, saying which topic and partition refused the record."""
+    exc = KafkaClientError.from_kafka(err, operation=operation, path="produce")
+    return type(exc)(
+        f"{exc.message} (a record for {where})", error=exc.error, error_class=exc.error_class, operation=exc.operation
+    )

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
 from kafkatx.errors import (
@@ -297,12 +297,18 @@ class _DirectSink:
 
     def deliver(self, output: PendingOutput) -> str | None:
         """Produce ``output`` and wait for its own delivery; its error, or None."""
-        errors: list[str] = []
+        errors: list[KafkaError] = []
         producer = self._unit._producer
         producer.produce(output, on_error=errors.append)
         undelivered = producer.wait_for_deliveries()
         if errors:
-            return errors[0]
+            own = errors[0]
+            if own.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+                # Purged because another record of the transaction failed: that failure is the cause.
+                cause = producer.transaction_failure(besides=own)
+                if cause is not None:
+                    raise cause
+            return f"{output.topic}: {own.name()} {own.str()}"
         if undelivered:
             return f"not delivered yet: {undelivered} record(s) of the transaction still in flight"
         return None

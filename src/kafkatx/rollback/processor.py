@@ -137,16 +137,18 @@ class DefaultAfterRollbackProcessor:
         return self.policy.max_attempts
 
     def process(self, context: RollbackContext) -> None:
-        context.replay_processed()
         failed, exc, tracker, policy = context.failed, context.exception, context.tracker, self.policy
         state = tracker.state(failed)
         if state is not None and state.pending_recovery:
             # An earlier recovery of this record failed: retry the recovery, not the handler.
             exc = state.last_exception or exc
+            context.replay_processed()
         else:
+            # Counted before the batch-mates are re-run: if one of them fails now, this failure still counts.
             state = tracker.record_failure(failed, exc)
             verdict = policy.decide(state.failures, exc, context.stop_event)
             context.publish(HandlerFailed(context.listener, 0, failed, exc, state.failures))
+            context.replay_processed()
             coords = _coords(failed, state.failures)
             if verdict.action is Action.ABANDON:
                 log.info("%s failed on attempt %d; the container is stopping, so it is left for the next start",
