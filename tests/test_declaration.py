@@ -67,3 +67,24 @@ def test_in_place_retries_cannot_follow_a_custom_processor() -> None:
     with pytest.raises(InvalidConfigurationError, match='retry="in_place" cannot follow a custom after_rollback'):
         app().listener("in", after_rollback=Custom(), retry="in_place")(handle)
     app().listener("in", after_rollback=Custom())(handle)  # the rollback path calls it
+
+
+def test_two_containers_exiting_together_both_count_as_stopped() -> None:
+    """11.7 (deterministic): App.run waited on liveness; two containers exiting at once each saw the
+    other still alive, so nobody declared the App stopped and run() never returned."""
+
+    class Exiting:
+        failure = None
+        alive = True  # both threads are still inside their exit path
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    a = app()
+    first, second = Exiting("a"), Exiting("b")
+    a.containers = [first, second]  # type: ignore[list-item]
+    a._exited = set()
+    a.container_exited(first)  # type: ignore[arg-type]
+    assert not a.wait(0), "one of two has stopped"
+    a.container_exited(second)  # type: ignore[arg-type]
+    assert a.wait(0), "both have stopped, though their threads have not ended yet"

@@ -40,7 +40,7 @@ from kafkatx.events import (
     TransactionAborted,
     TransactionCommitted,
 )
-from kafkatx import FencedTooOftenError
+from kafkatx import ContainerError, FencedTooOftenError, StuckCallError
 from kafkatx.testing import running, unique_name, wait_for
 from kafkatx.testing.mock_cluster import ApiKey, MockCluster
 
@@ -816,3 +816,56 @@ def test_kafkatx_run_exits_78_on_an_invalid_configuration_error_at_runtime(
     assert f"kafkatx run: configuration error: {expected[0]}" in proc.stderr
     assert expected[1] in proc.stderr
     assert time.monotonic() - started < 30, "no restart loop"
+
+
+# --------------------------------------------------------------------------
+# A client call that ignores its timeout (issue 17, item 3)
+# --------------------------------------------------------------------------
+
+
+def test_a_call_that_ignores_its_timeout_is_abandoned_and_the_producer_replaced(mc: MockCluster) -> None:
+    """librdkafka's send_offsets_to_transaction(..., timeout) blocks until the broker answers (measured:
+    20 s for a 0.75 s timeout). kafkatx gives up at a deadline, replaces the producer, and carries on."""
+    # transaction_timeout_ms=20000: calls get 2.5 s each, and a call still blocked after 10 s is abandoned
+    # (librdkafka itself would wait for the broker up to the transaction timeout).
+    h = Harness(mc, app_options={"transaction_timeout_ms": 20_000})
+    with running(h.app):
+        h.produce(b"warm-up")
+        h.wait_committed(1)
+        mc.push_broker_request_errors(1, ApiKey.TXN_OFFSET_COMMIT, (0, 30_000))  # answered after 30 s
+        started = time.monotonic()
+        h.produce(b"a")
+        wait_for(lambda: h.of(ProducerRecreated), 25, message="the stuck producer replaced")
+        assert time.monotonic() - started < 18, "abandoned at its deadline, not when librdkafka gives up"
+        error = h.of(ProducerRecreated)[0].error
+        assert isinstance(error, StuckCallError) and error.operation == "send_offsets_to_transaction"
+        h.wait_committed(2, timeout=30)
+        h.assert_keeps_processing()
+
+
+def test_stopping_names_the_call_a_container_is_stuck_in(mc: MockCluster) -> None:
+    """A container that cannot stop within shutdown_timeout makes App.run raise, naming the call."""
+    h = Harness(mc, app_options={"transaction_timeout_ms": 60_000, "shutdown_timeout": 2.0})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            h.app.run(install_signal_handlers=False)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: h.app.containers and h.app.containers[0].started.is_set(), 15, message="started")
+    h.produce(b"warm-up")
+    h.wait_committed(1)
+    mc.push_broker_request_errors(1, ApiKey.TXN_OFFSET_COMMIT, (0, 60_000))
+    h.produce(b"a")
+    wait_for(lambda: h.app.containers[0].blocked_in(), 15, message="the container blocked in a client call")
+    t0 = time.monotonic()
+    h.app.stop(wait=False)
+    thread.join(15)
+    assert not thread.is_alive(), "App.run returned"
+    assert time.monotonic() - t0 < 10
+    assert errors and isinstance(errors[0], ContainerError), errors
+    assert "send_offsets_to_transaction" in str(errors[0]) and "shutdown_timeout=2s" in str(errors[0])

@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kafkatx.context import bind_sink
-from kafkatx.errors import InvalidConfigurationError, KafkaClientError, KafkaTxError
+from kafkatx.errors import ContainerError, InvalidConfigurationError, KafkaClientError, KafkaTxError
 from kafkatx.events import Event, EventBus
 from kafkatx.listener.container import ListenerContainer
 from kafkatx.listener.options import (
@@ -115,6 +115,7 @@ class App:
         self.containers: list[ListenerContainer] = []
         self._lock = threading.RLock()
         self._stopped = threading.Event()
+        self._exited: set[int] = set()  # ids of the containers that finished their exit path
         self._running = False
         self._tx_local = threading.local()
         self._tx_counter = 0
@@ -308,6 +309,7 @@ class App:
             _ = self.instance_id
             self._prepare_topics()
             self._stopped.clear()
+            self._exited = set()
             self.containers = []
             index = 0
             for spec in self.listeners:
@@ -324,8 +326,12 @@ class App:
         if container.failure is not None and not self._stopped.is_set():
             log.error("stopping app %s because listener %s failed", self.name, container.name)
             self.stop(wait=False)
-        if all(not c.alive or c is container for c in self.containers):
-            self._stopped.set()
+        # Counted, not read from thread liveness: two containers exiting together would each see the
+        # other still alive, and nobody would say that all had stopped.
+        with self._lock:
+            self._exited.add(id(container))
+            if len(self._exited) >= len(self.containers):
+                self._stopped.set()
 
     def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stop all containers. Thread-safe. Each finishes (or aborts) its open
@@ -336,7 +342,8 @@ class App:
             deadline = time.monotonic() + (self.shutdown_timeout if timeout is None else timeout)
             for c in list(self.containers):
                 if not c.join(max(0.0, deadline - time.monotonic())):
-                    log.warning("listener %s did not stop within the shutdown timeout", c.name)
+                    log.warning("listener %s did not stop within the shutdown timeout%s", c.name,
+                                f": blocked in {c.blocked_in()}" if c.blocked_in() else "")  # fmt: skip
         with self._lock:
             if all(not c.alive for c in self.containers):
                 self._running = False
@@ -377,8 +384,12 @@ class App:
                 previous[sig] = signal.signal(sig, on_signal)
         try:
             self.start()
+            stopping_since: float | None = None
             while not self._stopped.wait(0.2):
-                pass
+                if stopping_since is None and any(c.stop_event.is_set() for c in self.containers):
+                    stopping_since = time.monotonic()
+                if stopping_since is not None and time.monotonic() - stopping_since > self.shutdown_timeout:
+                    raise ContainerError(self._not_stopped_message())
             self.stop()
         finally:
             if handlers_installed:
@@ -388,6 +399,13 @@ class App:
         failure = self.failure
         if failure is not None:
             raise failure
+
+    def _not_stopped_message(self) -> str:
+        stuck = [f"listener {c.name} is blocked in {c.blocked_in() or 'an unknown call'}" for c in self.containers if c.alive]
+        return (
+            f"app {self.name} did not stop within shutdown_timeout={self.shutdown_timeout:g}s: {'; '.join(stuck)}. "
+            "Its open transactions are aborted when it restarts with the same instance id; nothing is lost."
+        )
 
     # -- producer-initiated transactions --------------------------------------------
     @contextmanager

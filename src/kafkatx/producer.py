@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from kafkatx._bounded import BoundedCaller, CallInProgress
 from kafkatx._retry import retry_call
 from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
@@ -60,6 +61,7 @@ class TransactionalProducer:
         self._delivery_failures: list[tuple[KafkaError, str]] = []  # the error, and where: "topic[partition]"
         self._known_topics: dict[str, int] = {}
         self.generation = 0  # bumped each time a new Producer takes over the id
+        self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see _bounded.py
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -70,17 +72,21 @@ class TransactionalProducer:
         """The live Producer, creating and initialising one if needed."""
         if self._producer is None:
             producer = Producer(self._config)
+            self._caller = BoundedCaller(self.transactional_id)
             try:
                 self._call(
                     "init_transactions",
                     lambda: producer.init_transactions(self._api_timeout()),
                     refresh=lambda: producer.list_topics(timeout=5),  # self._producer is not set yet
+                    bounded=True,
                 )
             except BaseException:
-                try:
-                    producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
-                except Exception:
-                    log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
+                if not self._caller.abandoned:  # a stuck handle is left alone (see _bounded.py)
+                    try:
+                        producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
+                    except Exception:
+                        log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
+                self._caller.close()
                 raise
             self._producer = producer
             self.generation += 1
@@ -92,7 +98,12 @@ class TransactionalProducer:
         producer, self._producer = self._producer, None
         self.in_transaction = False
         self._known_topics.clear()
-        if producer is not None:
+        self._caller.close()
+        if producer is not None and self._caller.abandoned:
+            # A call on it never returned: its helper thread still uses it. The new producer's
+            # init_transactions fences it; it is freed once that call returns.
+            log.warning("abandoning producer %s, stuck in a client call", self.transactional_id)
+        elif producer is not None:
             try:
                 producer.purge()
             except Exception:
@@ -169,6 +180,7 @@ class TransactionalProducer:
         self._call(
             "send_offsets_to_transaction",
             lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+            bounded=True,
         )
 
     def commit(self, guard: Callable[[], None] | None = None) -> None:
@@ -178,7 +190,7 @@ class TransactionalProducer:
         if guard is not None:
             guard()
         # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
-        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()))
+        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True)
         self.in_transaction = False
 
     def abort(self) -> None:
@@ -197,7 +209,7 @@ class TransactionalProducer:
         except Exception:  # a fenced/fatal producer raises here; abort_transaction reports it properly
             log.debug("flush before abort of %s failed", self.transactional_id, exc_info=True)
         try:
-            self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()))
+            self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()), bounded=True)
         except KafkaClientError as exc:
             if isinstance(exc, ApplicationRecoverableError):
                 raise
@@ -249,7 +261,18 @@ class TransactionalProducer:
         # resume") is resumed by calling it again, which needs budget left for the next call.
         return max(0.5, min(self.retry_timeout / 4, 30.0))
 
-    def _call(self, operation: str, fn: Callable[[], Any], refresh: Callable[[], None] | None = None) -> Any:
+    @property
+    def blocked_in(self) -> CallInProgress | None:
+        """The client call this producer is blocked in right now, if any."""
+        return self._caller.current
+
+    def _call(
+        self, operation: str, fn: Callable[[], Any], refresh: Callable[[], None] | None = None, *, bounded: bool = False
+    ) -> Any:
+        if bounded:  # a call that may block past its timeout runs under a deadline it cannot ignore
+            deadline = 2 * self._api_timeout() + 5.0
+            unbounded, caller = fn, self._caller
+            fn = lambda: caller.call(operation, unbounded, deadline)  # noqa: E731
         try:
             return retry_call(
                 fn,

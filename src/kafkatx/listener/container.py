@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from kafkatx._bounded import BoundedCaller
 from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
     FencedTooOftenError,
@@ -32,6 +33,7 @@ from kafkatx.errors import (
     InvalidConfigurationError,
     KafkaClientError,
     KafkaTxError,
+    StuckCallError,
 )
 from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
 from kafkatx.producer import TransactionalProducer
@@ -55,6 +57,7 @@ Runner = Callable[[TransactionUnit], None]
 
 _IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
 _STALL_CHECK_S = 30.0  # how often to look for assigned partitions that fetch nothing
+_CLOSE_DEADLINE_S = 10.0  # how long leaving the group may take at exit
 
 
 class ListenerContainer:
@@ -117,6 +120,14 @@ class ListenerContainer:
     def assignment(self) -> set[TP]:
         return set(self.assigned)
 
+    def blocked_in(self) -> str | None:
+        """The client call this container's thread is blocked in, if any (for shutdown messages)."""
+        for producer in [*filter(None, [self._group_producer]), *self._partition_producers.values()]:
+            call = producer.blocked_in
+            if call is not None:
+                return f"{call.describe()} on producer {producer.transactional_id}"
+        return None
+
     def publish(self, event: Event) -> None:
         if event.worker != self.worker or event.listener != self.name:
             event = replace(event, listener=self.name, worker=self.worker)
@@ -174,7 +185,12 @@ class ListenerContainer:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             try:
-                consumer.close()  # leaves the group; on_revoke runs and closes partition producers
+                # Leaves the group (on_revoke runs and closes partition producers), within a bound:
+                # a broker that stopped answering must not keep the process from exiting.
+                BoundedCaller(self.name).call("consumer.close", consumer.close, _CLOSE_DEADLINE_S)
+            except StuckCallError:
+                log.warning("listener %s: leaving the group did not finish within %.0fs; exiting anyway "
+                            "(the group notices after session.timeout.ms)", self.name, _CLOSE_DEADLINE_S)  # fmt: skip
             except Exception:
                 log.debug("consumer close failed", exc_info=True)
         for producer in [*self._partition_producers.values(), *filter(None, [self._group_producer])]:

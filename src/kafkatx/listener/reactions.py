@@ -30,6 +30,7 @@ from kafkatx.errors import (
     FencedTooOftenError,
     GroupMembershipChanged,
     KafkaClientError,
+    StuckCallError,
     TransactionAbortableError,
 )
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
@@ -107,6 +108,11 @@ class KafkaErrorReactions:
                 f"last error: {exc}). Another process is probably using the same transactional.id: give each "
                 "instance a unique instance_id."
             ) from exc
+        if isinstance(exc, StuckCallError):
+            # The abandoned call may still complete (a commit reaching the coordinator late). A new
+            # producer's init_transactions fences it and settles its transaction first, so the
+            # committed offsets read below are final: nothing is handled twice.
+            producer.ensure()
         self.rewind_to_committed(msgs)
         if c.spec.fencing == "partition" and not escalated and exc.fenced:
             # KIP-98 mode: the transactional.id belongs to the partition, so a newer producer with
