@@ -196,3 +196,33 @@ def test_kip447_offset_fetch_waits_for_pending_transactional_offsets(request: py
         p.abort_transaction(10)
         owner.close()
         reader.close()
+
+
+def test_a_closed_static_members_partitions_move_after_the_session_timeout(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
+    """KIP-345: a static member that closes does not leave the group; its partitions go to the other
+    members once session.timeout.ms expires. noida-db never evicts it (partitions unowned for minutes),
+    which is why kafkatx's graceful-stop process test runs with dynamic membership on it."""
+    import time
+
+    _noida_gap(request, "never evicts a static member that closed")
+    topic, group = kafka.topic(partitions=2), unique_name("g")
+    conf = {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500, "enable.auto.commit": False, "log_level": 3}  # fmt: skip
+    leaver = Consumer({**conf, "group.instance.id": "leaver"})
+    stayer = Consumer({**conf, "group.instance.id": "stayer"})
+    owned: dict[str, set[int]] = {"stayer": set()}
+    stayer.subscribe([topic], on_assign=lambda c, ps: owned["stayer"].update(p.partition for p in ps),
+                     on_revoke=lambda c, ps: owned["stayer"].difference_update(p.partition for p in ps))  # fmt: skip
+    leaver.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(owned["stayer"]) != 1:
+        stayer.poll(0.1)
+        leaver.poll(0.1)
+    leaver.close()
+    deadline = time.monotonic() + 20  # session timeout (6 s) plus a rebalance, with margin
+    while time.monotonic() < deadline and owned["stayer"] != {0, 1}:
+        stayer.poll(0.2)
+    stayer.close()
+    assert owned["stayer"] == {0, 1}, f"the closed static member's partition was never reassigned: {owned}"

@@ -35,7 +35,7 @@ def test_the_signatures_list_every_option_with_its_default() -> None:
         params = inspect.signature(method).parameters
         assert set(ListenerOptions.__annotations__) <= set(params)
         assert params["max_attempts"].default == 3 and params["max_attempts"].kind is inspect.Parameter.KEYWORD_ONLY
-        assert params["fencing"].default == "group"
+        assert params["fencing"].default == "auto"
     assert set(LISTENER_DEFAULTS) == set(ListenerOptions.__annotations__)
     assert inspect.signature(App.spark_listener).parameters["max_batch_records"].default == 50_000
 

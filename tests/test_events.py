@@ -176,7 +176,7 @@ def test_stopped_with_reason_error_when_recovery_keeps_failing(kafka: KafkaTestK
     assert isinstance(stopped.error, RecoveryExhaustedError)
     assert stopped.error is app.failure
     assert rec.of(RecordRecovered) == []
-    assert kafka.committed(app.group_id, topic) == {}  # nothing skipped
+    assert kafka.committed(app.group_id, topic).get(0, 0) == 0  # nothing skipped (a claim commits the start offset)
 
 
 def test_a_raising_callback_does_not_break_processing(kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture) -> None:

@@ -132,6 +132,9 @@ class Harness:
             **options,
         )
         self.app.on(Event)(self._record)
+        # count_crashes=False: these tests script the faults of the first data transaction; crash
+        # counting would put a claim transaction before it (its own reactions are tested below).
+        listener_options.setdefault("count_crashes", False)
         self.app.add_listener(self._handle, self.src, output=self.dst, name="h", **listener_options)
 
     @property
@@ -869,3 +872,18 @@ def test_stopping_names_the_call_a_container_is_stuck_in(mc: MockCluster) -> Non
     assert time.monotonic() - t0 < 10
     assert errors and isinstance(errors[0], ContainerError), errors
     assert "send_offsets_to_transaction" in str(errors[0]) and "shutdown_timeout=2s" in str(errors[0])
+
+
+def test_a_fault_in_the_crash_counting_claim_gets_the_same_reaction(mc: MockCluster) -> None:
+    """With crash counting (the default) the first batch of a partition is claimed in a small transaction
+    first; an abortable error there is aborted and redone, and the record is handled once."""
+    h = Harness(mc, count_crashes=True)
+    mc.push_request_errors(ApiKey.END_TXN, E.TRANSACTION_ABORTABLE)
+    with running(h.app):
+        h.produce(b"a")
+        h.wait_committed(1)
+        assert [(e.operation, e.action) for e in h.handled() if not e.action.startswith("retry #")] == [
+            ("commit_transaction", "abort and reprocess the claim")
+        ]
+        assert h.values_seen() == [b"a"], "the record was handed over once, after its claim committed"
+        h.assert_keeps_processing()

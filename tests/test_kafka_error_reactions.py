@@ -228,4 +228,4 @@ def test_refused_output_in_a_multi_record_batch_stops_the_container(kafka: Kafka
     finally:
         app.stop(timeout=15)
     assert kafka.values(dst) == []
-    assert kafka.committed(app.group_id, src) == {}
+    assert kafka.committed(app.group_id, src).get(0, 0) == 0, "nothing past the refused batch (a crash-counting claim commits its start)"

@@ -34,7 +34,9 @@ FAST_GROUP = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbe
 
 
 def worker(kafka: KafkaTestKit, name: str, instance: str, src: str, out: str, fencing: str, calls: Counter[str]) -> App:
-    app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id=instance, consumer_config=FAST_GROUP)
+    # Dynamic membership: the zombie is a member that stalled past max.poll.interval.ms and was replaced.
+    app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id=instance, consumer_config=FAST_GROUP,
+              static_membership=False)  # fmt: skip
 
     @app.listener(src, output=out, fencing=fencing, max_batch_records=1)
     def handle(record: Record) -> bytes:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -33,7 +33,7 @@ from kafkatx.listener.options import (
     signature_with_options,
 )
 from kafkatx.listener.spec import ListenerSpec, build_spec
-from kafkatx.local import warn_about_chained_listeners
+from kafkatx.local import is_embedded_broker, warn_about_chained_listeners
 from kafkatx.outputs import PendingOutput, encode, encode_headers
 from kafkatx.producer import TransactionalProducer
 
@@ -72,8 +72,12 @@ class App:
     at start, so ``kafkatx run --local`` can supply it). ``instance_id``
     (or ``$KAFKATX_INSTANCE_ID``) is this process's stable identity: with it,
     a restarted instance fences its predecessor and aborts its open
-    transaction at once; without it a random id is used and crash recovery
-    waits for ``transaction.timeout.ms``.
+    transaction at once, and (``static_membership=True``) its consumers keep
+    their group membership across the restart (KIP-345), so they get their
+    partitions back without a rebalance; without it a random id is used and
+    crash recovery waits for ``transaction.timeout.ms``.
+    ``rebalance="cooperative"`` uses incremental rebalancing (partitions that
+    do not move keep flowing during a rebalance).
     """
 
     def __init__(
@@ -92,6 +96,8 @@ class App:
         topic_partitions: int = 1,
         shutdown_timeout: float = 30.0,
         max_producer_recreations: int = 5,
+        static_membership: bool = True,
+        rebalance: Literal["eager", "cooperative"] = "eager",
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise InvalidConfigurationError(f"App name must be a non-empty string, got {name!r}")
@@ -102,6 +108,7 @@ class App:
         self.group_id = group_id or name
         self.transactional_id_prefix = transactional_id_prefix or name
         self._instance_id = instance_id
+        self._random_id = False  # True once a random instance id was made up (no static membership then)
         self.config = dict(config or {})
         self.consumer_config_overrides = dict(consumer_config or {})
         self.producer_config_overrides = dict(producer_config or {})
@@ -110,6 +117,11 @@ class App:
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
         self.max_producer_recreations = max_producer_recreations
+        if rebalance not in ("eager", "cooperative"):
+            raise InvalidConfigurationError(f"rebalance must be 'eager' or 'cooperative', got {rebalance!r}")
+        self.static_membership = static_membership
+        self.rebalance = rebalance
+        self.cluster_id: str | None = None
         self.events = EventBus()
         self.listeners: list[ListenerSpec] = []
         self.containers: list[ListenerContainer] = []
@@ -202,6 +214,7 @@ class App:
             if env:
                 self._instance_id = env
             else:
+                self._random_id = True
                 self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
                 log.warning(
                     "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
@@ -243,6 +256,11 @@ class App:
             "isolation.level": "read_committed",
         }
         cfg.setdefault("client.id", f"{self.name}-{self.instance_id}-{spec.name}-{worker}")
+        if self.static_membership and not self._random_id:
+            # KIP-345: the consumer keeps its membership across a restart under the same instance id.
+            cfg.setdefault("group.instance.id", f"{self.instance_id}-{spec.name}-{worker}")
+        if self.rebalance == "cooperative":
+            cfg.setdefault("partition.assignment.strategy", "cooperative-sticky")
         return cfg
 
     def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:
@@ -296,6 +314,30 @@ class App:
                 setup.require(spec.output, f"output topic of listener {spec.name!r}")
             setup.input_topics = spec.topics
             spec.recoverer.setup(setup)
+        self.cluster_id = meta.cluster_id
+        self._resolve_fencing()
+
+    def _resolve_fencing(self) -> None:
+        """``fencing="auto"``: KIP-447 group fencing, except on a broker known to lack KIP-447.
+
+        The embedded broker accepts offsets sent with a stale group generation,
+        so with group fencing a worker that comes back under a new instance id
+        can commit records its successor has already committed (measured:
+        thousands of duplicates). Per-partition transactional.ids fence by
+        themselves (KIP-98), which it does honour.
+        """
+        embedded = is_embedded_broker(self.resolved_bootstrap_servers(), self.cluster_id)
+        for spec in self.listeners:
+            if spec.fencing == "auto":
+                spec.fencing = "partition" if embedded else "group"
+                if embedded:
+                    log.info("listener %s: fencing='partition' (the embedded broker has no KIP-447)", spec.name)
+            elif spec.fencing == "group" and embedded:
+                log.warning(
+                    "listener %s: fencing='group' on the embedded broker, which does not enforce KIP-447: a worker "
+                    "that restarts under a new instance id can commit duplicates. Use fencing='partition' or "
+                    "'auto' (the default), or stable instance ids.", spec.name,
+                )  # fmt: skip
 
     # -- running --------------------------------------------------------------
     def start(self) -> None:

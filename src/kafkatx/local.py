@@ -339,6 +339,16 @@ class ListenerTopics(Protocol):
     def dlq_topic(self) -> str | None: ...
 
 
+#: The cluster id noida-db (the embedded broker) reports, whatever its data dir: how kafkatx recognises it
+#: when it was started elsewhere (``kafkatx broker``), to work around what it does not do (docs/BROKERS.md).
+EMBEDDED_CLUSTER_ID = "MkU3OEVBNTctOEUyRi00"
+
+
+def is_embedded_broker(bootstrap_servers: str, cluster_id: str | None = None) -> bool:
+    """True for the embedded broker: started in this process, or recognised by its cluster id."""
+    return local_broker_at(bootstrap_servers) is not None or cluster_id == EMBEDDED_CLUSTER_ID
+
+
 def chained_listeners(listeners: Iterable[ListenerTopics]) -> list[tuple[str, str, str]]:
     """``(writer, topic, reader)`` for every listener that reads a topic another listener writes.
 

@@ -94,6 +94,9 @@ class ListenerContainer:
         self._consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self._consumer_config)
         self.fence_hold = _fence_hold(self._consumer_config)
+        self._unassigned_grace = _unassigned_grace(self._consumer_config)
+        self._unassigned_since = time.monotonic()
+        self._unassigned_warn_at = self._unassigned_since + self._unassigned_grace
         factory = spec.runner
         self._runner: Runner = factory(self) if factory is not None else RecordRunner(self, spec.processor)
 
@@ -260,7 +263,12 @@ class ListenerContainer:
         tps = [(p.topic, p.partition) for p in partitions]
         if not lost:  # still ours until this callback returns: withdraw claims of batches that never started
             self.guard.release(tps)
+        else:
+            self.guard.forget(tps)
         self.assigned.difference_update(tps)
+        if not self.assigned:
+            self._unassigned_since = time.monotonic()
+            self._unassigned_warn_at = self._unassigned_since + self._unassigned_grace
         self._revoked_in_poll.update(tps)
         self.tracker.clear_partitions(tps)
         for tp in tps:
@@ -310,6 +318,7 @@ class ListenerContainer:
     def committed(self, offsets: dict[TP, int]) -> None:
         """A transaction committed these next offsets."""
         self._committed.update(offsets)
+        self.guard.committed(offsets)
         if self.tracker.failing:
             self.tracker.committed(offsets)
 
@@ -347,6 +356,8 @@ class ListenerContainer:
         if msgs and spec.kind == "batch" and len(msgs) < spec.max_batch_records:
             msgs = self._fill(consumer, msgs)
         self._stall_check.maybe_run(self.polled_at)
+        if not self.assigned:
+            self._check_unassigned()
         if not msgs:
             if not self._positions_checked and time.monotonic() - self._last_activity > _IDLE_FIXUP_S:
                 self._commit_positions_past_markers()
@@ -373,6 +384,8 @@ class ListenerContainer:
             batch = self._run_careful(batch)
             if not batch:
                 return
+        if self.guard.unclaimed and not self.guard.claim_first(batch):
+            return  # the claim did not commit (the group changed?): poll again before handing anything over
         if spec.fencing == "partition":
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
@@ -429,6 +442,20 @@ class ListenerContainer:
             msgs.extend(more)
         return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in self.assigned]
 
+    def _check_unassigned(self) -> None:
+        """Say so when this container has had no partition for a while, and what usually causes it."""
+        now = time.monotonic()
+        if now < self._unassigned_warn_at:
+            return
+        self._unassigned_warn_at = now + 300.0  # then every five minutes
+        since = now - self._unassigned_since
+        log.warning(
+            "listener %s has had no partition of %s for %.0fs (group %r). Likely causes: more consumers than "
+            "partitions; another live process using the same instance id; or, on the embedded broker, its group "
+            "coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id).",
+            self.name, ",".join(self.spec.topics), since, self.group_id,
+        )  # fmt: skip
+
     def _check_idle(self, interval: float) -> None:
         """Spring's idleEventInterval: publish ContainerIdle every ``interval`` while no records arrive."""
         now = time.monotonic()
@@ -471,6 +498,16 @@ class ListenerContainer:
         code = err.code()
         if code == KafkaError._PARTITION_EOF:
             return
+        if code == KafkaError.FENCED_INSTANCE_ID or (code == KafkaError._FATAL and "group.instance.id" in err.str()):
+            # confluent-kafka reports it as _FATAL, with fatal() False: another live consumer took this
+            # consumer's static identity. Two processes share an instance id; carrying on is impossible.
+            instance = self._consumer_config.get("group.instance.id")
+            raise InvalidConfigurationError(
+                f"listener {self.name!r}: another live process uses group.instance.id {instance!r} (the same "
+                f"instance id): give each process its own --instance-id ({err.str()})",
+                error=err,
+                operation="consume",
+            )
         if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             raise InvalidConfigurationError(
                 f"listener {self.name!r}: input topic {msg.topic()!r} does not exist ({err.str()}); "
@@ -566,6 +603,11 @@ def _fence_hold(consumer_config: dict[str, Any]) -> float:
     heartbeat = int(consumer_config.get("heartbeat.interval.ms", 3000)) / 1000.0
     session = int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0
     return min(session, 2 * heartbeat + 1.0)
+
+
+def _unassigned_grace(consumer_config: dict[str, Any]) -> float:
+    """Seconds without any partition worth a warning: two session timeouts, at least 30 s."""
+    return max(30.0, 2 * int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0)
 
 
 def _fmt_tps(tps: list[TP]) -> str:

@@ -58,10 +58,13 @@ class CrashGuard:
 
     def __init__(self, container: ListenerContainer) -> None:
         self._c = container
-        self.enabled = container.spec.kind == "record"
+        self.enabled = container.spec.count_crashes
         self._careful: dict[TP, int] = {}  # partition -> careful_until (exclusive)
         self._pending: dict[TP, int] = {}  # partitions whose last commit claimed `offset` in flight
         self._marked: set[TP] = set()  # careful partitions whose next record is already marked in flight
+        #: Assigned partitions with no claim standing yet (nothing committed by this owner): their first
+        #: batch is claimed with a marker transaction before it is handed over (see claim_first).
+        self.unclaimed: set[TP] = set()
 
     @property
     def careful(self) -> Mapping[TP, int]:
@@ -82,15 +85,24 @@ class CrashGuard:
                 log.info("listener %s: %s[%d] handled past the crash range; batches again", self._c.name, *tp)
             state = tracker.state_at(tp[0], tp[1], offset)
             out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until))
-            self._pending[tp] = offset
-            if until is not None:
-                self._marked.add(tp)  # this commit's claim marks the next record in flight
         return out
+
+    def committed(self, offsets: Mapping[TP, int]) -> None:
+        """A transaction whose offsets carried claims has committed: the claims stand."""
+        if not self.enabled:
+            return
+        for tp, offset in offsets.items():
+            self._pending[tp] = offset
+            self.unclaimed.discard(tp)
+            if tp in self._careful:
+                self._marked.add(tp)  # this commit's claim marks the next record in flight
 
     # -- the next owner ----------------------------------------------------------------
     def restore(self, committed: list[TopicPartition]) -> None:
         """Read what the previous owner committed; seed counts and enter careful mode after a crash."""
         c = self._c
+        if self.enabled:
+            self.unclaimed.update((tp.topic, tp.partition) for tp in committed if tp.topic is not None)
         for tp in committed:
             if tp.offset < 0 or tp.topic is None:
                 continue
@@ -124,7 +136,17 @@ class CrashGuard:
         are kept).
         """
         claims = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
-        if not claims or self._c.consumer is None:
+        consumer = self._c.consumer
+        if not claims or consumer is None:
+            return
+        try:  # only where the claim is still the latest commit: never move an offset someone else committed
+            current = consumer.committed([TopicPartition(t, p) for t, p in claims], timeout=5)
+        except Exception:
+            log.debug("could not read committed offsets before withdrawing claims", exc_info=True)
+            return
+        latest = {(tp.topic, tp.partition): tp.offset for tp in current}
+        claims = {tp: offset for tp, offset in claims.items() if latest.get(tp) == offset}
+        if not claims:
             return
         by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
         for tp, offset in claims.items():
@@ -142,6 +164,45 @@ class CrashGuard:
         for tp in tps:
             self._careful.pop(tp, None)
             self._marked.discard(tp)
+            self.unclaimed.discard(tp)
+
+    def forget(self, tps: list[TP]) -> None:
+        """Partitions lost (not revoked cleanly): drop what this owner knew of them."""
+        for tp in tps:
+            self._pending.pop(tp, None)
+            self._careful.pop(tp, None)
+            self._marked.discard(tp)
+            self.unclaimed.discard(tp)
+
+    def claim_first(self, batch: list[ConsumedMessage]) -> bool:
+        """Before the first batch of a partition this owner hands over: commit a claim for it.
+
+        Every later commit claims the next batch by itself; the first one has
+        no commit before it, and a crash inside it would otherwise go unseen.
+        One small transaction per partition (per producer), once per assignment.
+        False if a claim did not commit: the batch must not be handed over (its
+        partitions may not be this consumer's any more); it is rewound.
+        """
+        first: dict[TP, int] = {}
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            if tp in self.unclaimed and tp not in first and tp not in self._careful:
+                first[tp] = msg.offset()
+        if not first:
+            return True
+        c = self._c
+        by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
+        for tp, offset in first.items():
+            producer = c.producer_for(tp)
+            by_producer.setdefault(id(producer), (TransactionUnit(c, producer, []), {}))[1][tp] = offset
+        claimed = True
+        for unit, offsets in by_producer.values():
+            if not unit.transact(functools.partial(unit.send_offsets, offsets), records=0, what="claim"):
+                claimed = False
+        if not claimed:
+            unit = TransactionUnit(c, c.producer_for(next(iter(first))), batch)
+            unit.rewind_to_committed()
+        return claimed
 
     # -- careful mode ----------------------------------------------------------------------
     def is_careful(self, msg: ConsumedMessage) -> bool:

@@ -28,7 +28,7 @@ __all__ = [
     "signature_with_options",
 ]
 
-Fencing = Literal["group", "partition"]
+Fencing = Literal["auto", "group", "partition"]
 RetryMode = Literal["rollback", "in_place"]
 Backoff = wait_base | float | None
 DeadLetter = bool | str | Recoverer | Callable[[Record, BaseException], object] | None
@@ -65,6 +65,7 @@ class ListenerOptions(_SharedOptions, total=False):
 
     after_rollback: Any
     retry: RetryMode
+    count_crashes: bool
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -80,7 +81,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "max_batch_records": 5000,
     "max_batch_ms": 100,
     "max_transaction_ms": None,
-    "fencing": "group",
+    "fencing": "auto",
     "concurrency": 1,
     "max_attempts": 3,
     "backoff": None,
@@ -98,6 +99,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "producer_config": None,
     "max_abortable_retries": 5,
     "idle_event_interval": None,
+    "count_crashes": True,
 }
 
 

@@ -42,6 +42,12 @@ def validate_topic(name: Any, what: str) -> str:
     return name
 
 
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -62,7 +68,7 @@ class ListenerSpec:
     max_batch_records: int = 5000
     max_batch_ms: int = 100
     max_transaction_ms: int | None = None
-    fencing: Fencing = "group"
+    fencing: Fencing = "auto"
     concurrency: int = 1
     dlq_topic: str | None = None
     retry: RetryMode = "rollback"
@@ -72,6 +78,8 @@ class ListenerSpec:
     producer_config: dict[str, Any] = field(default_factory=dict)
     max_abortable_retries: int = 5
     idle_event_interval: float | None = None
+    #: Commits claim the batch in flight, so a record that kills the process is counted (listener/crash_guard.py).
+    count_crashes: bool = True
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
     runner: Callable[[ListenerContainer], Runner] | None = None
 
@@ -111,8 +119,10 @@ def build_spec(
         if output in topics:
             raise InvalidConfigurationError(f"output topic {output!r} is also an input topic of the same listener (a loop)")
     fencing, retry = opts["fencing"], opts["retry"]
-    if fencing not in ("group", "partition"):
-        raise InvalidConfigurationError(f"fencing must be 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}")
+    if fencing not in ("auto", "group", "partition"):
+        raise InvalidConfigurationError(
+            f"fencing must be 'auto', 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}"
+        )
     if retry not in ("rollback", "in_place"):
         raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
     idle = opts["idle_event_interval"]
@@ -129,8 +139,7 @@ def build_spec(
     for key in ("consumer_config", "producer_config"):
         if opts[key] is not None and not isinstance(opts[key], Mapping):
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
-    topics_checked = topics
-    policy, processor, dlq_topic = _failure_handling(opts, options, topics_checked, retry)
+    policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     return ListenerSpec(
         name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
         handler=handler,
@@ -152,6 +161,7 @@ def build_spec(
         producer_config=dict(opts["producer_config"] or {}),
         max_abortable_retries=_positive_int(opts["max_abortable_retries"], "max_abortable_retries", 0),
         idle_event_interval=float(idle) if idle is not None else None,
+        count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
         runner=runner,
     )
 
