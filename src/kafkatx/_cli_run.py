@@ -54,7 +54,41 @@ def load_app(target: str) -> Any:
     return obj
 
 
+def _supervise(args: argparse.Namespace) -> int:
+    """``--workers N``: the same command once per worker, each with its own instance id, supervised."""
+    from kafkatx._supervisor import Supervisor, default_base_id, worker_ids
+
+    command = [sys.executable, "-m", "kafkatx", "run", args.target, "--no-status", "--log-format", args.log_format]
+    if args.create_topics:
+        command.append("--create-topics")
+    broker = None
+    try:
+        if args.local:
+            from kafkatx.local import LocalBroker, LocalBrokerError
+
+            try:
+                broker = LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
+            except LocalBrokerError as exc:
+                print(f"kafkatx run: {exc}", file=sys.stderr)
+                return 1
+            print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
+            command += ["--bootstrap-servers", broker.bootstrap_servers, "--create-topics", "--embedded-broker"]
+        elif args.bootstrap_servers:
+            command += ["--bootstrap-servers", args.bootstrap_servers]
+        ids = worker_ids(args.instance_id or default_base_id(), args.workers)
+        print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
+        return Supervisor(command, ids).run()
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.workers is not None:
+        if args.workers < 1:
+            print("kafkatx run: --workers must be at least 1", file=sys.stderr)
+            return EX_USAGE
+        return _supervise(args)
     try:
         app = load_app(args.target)
     except InvalidConfigurationError as exc:  # raised while the module declared its listeners
@@ -84,6 +118,11 @@ def _run(args: argparse.Namespace) -> int:
             for key, value in LocalBroker.client_config.items():
                 app.config.setdefault(key, value)
             print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
+        elif args.embedded_broker:  # a worker of a supervisor that runs the embedded broker
+            from kafkatx.local import LocalBroker
+
+            for key, value in LocalBroker.client_config.items():
+                app.config.setdefault(key, value)
         if args.metrics_port is not None:
             from kafkatx.metrics import serve_metrics
 
@@ -130,4 +169,8 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--log-format", choices=("text", "json"), default="text", help="log as text (default) or one JSON object per line")
     r.add_argument("--status", dest="status", action="store_true", default=None, help="show a live status line")
     r.add_argument("--no-status", dest="status", action="store_false", help="never show the live status line")
+    r.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run N worker processes (instance ids <id>-0..<id>-N-1) under a supervisor that "
+                        "restarts a crashed worker under its id and forwards signals")  # fmt: skip
+    r.add_argument("--embedded-broker", action="store_true", help=argparse.SUPPRESS)
     r.set_defaults(func=_run)

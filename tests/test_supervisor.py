@@ -1,0 +1,93 @@
+"""``kafkatx run --workers N``: worker processes under a supervisor (issue 13, item 4)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kafkatx.testing import KafkaTestKit, unique_name, wait_for
+
+pytestmark = pytest.mark.slow
+
+APP = textwrap.dedent(
+    """
+    import os
+    from kafkatx import App
+
+    if os.environ.get("BROKEN_AT_START"):
+        raise RuntimeError("this worker cannot start")
+    app = App(os.environ["APP_NAME"], consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=50,
+                  max_attempts=int(os.environ.get("MAX_ATTEMPTS", "3")))
+    def handle(record):
+        return b"out-" + record.value
+    """
+)
+
+
+def supervisor(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    (tmp_path / "sup_app.py").write_text(APP)
+    return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "sup_app:app", "--no-status", *args],
+                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    name = unique_name("sup")
+    env = {"APP_NAME": name, "SRC": src, "OUT": out}
+    proc = supervisor(tmp_path, env, "--workers", "2", "--instance-id", "sup",
+                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    lines: list[str] = []
+    try:
+        kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 4} for i in range(400)])
+        assert proc.stdout is not None
+        pids: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            m = re.search(r"worker (sup-\d) started \(pid (\d+)\)", line)
+            if m:
+                pids[m.group(1)] = int(m.group(2))
+        assert set(pids) == {"sup-0", "sup-1"}, "".join(lines)
+        wait_for(lambda: kafka.caught_up(name, src), 60, message="the two workers caught up")
+        os.kill(pids["sup-0"], signal.SIGKILL)
+        kafka.produce(src, [{"value": b"b%d" % i, "partition": i % 4} for i in range(400)])
+        wait_for(lambda: kafka.caught_up(name, src), 60, message="caught up again after the kill")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        lines.append(rest)
+    output = "".join(lines)
+    assert proc.returncode == 0, output
+    assert "worker sup-0 exited with code -9; restarting it under the same id" in output
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in [b"a%d" % i for i in range(400)] +
+                                                 [b"b%d" % i for i in range(400)]), "exactly once"  # fmt: skip
+
+
+def test_a_crash_loop_ends_the_run_with_one_line(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    env = {"APP_NAME": unique_name("loop"), "SRC": kafka.topic(), "OUT": kafka.topic(), "BROKEN_AT_START": "1"}
+    proc = supervisor(tmp_path, env, "--workers", "1", "--instance-id", "loop",
+                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 1, out
+    assert "worker loop-0 crashed 5 times within 60s" in out and "giving up" in out
+
+
+def test_a_configuration_error_is_not_restarted(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    env = {"APP_NAME": unique_name("cfg"), "SRC": kafka.topic(), "OUT": kafka.topic(), "MAX_ATTEMPTS": "0"}
+    proc = supervisor(tmp_path, env, "--workers", "2", "--bootstrap-servers", kafka.bootstrap_servers)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    assert "configuration error" in out and "not restarting" in out
