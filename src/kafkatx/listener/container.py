@@ -414,9 +414,9 @@ class ListenerContainer:
                 continue
             if self.stop_event.is_set() or not guard.run_careful(msg, self._runner):
                 stopped.add(tp)
-                committed = self.committed_offset(tp)
-                if committed is not None and committed <= msg.offset() and tp not in self._paused_until:
-                    self.seek(tp, committed)
+                if tp not in self._paused_until:  # a held record's pause already rewound it
+                    committed = self.committed_offset(tp)
+                    self.seek(tp, committed if committed is not None and committed <= msg.offset() else msg.offset())
         return [m for m in rest if (m.topic(), m.partition()) not in stopped]
 
     def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
