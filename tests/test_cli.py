@@ -130,3 +130,33 @@ def test_a_misspelt_listener_option_is_one_line_and_exit_78(tmp_path: Path) -> N
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out
     assert "unknown option 'max_attempt'" in lines[0] and "did you mean 'max_attempts'?" in lines[0], out
+
+
+def _one_line_app(tmp_path: Path, name: str, app_args: str) -> None:
+    (tmp_path / f"{name}.py").write_text(
+        "from kafkatx import App\n"
+        f"app = App('{name}', {app_args})\n"
+        "@app.listener('orders')\n"
+        "def handle(record):\n"
+        "    return record.value\n"
+    )
+
+
+def test_a_misspelt_librdkafka_property_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    _one_line_app(tmp_path, "typo_cfg", "bootstrap_servers='127.0.0.1:9', config={'lingr.ms': 5}")
+    proc = start("typo_cfg:app", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines == ['kafkatx run: configuration error: App config: No such configuration property: "lingr.ms"'], out
+
+
+@pytest.mark.slow
+def test_an_unreachable_broker_is_one_line_naming_the_address(tmp_path: Path) -> None:
+    _one_line_app(tmp_path, "down", "bootstrap_servers='127.0.0.1:1'")
+    proc = start("down:app", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot reach Kafka at 127.0.0.1:1" in lines[0], out
+    assert "%3|" not in out, "librdkafka's raw log lines go through logging (kafkatx.librdkafka, DEBUG)"

@@ -12,6 +12,7 @@ from kafkatx.context import send
 from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
 from kafkatx.errors import (
     ApplicationRecoverableError,
+    ClusterUnreachableError,
     ContainerError,
     DeadLetterPublishError,
     DeserializationError,
@@ -41,6 +42,7 @@ __all__ = [
     "AfterRollbackProcessor",
     "App",
     "ApplicationRecoverableError",
+    "ClusterUnreachableError",
     "CompositeRecoverer",
     "ContainerError",
     "DeadLetterPublishError",

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from kafkatx.errors import InvalidConfigurationError
+from kafkatx.errors import InvalidConfigurationError, KafkaTxError
 
 __all__ = ["add_parser", "load_app"]
 
@@ -25,6 +25,12 @@ def load_app(target: str) -> Any:
     from kafkatx.app import App
 
     module_name, sep, attr = target.partition(":")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        dotted = module_name.removesuffix(".py").replace("/", ".").replace("\\", ".").strip(".")
+        raise ValueError(
+            f"{module_name!r} is a file path; kafkatx run takes a module name: try {dotted}:{attr or 'app'} "
+            "(run it from the directory that contains the module)"
+        )
     if not sep or not module_name or not attr:
         raise ValueError(f"expected module:attribute (for example examples.orders:app), got {target!r}")
     if os.getcwd() not in sys.path:
@@ -146,6 +152,9 @@ def _run(args: argparse.Namespace) -> int:
         return EX_CONFIG
     except KeyboardInterrupt:
         return 130
+    except KafkaTxError as exc:  # kafkatx's messages say what happened and what to check
+        print(f"kafkatx run: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"kafkatx run: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -160,7 +169,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument("target", help="module:attribute of a kafkatx.App (or a function returning one)")
     r.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the App's, or $KAFKATX_BOOTSTRAP_SERVERS)")
     r.add_argument("--instance-id", help="stable identity of this process, used in transactional.ids ($KAFKATX_INSTANCE_ID)")
-    r.add_argument("--local", action="store_true", help="start an embedded Kafka broker for the lifetime of the process")
+    r.add_argument("--local", action="store_true",
+                   help="start an embedded Kafka broker for the lifetime of the process; it replaces the App's "
+                        "bootstrap servers, and missing topics are created")  # fmt: skip
     r.add_argument("--local-port", type=int, default=None, help="port of the embedded broker (default: a free one)")
     r.add_argument("--local-data-dir", default=None, help="data dir of the embedded broker (default: temporary)")
     r.add_argument("--create-topics", action="store_true", help="create missing input/output topics")

@@ -7,6 +7,7 @@ run its listeners.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -18,12 +19,19 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, Unpack
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from kafkatx._client_log import client_log
 from kafkatx.context import bind_sink
-from kafkatx.errors import ContainerError, InvalidConfigurationError, KafkaClientError, KafkaTxError
+from kafkatx.errors import (
+    ClusterUnreachableError,
+    ContainerError,
+    InvalidConfigurationError,
+    KafkaClientError,
+    KafkaTxError,
+)
 from kafkatx.events import Event, EventBus
 from kafkatx.listener.container import ListenerContainer
 from kafkatx.listener.options import (
@@ -216,17 +224,21 @@ class App:
             else:
                 self._random_id = True
                 self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-                log.warning(
-                    "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
-                    "the transaction this process left open blocks its partitions until transaction.timeout.ms "
-                    "(%d ms) expires; a stable id lets the restarted process abort it at once.",
-                    ENV_INSTANCE, self._instance_id, self.transaction_timeout_ms,
-                )  # fmt: skip
         return self._instance_id
 
     @instance_id.setter
     def instance_id(self, value: str) -> None:
         self._instance_id = value
+        self._random_id = False
+
+    def _warn_without_instance_id(self) -> None:
+        if self._random_id:
+            log.warning(
+                "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
+                "the transaction this process left open blocks its partitions until transaction.timeout.ms "
+                "(%d ms) expires; a stable id lets the restarted process abort it at once.",
+                ENV_INSTANCE, self._instance_id, self.transaction_timeout_ms,
+            )  # fmt: skip
 
     def resolved_bootstrap_servers(self) -> str:
         servers = self.bootstrap_servers or self.config.get("bootstrap.servers") or os.environ.get(ENV_BOOTSTRAP)
@@ -242,7 +254,8 @@ class App:
         return self.transaction_timeout_ms / 2000.0
 
     def _base_config(self) -> dict[str, Any]:
-        return {**self.config, "bootstrap.servers": self.resolved_bootstrap_servers()}
+        # librdkafka's log lines go through logging (kafkatx.librdkafka), not raw to stderr.
+        return {"logger": client_log(), **self.config, "bootstrap.servers": self.resolved_bootstrap_servers()}
 
     def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]:
         cfg = {
@@ -299,12 +312,36 @@ class App:
     def _admin(self) -> AdminClient:
         return AdminClient({**self._base_config(), "log_level": 3})
 
+    def _check_client_config(self) -> None:
+        """Create (and drop) each client once, so that a misspelt librdkafka property is a configuration
+        error naming it now, not a container dying at start."""
+        checks: list[tuple[str, Callable[[], Any]]] = [("App config", self._admin)]
+        for spec in self.listeners:
+            consumer_cfg = self.consumer_config(spec, spec.group_id or self.group_id, 0)
+            producer_cfg = self.producer_config(spec, f"{self.transactional_id_prefix}-check")
+            checks.append((f"consumer config of listener {spec.name!r}", functools.partial(_try_consumer, consumer_cfg)))
+            checks.append((f"producer config of listener {spec.name!r}", functools.partial(Producer, producer_cfg)))
+        for what, create in checks:
+            try:
+                create()
+            except (KafkaException, ValueError, TypeError) as exc:
+                raise InvalidConfigurationError(f"{what}: {_client_error_text(exc)}") from None
+
     def _prepare_topics(self) -> None:
         """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
         admin = self._admin()
         try:
             meta = admin.list_topics(timeout=15)
         except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+                                                                  KafkaError._ALL_BROKERS_DOWN):  # fmt: skip
+                raise ClusterUnreachableError(
+                    f"cannot reach Kafka at {self.resolved_bootstrap_servers()} (no answer within 15 s): is the "
+                    "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
+                    "or use `kafkatx run --local` for an embedded broker",
+                    error=error, operation="list_topics (startup)",
+                ) from None  # fmt: skip
             raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
         setup = _SetupContext(self, admin, meta)
         for spec in self.listeners:
@@ -349,7 +386,9 @@ class App:
                 raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
+            self._check_client_config()
             self._prepare_topics()
+            self._warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()
             self.containers = []
@@ -511,6 +550,16 @@ class Transaction:
     def send(self, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None) -> None:
         """Produce a record in the transaction: ``value``/``key`` as bytes or str, ``headers`` a mapping or pairs."""
         self.add(PendingOutput(topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))
+
+
+def _try_consumer(config: dict[str, Any]) -> None:
+    Consumer(config).close()
+
+
+def _client_error_text(exc: BaseException) -> str:
+    """confluent-kafka's reason, without the KafkaError{...} wrapping: e.g. "No such configuration property: "lingr.ms""."""
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
 class _SetupContext:

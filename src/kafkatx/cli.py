@@ -1,4 +1,4 @@
-"""The ``kafkatx`` command: run an App, run a local broker, work with dead-letter topics."""
+"""The kafkatx command: run an App, run a local broker, work with dead-letter topics."""
 
 from __future__ import annotations
 
@@ -42,12 +42,15 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from kafkatx._version import __version__
+
     parser = argparse.ArgumentParser(prog="kafkatx", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"kafkatx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("broker", help="run an embedded Kafka broker in the foreground")
-    b.add_argument("--port", type=int, default=9092, help="port on 127.0.0.1 (default 9092)")
+    b.add_argument("--port", type=int, default=9092, help="port on 127.0.0.1 (default 9092, where `kafkatx dlq` looks too)")
     b.add_argument("--data-dir", default="./.kafkatx/broker", help="data directory (default ./.kafkatx/broker)")
     b.set_defaults(func=_broker)
 

@@ -5,6 +5,7 @@
     KafkaTxError                          catch-all: anything kafkatx raises
     ├── KafkaClientError                  a Kafka client call failed (KIP-1050 class in .error_class)
     │   ├── RetriableError                retries ran out outside a transaction
+    │   │   └── ClusterUnreachableError   no broker answered at the bootstrap servers
     │   ├── TransactionAbortableError     abort the transaction, redo the batch
     │   ├── ApplicationRecoverableError   the producer is unusable: recreate it
     │   │   └── StuckCallError            a client call did not return in time
@@ -48,6 +49,7 @@ __all__ = [
     "KafkaTxError",
     "KafkaClientError",
     "RetriableError",
+    "ClusterUnreachableError",
     "TransactionAbortableError",
     "ApplicationRecoverableError",
     "StuckCallError",
@@ -179,6 +181,10 @@ class RetriableError(KafkaClientError):
     """Retries of a retriable error ran out outside a transaction (or one was surfaced as is)."""
 
     default_error_class: ClassVar[ErrorClass] = ErrorClass.RETRIABLE
+
+
+class ClusterUnreachableError(RetriableError):
+    """No broker answered at the bootstrap servers when the App started."""
 
 
 class TransactionAbortableError(KafkaClientError):

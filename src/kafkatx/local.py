@@ -34,6 +34,9 @@ log = logging.getLogger("kafkatx.local")
 _INSTALL_HINT = "pip install 'kafkatx[local]'"
 _LIVE: "weakref.WeakSet[LocalBroker]" = weakref.WeakSet()
 
+#: The port `kafkatx broker` listens on unless told otherwise.
+DEFAULT_PORT = 9092
+
 
 class LocalBrokerError(RuntimeError):
     """The embedded broker could not be found, started or stopped."""
@@ -161,7 +164,8 @@ class LocalBroker:
                 elif _port_in_use(self.port):
                     raise LocalBrokerError(
                         f"cannot start the local broker: port {self.port} on 127.0.0.1 is already "
-                        "in use (is another broker running? pick another port, or port=None for a free one)"
+                        "in use (is another broker running? pick another port: `kafkatx broker --port N`, "
+                        "`kafkatx run --local-port N`; or leave it out for a free one)"
                     )
                 try:
                     self._spawn(binary)

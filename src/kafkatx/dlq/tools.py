@@ -296,9 +296,16 @@ def _matches(entry: DeadLetterEntry, filters: Sequence[EntryFilter]) -> bool:
 def resolve_bootstrap_servers(bootstrap_servers: str | None) -> str:
     """The given servers, else ``$KAFKATX_BOOTSTRAP_SERVERS``, else a DlqToolError saying how to give them."""
     servers = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
-    if not servers:
-        raise DlqToolError(f"no bootstrap servers: pass --bootstrap-servers HOST:PORT or set ${ENV_BOOTSTRAP}")
-    return servers
+    if servers:
+        return servers
+    from kafkatx.local import DEFAULT_PORT, _port_in_use
+
+    if _port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
+        return f"127.0.0.1:{DEFAULT_PORT}"
+    raise DlqToolError(
+        f"no bootstrap servers: pass --bootstrap-servers HOST:PORT or set ${ENV_BOOTSTRAP} "
+        f"(nothing listens on 127.0.0.1:{DEFAULT_PORT}, the default port of `kafkatx broker`)"
+    )
 
 
 def default_replay_group(topic: str) -> str:
