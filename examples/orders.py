@@ -1,6 +1,7 @@
 """Example kafkatx App: enrich orders exactly once; park bad ones on a dead-letter topic.
 
-Run it against the embedded broker (topics are created for you)::
+Run it against the embedded broker (every topic it reads, writes, sends to or
+dead-letters to is created for you)::
 
     kafkatx run examples.orders:app --local
 
@@ -27,6 +28,7 @@ class InvalidOrder(ValueError):
 @app.listener(
     "orders",
     output="orders-enriched",
+    sends_to=("orders-audit",),  # checked (and, with create_topics, created) at start like the output
     max_attempts=3,
     backoff=tenacity.wait_exponential(multiplier=0.05, max=1),
     dlq=True,  # failed records go to "orders-dlt" with Spring-compatible headers

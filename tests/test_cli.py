@@ -46,9 +46,14 @@ def test_run_local_processes_records_and_stops_gracefully_on_sigterm() -> None:
     try:
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
         read_until(proc, r"assigned orders\[")
-        produce(bootstrap, "orders", [(b"1", json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode())])
-        enriched = wait_for(lambda: read_topic(bootstrap, "orders-enriched"), 30, message="the enriched order")
-        assert json.loads(enriched[0].value or b"{}")["total"] == 7.0
+        produce(bootstrap, "orders", [(b"1", json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode()),
+                                      (b"2", json.dumps({"id": 2, "qty": 20, "price": 99.0}).encode())])  # fmt: skip
+        enriched = wait_for(lambda: len(read_topic(bootstrap, "orders-enriched")) == 2 and
+                            read_topic(bootstrap, "orders-enriched"), 30, message="the enriched orders")  # fmt: skip
+        assert sorted(json.loads(r.value or b"{}")["total"] for r in enriched) == [7.0, 1980.0]
+        audit = read_topic(bootstrap, "orders-audit")
+        assert [json.loads(r.value or b"{}")["id"] for r in audit] == [2], "the send() target exists under --local"
+        assert read_topic(bootstrap, "orders-dlt") == []
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
@@ -160,3 +165,25 @@ def test_an_unreachable_broker_is_one_line_naming_the_address(tmp_path: Path) ->
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot reach Kafka at 127.0.0.1:1" in lines[0], out
     assert "%3|" not in out, "librdkafka's raw log lines go through logging (kafkatx.librdkafka, DEBUG)"
+
+
+def test_the_readme_example_is_the_runnable_file_and_runs_under_local() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## In one screen", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    source = (ROOT / "examples" / "payments.py").read_text()
+    assert source.split('"""', 2)[2].strip() == block.strip(), "README's one-screen example is examples/payments.py"
+    proc = start("examples.payments:app", "--local", "--instance-id", "readme")
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
+        read_until(proc, r"assigned payments\[")
+        produce(bootstrap, "payments", [(b"p1", b'{"id": 1, "amount": 25}'), (b"p2", b'{"id": 2, "amount": -5}'),
+                                        (b"p3", b"not json")])  # fmt: skip
+        wait_for(lambda: len(read_topic(bootstrap, "payments-dlt")) == 2, 30, message="two dead letters")
+        assert [json.loads(r.value or b"{}") for r in read_topic(bootstrap, "ledger")] == [{"id": 1, "debit": 25}]
+        assert [(r.key, json.loads(r.value or b"{}")["id"]) for r in read_topic(bootstrap, "audit")] == [(b"p1", 1)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -217,6 +217,7 @@ class App:
     # -- identity and client configuration (the containers' runtime) ---------------
     @property
     def instance_id(self) -> str:
+        """This process's stable identity (made up at random, with a warning, when none was given)."""
         if self._instance_id is None:
             env = os.environ.get(ENV_INSTANCE)
             if env:
@@ -241,6 +242,7 @@ class App:
             )  # fmt: skip
 
     def resolved_bootstrap_servers(self) -> str:
+        """The bootstrap servers: the App's, its config's, or $KAFKATX_BOOTSTRAP_SERVERS; a clear error if none."""
         servers = self.bootstrap_servers or self.config.get("bootstrap.servers") or os.environ.get(ENV_BOOTSTRAP)
         if not servers:
             raise InvalidConfigurationError(
@@ -251,6 +253,7 @@ class App:
 
     @property
     def transaction_retry_timeout(self) -> float:
+        """Seconds a transactional call is retried before the transaction is given up: half the transaction timeout."""
         return self.transaction_timeout_ms / 2000.0
 
     def _base_config(self) -> dict[str, Any]:
@@ -258,6 +261,7 @@ class App:
         return {"logger": client_log(), **self.config, "bootstrap.servers": self.resolved_bootstrap_servers()}
 
     def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]:
+        """The librdkafka configuration of a container's consumer (read_committed, no auto commit, static id)."""
         cfg = {
             "auto.offset.reset": "earliest",
             **self._base_config(),
@@ -277,6 +281,7 @@ class App:
         return cfg
 
     def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:
+        """The librdkafka configuration of a transactional producer (idempotent, the App's transaction timeout)."""
         cfg = {
             "linger.ms": 5,
             "allow.auto.create.topics": False,
@@ -349,6 +354,8 @@ class App:
                 setup.require(topic, f"input topic of listener {spec.name!r}")
             if spec.output:
                 setup.require(spec.output, f"output topic of listener {spec.name!r}")
+            for topic in spec.sends_to:
+                setup.require(topic, f"topic listener {spec.name!r} sends to")
             setup.input_topics = spec.topics
             spec.recoverer.setup(setup)
         self.cluster_id = meta.cluster_id
@@ -438,6 +445,7 @@ class App:
 
     @property
     def failure(self) -> BaseException | None:
+        """The error that stopped a container, if one did."""
         return next((c.failure for c in self.containers if c.failure is not None), None)
 
     def run(self, *, install_signal_handlers: bool = True) -> None:

@@ -83,6 +83,7 @@ class DeadLetterPublishingRecoverer(Recoverer):
         self.skip_same_topic_fatal = skip_same_topic_fatal
 
     def destination(self, record: Record, exception: BaseException) -> str:
+        """The dead-letter topic for ``record``: the fixed topic, the resolver's, or ``<topic><suffix>``."""
         if self.topic is None:
             return record.topic + self.suffix
         if isinstance(self.topic, str):
@@ -104,6 +105,7 @@ class DeadLetterPublishingRecoverer(Recoverer):
             context.create_topic(target, context.partitions(source) or 1, why=f"dead-letter topic for {source!r}")
 
     def recover(self, record: Record, exception: BaseException) -> None:
+        """Publish ``record`` with Spring's headers inside the recovery transaction; raise if it is not delivered."""
         ctx = current_recovery()
         if ctx is None:
             raise RuntimeError("DeadLetterPublishingRecoverer must run inside a kafkatx recovery transaction")

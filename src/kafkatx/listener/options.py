@@ -39,6 +39,7 @@ class _SharedOptions(TypedDict, total=False):
 
     name: str
     output: str | None
+    sends_to: Iterable[str]
     max_batch_records: int
     max_batch_ms: int
     max_transaction_ms: int | None
@@ -78,6 +79,7 @@ class SparkListenerOptions(_SharedOptions, total=False):
 LISTENER_DEFAULTS: dict[str, Any] = {
     "name": None,
     "output": None,
+    "sends_to": (),
     "max_batch_records": 5000,
     "max_batch_ms": 100,
     "max_transaction_ms": None,

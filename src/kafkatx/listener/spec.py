@@ -64,6 +64,8 @@ class ListenerSpec:
     policy: FailurePolicy
     processor: AfterRollbackProcessor
     output: str | None = None
+    #: Topics the handler reaches with send(): checked (or created) at start like ``output``.
+    sends_to: tuple[str, ...] = ()
     kind: Literal["record", "batch"] = "record"
     max_batch_records: int = 5000
     max_batch_ms: int = 100
@@ -118,6 +120,13 @@ def build_spec(
         validate_topic(output, "output topic")
         if output in topics:
             raise InvalidConfigurationError(f"output topic {output!r} is also an input topic of the same listener (a loop)")
+    sends_to = opts["sends_to"]
+    if isinstance(sends_to, str):
+        sends_to = (sends_to,)
+    try:
+        sends_to = tuple(validate_topic(t, "sends_to topic") for t in sends_to)
+    except TypeError:
+        raise InvalidConfigurationError(f"sends_to must be topic names, got {opts['sends_to']!r}") from None
     fencing, retry = opts["fencing"], opts["retry"]
     if fencing not in ("auto", "group", "partition"):
         raise InvalidConfigurationError(
@@ -147,6 +156,7 @@ def build_spec(
         policy=policy,
         processor=processor,
         output=output,
+        sends_to=sends_to,
         kind=kind,
         max_batch_records=_positive_int(opts["max_batch_records"], "max_batch_records"),
         max_batch_ms=max_batch_ms,

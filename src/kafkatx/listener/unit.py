@@ -112,6 +112,7 @@ class TransactionUnit:
         return self._c.stop_event.wait(seconds)
 
     def publish(self, event: Event) -> None:
+        """Publish ``event`` to the App's subscribers."""
         self._c.publish(event)
 
     def records(self, messages: Sequence[ConsumedMessage] | None = None) -> list[Record]:
@@ -176,6 +177,7 @@ class TransactionUnit:
             raise failure
 
     def begin(self) -> None:
+        """Begin a transaction (what :meth:`transact` does first)."""
         self._offsets = {}
         self._membership = None
         self.outputs = 0

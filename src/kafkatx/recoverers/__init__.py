@@ -24,6 +24,7 @@ class Recoverer:
     """Base class for recoverers; subclasses implement :meth:`recover`."""
 
     def recover(self, record: Record, exception: BaseException) -> None:
+        """Handle ``record`` whose attempts ran out; raise to keep it (the recovery is retried)."""
         raise NotImplementedError
 
     def __call__(self, record: Record, exception: BaseException) -> None:
@@ -31,6 +32,7 @@ class Recoverer:
 
     @property
     def name(self) -> str:
+        """The name used in logs and events."""
         return type(self).__name__
 
     def setup(self, context: Any) -> None:
@@ -48,6 +50,7 @@ class LoggingRecoverer(Recoverer):
         self.logger = logger or log
 
     def recover(self, record: Record, exception: BaseException) -> None:
+        """Log the record at ERROR; it is skipped (its offset commits)."""
         self.logger.error(
             "giving up on %s after %d attempt(s): %s: %s; record skipped (configure dlq= to keep it)",
             record.coordinates,
@@ -82,6 +85,7 @@ class CompositeRecoverer(Recoverer):
         self.recoverers = [as_recoverer(r) for r in recoverers]
 
     def recover(self, record: Record, exception: BaseException) -> None:
+        """Run each recoverer in order, in the same transaction."""
         for r in self.recoverers:
             r.recover(record, exception)
 
@@ -91,6 +95,7 @@ class CompositeRecoverer(Recoverer):
 
     @property
     def name(self) -> str:
+        """The recoverers' names, joined with "+"."""
         return "+".join(r.name for r in self.recoverers)
 
 

@@ -79,6 +79,7 @@ class ExceptionClassifier:
         self.retryable = rt
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """True unless ``exc`` or anything on its cause chain is classified not retryable."""
         for link in cause_chain(exc):
             nr = _closest(type(link), self.not_retryable)
             rt = _closest(type(link), self.retryable)

@@ -87,6 +87,7 @@ class FailurePolicy:
         self._retrying = Retrying(retry=self.retry, stop=self.stop_after, wait=self.wait or tenacity.wait_none())
 
     def is_retryable(self, exc: BaseException) -> bool:
+        """The classifier's answer for ``exc``."""
         return self.classifier.is_retryable(exc)
 
     def decide(self, failures: int, exc: BaseException, stopping: threading.Event | None = None) -> Verdict:

@@ -130,10 +130,12 @@ class DefaultAfterRollbackProcessor:
 
     @property
     def recoverer(self) -> Recoverer:
+        """The policy's recoverer."""
         return self.policy.recoverer
 
     @property
     def max_attempts(self) -> int:
+        """The policy's max_attempts."""
         return self.policy.max_attempts
 
     def process(self, context: RollbackContext) -> None:

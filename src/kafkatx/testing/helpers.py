@@ -37,6 +37,7 @@ _QUIET = {"log_level": 3}
 
 
 def unique_name(prefix: str = "t") -> str:
+    """A name that no other test uses: ``<prefix>-<10 hex digits>``."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
@@ -76,6 +77,7 @@ def create_topic(
 
 
 def delete_topics(bootstrap_servers: str, names: Iterable[str], timeout: float = 10.0) -> None:
+    """Delete ``names`` (missing ones are ignored)."""
     names = list(names)
     if not names:
         return
@@ -236,23 +238,29 @@ class KafkaTestKit:
         self._created: list[str] = []
 
     def topic(self, partitions: int = 1, name: str | None = None, config: Mapping[str, str] | None = None) -> str:
+        """Create a topic (a unique name unless ``name``) that is deleted after the test; return its name."""
         name = create_topic(self.bootstrap_servers, name or unique_name(), partitions, config)
         self._created.append(name)
         return name
 
     def produce(self, topic: str, records: Iterable[Any], **kwargs: Any) -> int:
+        """Write ``records`` (values, ``(key, value)`` pairs, or dicts with key/value/headers/partition); the count."""
         return produce(self.bootstrap_servers, topic, records, **kwargs)
 
     def read(self, topic: str, *, isolation: Isolation = "read_committed", timeout: float = 30.0) -> list[Record]:
+        """Every record of ``topic`` up to its end, as :class:`~kafkatx.Record` (``read_committed`` by default)."""
         return read_topic(self.bootstrap_servers, topic, isolation=isolation, timeout=timeout)
 
     def values(self, topic: str, *, isolation: Isolation = "read_committed") -> list[bytes | None]:
+        """The values of :meth:`read`."""
         return [r.value for r in self.read(topic, isolation=isolation)]
 
     def committed(self, group: str, topic: str, *, timeout: float = 15.0) -> dict[int, int]:
+        """``{partition: next offset}`` committed by ``group`` (partitions without a commit are left out)."""
         return committed_offsets(self.bootstrap_servers, group, topic, timeout=timeout)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
+        """``{partition: high watermark}`` of ``topic``."""
         return end_offsets(self.bootstrap_servers, topic)
 
     def caught_up(self, group: str, topic: str) -> bool:
@@ -263,7 +271,10 @@ class KafkaTestKit:
         committed = self.committed(group, topic)
         return all(committed.get(p, 0) >= end for p, end in self.end_offsets(topic).items())
 
+    create_topic = topic  # the name a newcomer reaches for first
+
     def cleanup(self) -> None:
+        """Delete the topics this kit created (the ``kafka`` fixture calls it after each test)."""
         names, self._created = self._created, []
         delete_topics(self.bootstrap_servers, names)
 

@@ -309,6 +309,7 @@ class MockCluster:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran."""
         return self._mcluster is None
 
     def close(self) -> None:
@@ -357,6 +358,7 @@ class MockCluster:
 
     @property
     def broker_count(self) -> int:
+        """How many brokers the mock cluster has."""
         return self._brokers
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1) -> str:

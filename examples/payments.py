@@ -1,0 +1,28 @@
+"""The README's one-screen example, runnable: book payments into a ledger, audit each, exactly once.
+
+    kafkatx run examples.payments:app --local
+"""
+
+import json
+
+import tenacity
+
+from kafkatx import App, Record, send
+
+app = App("payments", create_topics=True)
+
+
+def make_entry(raw: bytes | None) -> bytes:
+    payment = json.loads(raw or b"")  # not JSON: ValueError, dead-lettered at once
+    if payment["amount"] <= 0:
+        raise ValueError(f"payment {payment['id']}: amount must be positive")
+    return json.dumps({"id": payment["id"], "debit": payment["amount"]}).encode()
+
+
+@app.listener("payments", output="ledger", sends_to=("audit",), max_attempts=3,
+              backoff=tenacity.wait_exponential(multiplier=0.1, max=5),
+              dlq=True, not_retryable=(ValueError,))
+def book(record: Record) -> bytes:
+    entry = make_entry(record.value)        # raise to roll back
+    send("audit", entry, key=record.key)    # joins the same transaction
+    return entry                            # goes to "ledger" (without a key: see "Keys")
