@@ -384,3 +384,24 @@ def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit) -> None
     for dead in kafka.read(src + "-dlt"):  # attempts are separate, not "during handling" of each other
         stack = (dead.header("kafka_dlt-exception-stacktrace") or b"").decode()
         assert "PoisonError: x" in stack and "During handling of the above exception" not in stack, stack
+
+
+def test_a_short_back_off_takes_about_what_it_says(kafka: KafkaTestKit) -> None:
+    """Short back-offs are waited out with the records in memory: pausing and fetching again used to turn
+    a logged 0.1 s into 0.6-1.0 s (issue 15)."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"x"])
+    app = make_app(kafka)
+    stamps: list[float] = []
+
+    @app.listener(src, output=out, max_attempts=3, backoff=0.1)
+    def handler(record: Record) -> bytes | None:
+        stamps.append(time.monotonic())
+        if len(stamps) < 3:
+            raise ConnectionError("down")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: kafka.values(out) == [b"x"], 30)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert all(0.09 <= g < 0.4 for g in gaps), gaps

@@ -187,3 +187,19 @@ def test_the_readme_example_is_the_runnable_file_and_runs_under_local() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_topics_and_produce_put_records_into_a_topic(bootstrap_servers: str) -> None:
+    topic = f"cli-{time.monotonic_ns()}"
+    env = {**os.environ, "KAFKATX_BOOTSTRAP_SERVERS": bootstrap_servers}
+    created = subprocess.run([sys.executable, "-m", "kafkatx", "topics", "create", topic, "--partitions", "2"],
+                             env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert created.returncode == 0 and f"created {topic}" in created.stdout, created.stderr
+    listed = subprocess.run([sys.executable, "-m", "kafkatx", "topics", "list"], env=env, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert f"{topic}\t2" in listed.stdout
+    produced = subprocess.run([sys.executable, "-m", "kafkatx", "produce", topic, "--kv", "-H", "source=cli"],
+                              input="k1\tv1\nk2\tv2\n", env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert produced.returncode == 0 and "produced 2 record(s)" in produced.stderr, produced.stderr
+    records = sorted(read_topic(bootstrap_servers, topic), key=lambda r: r.key or b"")
+    assert [(r.key, r.value, r.header("source")) for r in records] == [(b"k1", b"v1", b"cli"), (b"k2", b"v2", b"cli")]

@@ -415,6 +415,11 @@ def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: Ka
     assert f"replayed 2 record(s) from {dlt}" in capsys.readouterr().out
     # the DLT was written in transactions: the group's offsets must still reach the end (past the markers)
     assert kafka.committed(default_replay_group(dlt), dlt) == kafka.end_offsets(dlt)
+    assert [e.replayed for e in entries] == [False, False]
+    assert [e.replayed for e in inspect_dlq(kafka.bootstrap_servers, dlt)] == [True, True], "inspect marks replayed records"
+    assert main(["dlq", "inspect", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 0
+    table = capsys.readouterr().out
+    assert "REPLAYED" in table and table.count(" yes ") == 2, table
     with running(make_app(failing=False)):
         wait_for(lambda: sorted(kafka.values(out)) == [b"1", b"2"], timeout=30, message="replayed records processed")
     assert Counter(r.header(REPLAYED_FROM) is not None for r in kafka.read(orders)) == Counter({False: 2, True: 2})

@@ -135,3 +135,18 @@ def test_kafkatx_broker_command_runs_in_foreground_and_stops_on_sigterm(tmp_path
         import socket
 
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_a_failed_start_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    import glob
+    import socket
+    import tempfile
+
+    pattern = str(Path(tempfile.gettempdir()) / "kafkatx-broker-*")
+    before = set(glob.glob(pattern))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(LocalBrokerError, match="already in use"):
+            LocalBroker(port=busy.getsockname()[1]).start()
+    assert set(glob.glob(pattern)) == before

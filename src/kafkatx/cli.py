@@ -54,9 +54,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", default="./.kafkatx/broker", help="data directory (default ./.kafkatx/broker)")
     b.set_defaults(func=_broker)
 
-    from kafkatx import _cli_run
+    from kafkatx import _cli_run, _cli_topics
 
     _cli_run.add_parser(sub)
+    _cli_topics.add_parsers(sub)
     try:
         from kafkatx.dlq import cli as dlq_cli
     except ImportError:  # pragma: no cover - during development of the dlq tools

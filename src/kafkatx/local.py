@@ -157,6 +157,14 @@ class LocalBroker:
                 return self
             binary = find_noida_binary()
             self._prepare_data_dir()
+            try:
+                return self._start_in_data_dir(binary)
+            except BaseException:
+                self._drop_owned_data_dir()  # a failed start leaves no empty temporary directory behind
+                raise
+
+    def _start_in_data_dir(self, binary: Path) -> "LocalBroker":
+        with self._lock:
             attempts = 3 if self._requested_port is None else 1
             for attempt in range(1, attempts + 1):
                 if self._requested_port is None and (self._port is None or attempt > 1):
@@ -185,11 +193,14 @@ class LocalBroker:
         with self._lock:
             self._terminate()
             _LIVE.discard(self)
-            if self._owns_data_dir and self._data_dir is not None:
-                shutil.rmtree(self._data_dir, ignore_errors=True)
-                self._data_dir = None
-                if self._requested_port is None:
-                    self._port = None
+            self._drop_owned_data_dir()
+
+    def _drop_owned_data_dir(self) -> None:
+        if self._owns_data_dir and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+            if self._requested_port is None:
+                self._port = None
 
     def restart(self) -> "LocalBroker":
         """Stop and start again on the same port, keeping the data directory."""

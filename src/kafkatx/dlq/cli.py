@@ -31,7 +31,7 @@ __all__ = ["add_parser"]
 EX_USAGE = 64
 _MESSAGE_WIDTH = 60
 _EXCEPTION_WIDTH = 48
-_COLUMNS = ("DLT", "ORIGINAL", "EXCEPTION", "ATTEMPTS", "GROUP", "ORIGINAL TIME", "DLT TIME", "MESSAGE")
+_COLUMNS = ("DLT", "ORIGINAL", "EXCEPTION", "ATTEMPTS", "GROUP", "ORIGINAL TIME", "DLT TIME", "REPLAYED", "MESSAGE")
 
 
 # -- argument types (argparse shows an ArgumentTypeError's message as is) ------
@@ -95,6 +95,7 @@ def _row(e: DeadLetterEntry) -> tuple[str, ...]:
         i.consumer_group or "-",
         _time(i.original_timestamp),
         _time(e.timestamp),
+        "yes" if e.replayed else "-",
         _truncate(i.exception_message, _MESSAGE_WIDTH),
     )
 

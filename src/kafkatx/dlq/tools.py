@@ -11,6 +11,7 @@ committed batch. docs/DLQ.md describes the commands and the policies.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -99,6 +100,9 @@ class DeadLetterEntry:
     value: bytes | None
     headers: Headers
     info: DeadLetterInfo
+    #: Already replayed by the default replay group of the topic (``kafkatx dlq replay``): its offset is behind
+    #: that group's committed offset.
+    replayed: bool = False
 
     @property
     def coordinates(self) -> str:
@@ -130,6 +134,7 @@ class DeadLetterEntry:
             "exception_cause": i.exception_cause_fqcn,
             "exception_message": i.exception_message,
             "attempts": i.attempts,
+            "replayed": self.replayed,
             "key": _text(self.key),
             "value": _text(self.value),
         }
@@ -326,6 +331,17 @@ def _check_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
+def _group_offsets(servers: str, group: str, topic: str, partitions: Iterable[int], config: Mapping[str, Any]) -> dict[int, int]:
+    """``group``'s committed offsets of ``topic`` (none for a group that never committed)."""
+    consumer = _consumer(servers, group, config)
+    try:
+        got = _kafka(lambda: consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=15),
+                     f"read the offsets of group {group!r}")  # fmt: skip
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+
+
 def _consumer(servers: str, group: str, config: Mapping[str, Any]) -> Consumer:
     return Consumer(
         {
@@ -443,12 +459,15 @@ def inspect_dlq(
     limit: int | None = None,
     config: Mapping[str, Any] | None = None,
     idle_timeout: float = 30.0,
+    replay_group: str | None = None,
 ) -> list[DeadLetterEntry]:
     """The dead-lettered records of ``topic`` that match every filter, ordered by (partition, offset).
 
     Reads read_committed from the beginning to the end offsets taken at the
     start; joins no group and commits nothing. ``limit`` keeps the first N
-    matches. Works for DLTs written by Spring too (same headers).
+    matches. Works for DLTs written by Spring too (same headers). Entries
+    behind the committed offsets of ``replay_group`` (default: the one
+    ``kafkatx dlq replay`` uses) are marked ``replayed``.
     """
     servers = resolve_bootstrap_servers(bootstrap_servers)
     if limit is not None and limit < 0:
@@ -462,11 +481,14 @@ def inspect_dlq(
         marks = _watermarks(consumer, topic, parts)
         starts = {p: low for p, (low, _high) in marks.items()}
         stops = {p: high for p, (_low, high) in marks.items()}
+        replayed_up_to = _group_offsets(servers, replay_group or default_replay_group(topic), topic, parts, cfg)
         found: list[DeadLetterEntry] = []
         for event in _read(consumer, topic, starts, stops, idle_timeout):
             if event.message is not None:
                 entry = _entry(event.message)
                 if _matches(entry, checks):
+                    if entry.offset < replayed_up_to.get(entry.partition, -1):
+                        entry = dataclasses.replace(entry, replayed=True)
                     found.append(entry)
     finally:
         consumer.close()

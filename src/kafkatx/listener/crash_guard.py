@@ -28,7 +28,7 @@ from confluent_kafka import TopicPartition
 
 from kafkatx.errors import KafkaClientError, KafkaTxError, RecoveryError
 from kafkatx.events import RecordRecovered
-from kafkatx.listener.unit import TP, TransactionUnit
+from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed
@@ -191,6 +191,28 @@ class CrashGuard:
         if not first:
             return True
         c = self._c
+        consumer = c.consumer
+        if consumer is not None:
+            # The first fetch after an assignment starts at the committed offset as the consumer last
+            # read it. If another owner has committed past it since (a broker without KIP-447 does not
+            # make the new owner wait for its predecessor's pending offsets), handling it would repeat
+            # committed records, and claiming it would move the offset back: re-read from the commit.
+            try:
+                current = {(tp.topic, tp.partition): tp.offset
+                           for tp in consumer.committed([TopicPartition(*tp) for tp in first], timeout=10)}  # fmt: skip
+            except Exception as exc:  # cannot tell: hand nothing over, fetch this poll again
+                log.warning("listener %s: could not read the committed offsets of %s: %s", c.name, sorted(first), exc)
+                for tp, offset in first_offsets(batch).items():
+                    c.seek(tp, offset)
+                return False
+            stale = {tp: current[tp] for tp, offset in first.items() if current.get(tp, -1) > offset}
+            if stale:
+                for tp, offset in stale.items():
+                    log.warning("listener %s: %s[%d] was fetched from %d but %d is committed: fetching again "
+                                "from the commit", c.name, tp[0], tp[1], first[tp], offset)  # fmt: skip
+                for tp, offset in first_offsets(batch).items():  # nothing of this poll is handled: rewind it all
+                    c.seek(tp, stale.get(tp, offset))
+                return False
         by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
         for tp, offset in first.items():
             producer = c.producer_for(tp)
