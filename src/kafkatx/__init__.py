@@ -9,6 +9,7 @@ from kafkatx._version import __version__
 from kafkatx.app import App, Transaction
 from kafkatx.classification import ErrorClass, classify
 from kafkatx.context import send
+from kafkatx.database import DatabaseUnavailableError, db
 from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
 from kafkatx.errors import (
     ApplicationRecoverableError,
@@ -45,6 +46,7 @@ __all__ = [
     "ClusterUnreachableError",
     "CompositeRecoverer",
     "ContainerError",
+    "DatabaseUnavailableError",
     "DeadLetterPublishError",
     "DeadLetterPublishingRecoverer",
     "DefaultAfterRollbackProcessor",
@@ -75,5 +77,6 @@ __all__ = [
     "UnknownTopicError",
     "__version__",
     "classify",
+    "db",
     "send",
 ]

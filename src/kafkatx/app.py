@@ -25,6 +25,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from kafkatx._client_log import client_log
 from kafkatx.context import bind_sink
+from kafkatx.database._backend import Backend, backend_for
+from kafkatx.database.session import bind_db
 from kafkatx.errors import (
     ClusterUnreachableError,
     ContainerError,
@@ -138,6 +140,7 @@ class App:
         self._exited: set[int] = set()  # ids of the containers that finished their exit path
         self._running = False
         self._tx_local = threading.local()
+        self._backends: dict[object, Backend] = {}  # app.transaction(database=...): one per database given
         self._tx_counter = 0
         self._shutdown_hooks: list[Callable[[], None]] = []
         for key in _FORBIDDEN_PRODUCER:
@@ -498,36 +501,76 @@ class App:
 
     # -- producer-initiated transactions --------------------------------------------
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, *, database: Any = None) -> Iterator[Transaction]:
         """``with app.transaction() as tx: tx.send(...)``: commit on exit, abort on error.
 
         The exception is re-raised after the abort; kafkatx does not retry a
         producer-initiated transaction (the caller decides). ``kafkatx.send()``
         inside the block joins it too.
+
+        With ``database=`` (as on a listener) a database transaction joins it:
+        ``kafkatx.db()`` inside the block; the database commits first, then
+        Kafka, and an exception rolls back both. There is no consumed input to
+        replay here, so a crash between the two commits leaves the database
+        work without its Kafka records (docs/DATABASE.md): for exactly-once
+        output from database changes, write them from a listener.
         """
         producer = self._thread_producer()
-        producer.begin()
+        backend = self._database_backend(database) if database is not None else None
+        conn = backend.connect() if backend is not None else None
+        previous_db = None
+        if backend is not None:
+            backend.begin(conn)
+            previous_db = bind_db(backend.user_handle(conn))
+        try:
+            producer.begin()
+        except BaseException:
+            if backend is not None:
+                bind_db(previous_db)
+                backend.rollback(conn)
+                backend.close(conn)
+            raise
         tx = Transaction(producer)
         previous = bind_sink(tx)
         try:
             yield tx
+            if backend is not None:
+                backend.commit(conn)
         except BaseException:
             try:
                 producer.abort()
             except KafkaClientError:
                 producer.discard()
                 log.warning("abort failed; the producer was replaced", exc_info=True)
+            if backend is not None:
+                try:
+                    backend.rollback(conn)
+                except Exception:
+                    log.debug("database rollback failed", exc_info=True)
             raise
         finally:
             bind_sink(previous)
+            if backend is not None:
+                bind_db(previous_db)
+                backend.close(conn)
         try:
             producer.commit()
-        except KafkaClientError:
+        except KafkaClientError as exc:
             try:
                 producer.abort()
             except KafkaClientError:
                 producer.discard()
+            if backend is not None:
+                log.error("the database transaction committed but the Kafka transaction did not: %s", exc)
             raise
+
+    def _database_backend(self, database: Any) -> Backend:
+        with self._lock:
+            key = database if isinstance(database, str) else id(database)
+            backend = self._backends.get(key)
+            if backend is None:
+                backend = self._backends[key] = backend_for(database)
+            return backend
 
     def _thread_producer(self) -> TransactionalProducer:
         producer: TransactionalProducer | None = getattr(self._tx_local, "producer", None)

@@ -20,6 +20,7 @@
     ├── DeserializationError (ValueError) raise it when a record's bytes cannot be decoded
     ├── RecoveryError                     a recoverer failed; the record is kept
     ├── DeadLetterPublishError            the dead-letter record could not be written
+    ├── DatabaseUnavailableError          database= could not be reached (kafkatx.database)
     └── NotInTransactionError             send() outside a handler or transaction
 
 Which KIP-1050 class a Kafka error belongs to is decided in

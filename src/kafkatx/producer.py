@@ -61,6 +61,8 @@ class TransactionalProducer:
         self._delivery_failures: list[tuple[KafkaError, str]] = []  # the error, and where: "topic[partition]"
         self._known_topics: dict[str, int] = {}
         self.generation = 0  # bumped each time a new Producer takes over the id
+        #: When set (a listener with ``database=``), every produced record is appended here for the outbox.
+        self.recorder: list[PendingOutput] | None = None
         self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see _bounded.py
 
     # -- lifecycle ----------------------------------------------------------
@@ -138,6 +140,8 @@ class TransactionalProducer:
         """Produce ``out`` in the open transaction. ``on_error`` receives this record's own delivery error."""
         producer = self._producer
         assert producer is not None and self.in_transaction, "produce outside a transaction"
+        if self.recorder is not None:
+            self.recorder.append(out)
         if out.topic not in self._known_topics and self.partition_count(out.topic) is None:
             raise UnknownTopicError(
                 f"output topic {out.topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
@@ -168,8 +172,8 @@ class TransactionalProducer:
         for queue space and classifies the error.
         """
         producer = self._producer
-        if producer is None or not self.in_transaction:
-            return None
+        if producer is None or not self.in_transaction or self.recorder is not None:
+            return None  # (records going to an outbox are produced through produce())
         if topic not in self._known_topics and self.partition_count(topic) is None:
             return None
         return producer.produce

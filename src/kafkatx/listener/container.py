@@ -35,6 +35,7 @@ from kafkatx.errors import (
     KafkaTxError,
     StuckCallError,
 )
+from kafkatx.database.session import DatabaseSession
 from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
 from kafkatx.producer import TransactionalProducer
 from kafkatx.listener.crash_guard import CrashGuard
@@ -73,6 +74,8 @@ class ListenerContainer:
         self.tracker = FailureTracker()
         self.reactions = KafkaErrorReactions(self)
         self.guard = CrashGuard(self)
+        #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
+        self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
         self.failure: BaseException | None = None
         self.stop_reason = "normal"
         self.stop_event = threading.Event()
@@ -196,6 +199,8 @@ class ListenerContainer:
                             "(the group notices after session.timeout.ms)", self.name, _CLOSE_DEADLINE_S)  # fmt: skip
             except Exception:
                 log.debug("consumer close failed", exc_info=True)
+        if self.database is not None:
+            self.database.close()
         for producer in [*self._partition_producers.values(), *filter(None, [self._group_producer])]:
             producer.close()
         self._partition_producers.clear()
@@ -386,7 +391,9 @@ class ListenerContainer:
                 return
         if self.guard.unclaimed and not self.guard.claim_first(batch):
             return  # the claim did not commit (the group changed?): poll again before handing anything over
-        if spec.fencing == "partition":
+        if spec.fencing == "partition" or self.database is not None:
+            # (With a database each unit is one partition's records: its outbox rows are keyed by that partition,
+            # so whichever consumer owns it next can finish a unit whose Kafka commit did not happen.)
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
                 units.setdefault((record.topic(), record.partition()), []).append(record)

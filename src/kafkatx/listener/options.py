@@ -67,6 +67,7 @@ class ListenerOptions(_SharedOptions, total=False):
     after_rollback: Any
     retry: RetryMode
     count_crashes: bool
+    database: Any
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -102,6 +103,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "max_abortable_retries": 5,
     "idle_event_interval": None,
     "count_crashes": True,
+    "database": None,
 }
 
 

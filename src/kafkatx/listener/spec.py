@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kafkatx.database._backend import Backend, backend_for
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, RetryMode, check_option_names
 from kafkatx.outputs import Serializer
@@ -82,6 +83,8 @@ class ListenerSpec:
     idle_event_interval: float | None = None
     #: Commits claim the batch in flight, so a record that kills the process is counted (listener/crash_guard.py).
     count_crashes: bool = True
+    #: ``database=``: the database whose transaction joins each Kafka transaction (kafkatx.database).
+    database: Backend | None = None
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
     runner: Callable[[ListenerContainer], Runner] | None = None
 
@@ -149,6 +152,16 @@ def build_spec(
         if opts[key] is not None and not isinstance(opts[key], Mapping):
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
+    database = opts.get("database")
+    if database is not None:
+        if kind != "record" or runner is not None:
+            raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
+        if retry == "in_place":
+            raise InvalidConfigurationError(
+                'database= cannot be combined with retry="in_place": a failed attempt\'s database work could '
+                'not be undone without undoing the whole batch; use retry="rollback" (the default)'
+            )
+        database = backend_for(database)
     return ListenerSpec(
         name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
         handler=handler,
@@ -173,6 +186,7 @@ def build_spec(
         idle_event_interval=float(idle) if idle is not None else None,
         count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
         runner=runner,
+        database=database,
     )
 
 

