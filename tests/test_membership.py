@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kafkatx import App, InvalidConfigurationError, Record
-from kafkatx.listener import container as container_module
+from kafkatx.listener import health as health_module
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -66,7 +66,7 @@ def test_fencing_auto_is_per_partition_on_the_embedded_broker(kafka: KafkaTestKi
 
 def test_a_container_without_partitions_says_so(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
-    monkeypatch.setattr(container_module, "_unassigned_grace", lambda config: 1.0)
+    monkeypatch.setattr(health_module, "unassigned_grace", lambda config: 1.0)
     src = kafka.topic(partitions=1)
     app = App(unique_name("idle"), bootstrap_servers=kafka.bootstrap_servers, instance_id="i")
     app.add_listener(handle, src, concurrency=2)  # two consumers, one partition: one of them waits
@@ -121,3 +121,46 @@ def test_a_killed_worker_restarted_under_its_id_gets_its_partitions_back_within_
             w.wait(30)
     values = kafka.values(out)
     assert sorted(values) == sorted([b"a%d" % i for i in range(400)] + [b"b%d" % i for i in range(400)]), "exactly once"
+
+
+def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
+    """rebalance="cooperative": when a second process joins, the first gives up only the partitions that
+    move (no stop-the-world revoke), the newcomer gets them within seconds, and the copy stays exactly once.
+    The embedded broker answers a cooperative join only after max.poll.interval.ms and with overlapping
+    assignments (docs/BROKERS.md): a strict expected failure there, a check against Apache Kafka."""
+    from collections import Counter
+
+    from kafkatx.events import PartitionsAssigned, PartitionsRevoked
+
+    if not request.config.getoption("--kafka-bootstrap"):
+        # Flaky there (it passed 4 of 10 runs), hence not strict; the strict canary with plain consumers is
+        # test_broker_conformance::test_a_cooperative_join_settles_within_seconds.
+        request.applymarker(pytest.mark.xfail(strict=False, reason="noida-db 0.2.3: cooperative joins often settle "
+                                              "only after max.poll.interval.ms, with overlapping assignments"))
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    group = unique_name("coop")
+    kafka.produce(src, [b"%d" % i for i in range(2000)])
+    apps = [App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id=f"coop-{i}", rebalance="cooperative",
+                consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                                 "max.poll.interval.ms": 30000}) for i in range(2)]  # fmt: skip
+    owned: list[set[tuple[str, int]]] = [set(), set()]
+    revoked: list[set[tuple[str, int]]] = [set(), set()]
+    for i, app in enumerate(apps):
+        app.on(PartitionsAssigned)(lambda e, i=i: owned[i].update(e.partitions))
+        app.on(PartitionsRevoked)(lambda e, i=i: (owned[i].difference_update(e.partitions), revoked[i].update(e.partitions)))
+
+        @app.listener(src, output=out, max_batch_records=100)
+        def copy(record: Record) -> bytes | None:
+            time.sleep(0.001)
+            return record.value
+
+    with running(apps[0]):
+        wait_for(lambda: len(owned[0]) == 4, 30, message="the first process owns every partition")
+        with running(apps[1]):
+            wait_for(lambda: owned[1] and not (owned[0] & owned[1]) and len(owned[0] | owned[1]) == 4, 20,
+                     message="the newcomer got its share, and nobody owns a partition twice")  # fmt: skip
+            assert revoked[0] == owned[1], "the first process gave up exactly the partitions that moved"
+            wait_for(lambda: kafka.caught_up(group, src), 60, message="everything copied")
+    assert Counter(kafka.values(out)) == Counter(b"%d" % i for i in range(2000))

@@ -24,7 +24,7 @@ from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, T
 
 if TYPE_CHECKING:
     from kafkatx.app import App
-    from kafkatx.metrics import _LagTracker
+    from kafkatx._lag import _LagTracker
 
 __all__ = ["StatusLine"]
 
@@ -73,7 +73,7 @@ class StatusLine:
         on(RecordRecovered, self._on_recovered)
         on(HandlerFailed, self._on_failed)
         try:
-            from kafkatx.metrics import _shared_lag_tracker
+            from kafkatx._lag import _shared_lag_tracker
 
             self._lag = _shared_lag_tracker(self.app, _STATS_INTERVAL_MS)
         except Exception:  # lag is a nice-to-have; never keep the App from running

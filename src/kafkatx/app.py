@@ -7,7 +7,6 @@ run its listeners.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -15,24 +14,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Literal, TypeVar, Unpack
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
-
 from kafkatx._client_log import client_log
-from kafkatx.context import bind_sink
-from kafkatx.database._backend import Backend, backend_for
-from kafkatx.database.session import bind_db
+from kafkatx._producer_transactions import ProducerTransactions, Transaction
+from kafkatx._startup import check_client_config, prepare_topics
 from kafkatx.errors import (
-    ClusterUnreachableError,
     ContainerError,
     InvalidConfigurationError,
-    KafkaClientError,
-    KafkaTxError,
 )
 from kafkatx.events import Event, EventBus
 from kafkatx.listener.container import ListenerContainer
@@ -43,9 +34,7 @@ from kafkatx.listener.options import (
     signature_with_options,
 )
 from kafkatx.listener.spec import ListenerSpec, build_spec
-from kafkatx.local import is_embedded_broker, warn_about_chained_listeners
-from kafkatx.outputs import PendingOutput, encode, encode_headers
-from kafkatx.producer import TransactionalProducer
+from kafkatx.local import warn_about_chained_listeners
 
 __all__ = ["App", "Transaction"]
 
@@ -139,9 +128,7 @@ class App:
         self._stopped = threading.Event()
         self._exited: set[int] = set()  # ids of the containers that finished their exit path
         self._running = False
-        self._tx_local = threading.local()
-        self._backends: dict[object, Backend] = {}  # app.transaction(database=...): one per database given
-        self._tx_counter = 0
+        self._transactions = ProducerTransactions(self)
         self._shutdown_hooks: list[Callable[[], None]] = []
         for key in _FORBIDDEN_PRODUCER:
             if key in self.config or key in self.producer_config_overrides:
@@ -316,76 +303,6 @@ class App:
         if str(cfg.get("isolation.level", "read_committed")) != "read_committed":
             raise InvalidConfigurationError(f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}")
 
-    # -- startup checks ---------------------------------------------------------
-    def _admin(self) -> AdminClient:
-        return AdminClient({**self._base_config(), "log_level": 3})
-
-    def _check_client_config(self) -> None:
-        """Create (and drop) each client once, so that a misspelt librdkafka property is a configuration
-        error naming it now, not a container dying at start."""
-        checks: list[tuple[str, Callable[[], Any]]] = [("App config", self._admin)]
-        for spec in self.listeners:
-            consumer_cfg = self.consumer_config(spec, spec.group_id or self.group_id, 0)
-            producer_cfg = self.producer_config(spec, f"{self.transactional_id_prefix}-check")
-            checks.append((f"consumer config of listener {spec.name!r}", functools.partial(_try_consumer, consumer_cfg)))
-            checks.append((f"producer config of listener {spec.name!r}", functools.partial(Producer, producer_cfg)))
-        for what, create in checks:
-            try:
-                create()
-            except (KafkaException, ValueError, TypeError) as exc:
-                raise InvalidConfigurationError(f"{what}: {_client_error_text(exc)}") from None
-
-    def _prepare_topics(self) -> None:
-        """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
-        admin = self._admin()
-        try:
-            meta = admin.list_topics(timeout=15)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
-                                                                  KafkaError._ALL_BROKERS_DOWN):  # fmt: skip
-                raise ClusterUnreachableError(
-                    f"cannot reach Kafka at {self.resolved_bootstrap_servers()} (no answer within 15 s): is the "
-                    "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
-                    "or use `kafkatx run --local` for an embedded broker",
-                    error=error, operation="list_topics (startup)",
-                ) from None  # fmt: skip
-            raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
-        setup = _SetupContext(self, admin, meta)
-        for spec in self.listeners:
-            for topic in spec.topics:
-                setup.require(topic, f"input topic of listener {spec.name!r}")
-            if spec.output:
-                setup.require(spec.output, f"output topic of listener {spec.name!r}")
-            for topic in spec.sends_to:
-                setup.require(topic, f"topic listener {spec.name!r} sends to")
-            setup.input_topics = spec.topics
-            spec.recoverer.setup(setup)
-        self.cluster_id = meta.cluster_id
-        self._resolve_fencing()
-
-    def _resolve_fencing(self) -> None:
-        """``fencing="auto"``: KIP-447 group fencing, except on a broker known to lack KIP-447.
-
-        The embedded broker accepts offsets sent with a stale group generation,
-        so with group fencing a worker that comes back under a new instance id
-        can commit records its successor has already committed (measured:
-        thousands of duplicates). Per-partition transactional.ids fence by
-        themselves (KIP-98), which it does honour.
-        """
-        embedded = is_embedded_broker(self.resolved_bootstrap_servers(), self.cluster_id)
-        for spec in self.listeners:
-            if spec.fencing == "auto":
-                spec.fencing = "partition" if embedded else "group"
-                if embedded:
-                    log.info("listener %s: fencing='partition' (the embedded broker has no KIP-447)", spec.name)
-            elif spec.fencing == "group" and embedded:
-                log.warning(
-                    "listener %s: fencing='group' on the embedded broker, which does not enforce KIP-447: a worker "
-                    "that restarts under a new instance id can commit duplicates. Use fencing='partition' or "
-                    "'auto' (the default), or stable instance ids.", spec.name,
-                )  # fmt: skip
-
     # -- running --------------------------------------------------------------
     def start(self) -> None:
         """Start all listener containers in background threads and return."""
@@ -396,8 +313,8 @@ class App:
                 raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
-            self._check_client_config()
-            self._prepare_topics()
+            check_client_config(self)
+            prepare_topics(self)
             self._warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()
@@ -500,8 +417,7 @@ class App:
         )
 
     # -- producer-initiated transactions --------------------------------------------
-    @contextmanager
-    def transaction(self, *, database: Any = None) -> Iterator[Transaction]:
+    def transaction(self, *, database: Any = None) -> AbstractContextManager[Transaction]:
         """``with app.transaction() as tx: tx.send(...)``: commit on exit, abort on error.
 
         The exception is re-raised after the abort; kafkatx does not retry a
@@ -509,151 +425,14 @@ class App:
         inside the block joins it too.
 
         With ``database=`` (as on a listener) a database transaction joins it:
-        ``kafkatx.db()`` inside the block; the database commits first, then
-        Kafka, and an exception rolls back both. There is no consumed input to
-        replay here, so a crash between the two commits leaves the database
-        work without its Kafka records (docs/DATABASE.md): for exactly-once
-        output from database changes, write them from a listener.
+        ``kafkatx.db()`` inside the block; the database commits first, with
+        the records produced, then Kafka; an exception rolls back both. A
+        crash between the two commits is finished by the next
+        ``app.transaction(database=...)`` of the same instance id (and
+        thread order), which produces the stored records first
+        (docs/DATABASE.md).
         """
-        producer = self._thread_producer()
-        backend = self._database_backend(database) if database is not None else None
-        conn = backend.connect() if backend is not None else None
-        previous_db = None
-        if backend is not None:
-            backend.begin(conn)
-            previous_db = bind_db(backend.user_handle(conn))
-        try:
-            producer.begin()
-        except BaseException:
-            if backend is not None:
-                bind_db(previous_db)
-                backend.rollback(conn)
-                backend.close(conn)
-            raise
-        tx = Transaction(producer)
-        previous = bind_sink(tx)
-        try:
-            yield tx
-            if backend is not None:
-                backend.commit(conn)
-        except BaseException:
-            try:
-                producer.abort()
-            except KafkaClientError:
-                producer.discard()
-                log.warning("abort failed; the producer was replaced", exc_info=True)
-            if backend is not None:
-                try:
-                    backend.rollback(conn)
-                except Exception:
-                    log.debug("database rollback failed", exc_info=True)
-            raise
-        finally:
-            bind_sink(previous)
-            if backend is not None:
-                bind_db(previous_db)
-                backend.close(conn)
-        try:
-            producer.commit()
-        except KafkaClientError as exc:
-            try:
-                producer.abort()
-            except KafkaClientError:
-                producer.discard()
-            if backend is not None:
-                log.error("the database transaction committed but the Kafka transaction did not: %s", exc)
-            raise
-
-    def _database_backend(self, database: Any) -> Backend:
-        with self._lock:
-            key = database if isinstance(database, str) else id(database)
-            backend = self._backends.get(key)
-            if backend is None:
-                backend = self._backends[key] = backend_for(database)
-            return backend
-
-    def _thread_producer(self) -> TransactionalProducer:
-        producer: TransactionalProducer | None = getattr(self._tx_local, "producer", None)
-        if producer is None:
-            with self._lock:
-                self._tx_counter += 1
-                n = self._tx_counter
-            txn_id = f"{self.transactional_id_prefix}-{self.instance_id}-producer-{n}"
-            producer = TransactionalProducer(self.producer_config(None, txn_id), txn_id, retry_timeout=self.transaction_retry_timeout)
-            self._tx_local.producer = producer
-        return producer
-
-
-class Transaction:
-    """A producer-initiated transaction (see :meth:`App.transaction`)."""
-
-    serializer = None
-
-    def __init__(self, producer: TransactionalProducer) -> None:
-        self._producer = producer
-        self.sent = 0
-
-    def add(self, output: PendingOutput) -> None:
-        """Produce an already encoded record in the transaction (what ``kafkatx.send()`` calls)."""
-        self._producer.produce(output)
-        self.sent += 1
-
-    def send(self, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None) -> None:
-        """Produce a record in the transaction: ``value``/``key`` as bytes or str, ``headers`` a mapping or pairs."""
-        self.add(PendingOutput(topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))
-
-
-def _try_consumer(config: dict[str, Any]) -> None:
-    Consumer(config).close()
-
-
-def _client_error_text(exc: BaseException) -> str:
-    """confluent-kafka's reason, without the KafkaError{...} wrapping: e.g. "No such configuration property: "lingr.ms""."""
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)
-
-
-class _SetupContext:
-    """What recoverers see at startup: topic metadata and topic creation."""
-
-    def __init__(self, app: App, admin: AdminClient, meta: Any) -> None:
-        self._app, self._admin, self._meta = app, admin, meta
-        self.input_topics: tuple[str, ...] = ()
-
-    def partitions(self, topic: str) -> int | None:
-        t = self._meta.topics.get(topic)
-        if t is None or t.error is not None:
-            return None
-        return len(t.partitions)
-
-    def require(self, topic: str, what: str) -> None:
-        if self.partitions(topic) is not None:
-            return
-        if not self._app.create_topics:
-            raise InvalidConfigurationError(
-                f"{what}: topic {topic!r} does not exist. Create it, or pass App(create_topics=True) "
-                "to let kafkatx create missing topics"
-            )
-        self.create_topic(topic, self._app.topic_partitions, why=what)
-
-    def create_topic(self, topic: str, partitions: int, *, why: str) -> None:
-        fut = self._admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
-        try:
-            fut.result(15)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() != 36:  # TOPIC_ALREADY_EXISTS: someone else won the race
-                raise InvalidConfigurationError(
-                    f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
-                    "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
-                ) from exc  # fmt: skip
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            self._meta = self._admin.list_topics(timeout=5)
-            if self.partitions(topic) == partitions:
-                break
-            time.sleep(0.05)
-        log.info("created %s %r with %d partition(s)", why, topic, partitions)
+        return self._transactions.transaction(database=database)
 
 
 # help(App.listener) and editors that read signatures show every option with its default.

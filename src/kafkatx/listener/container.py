@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from kafkatx._bounded import BoundedCaller
-from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
     FencedTooOftenError,
     GroupMembershipChanged,
@@ -39,6 +38,7 @@ from kafkatx.database.session import DatabaseSession
 from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
 from kafkatx.producer import TransactionalProducer
 from kafkatx.listener.crash_guard import CrashGuard
+from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
@@ -57,7 +57,6 @@ log = logging.getLogger("kafkatx.container")
 Runner = Callable[[TransactionUnit], None]
 
 _IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
-_STALL_CHECK_S = 30.0  # how often to look for assigned partitions that fetch nothing
 _CLOSE_DEADLINE_S = 10.0  # how long leaving the group may take at exit
 
 
@@ -76,6 +75,8 @@ class ListenerContainer:
         self.guard = CrashGuard(self)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
+        if self.database is not None:  # outputs are stored per input partition: the handler says whose they are
+            spec = self.spec = replace(spec, handler=self.database.attributing(spec.handler))
         self.failure: BaseException | None = None
         self.stop_reason = "normal"
         self.stop_event = threading.Event()
@@ -93,13 +94,11 @@ class ListenerContainer:
         self.polled_at = self._last_activity
         self._positions_checked = True
         self._last_idle_event = self._last_activity
-        self._stall_check = _StallCheck(self)
+        self._stall_check = StallCheck(self)
         self._consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self._consumer_config)
         self.fence_hold = _fence_hold(self._consumer_config)
-        self._unassigned_grace = _unassigned_grace(self._consumer_config)
-        self._unassigned_since = time.monotonic()
-        self._unassigned_warn_at = self._unassigned_since + self._unassigned_grace
+        self._unassigned = UnassignedWatch(self, self._consumer_config)
         factory = spec.runner
         self._runner: Runner = factory(self) if factory is not None else RecordRunner(self, spec.processor)
 
@@ -272,8 +271,7 @@ class ListenerContainer:
             self.guard.forget(tps)
         self.assigned.difference_update(tps)
         if not self.assigned:
-            self._unassigned_since = time.monotonic()
-            self._unassigned_warn_at = self._unassigned_since + self._unassigned_grace
+            self._unassigned.restart()
         self._revoked_in_poll.update(tps)
         self.tracker.clear_partitions(tps)
         for tp in tps:
@@ -362,7 +360,7 @@ class ListenerContainer:
             msgs = self._fill(consumer, msgs)
         self._stall_check.maybe_run(self.polled_at)
         if not self.assigned:
-            self._check_unassigned()
+            self._unassigned.maybe_warn(self.polled_at)
         if not msgs:
             if not self._positions_checked and time.monotonic() - self._last_activity > _IDLE_FIXUP_S:
                 self._commit_positions_past_markers()
@@ -374,7 +372,7 @@ class ListenerContainer:
         if len(batch) != len(msgs):
             for m in msgs:
                 if m.error() is not None:
-                    self._consumer_error(m)
+                    self.reactions.consumer_error(m)
         if self._paused_until:
             held = first_offsets([m for m in batch if (m.topic(), m.partition()) in self._paused_until])
             if held:  # fetched before the pause took effect: rewind so they come back after it
@@ -391,9 +389,7 @@ class ListenerContainer:
                 return
         if self.guard.unclaimed and not self.guard.claim_first(batch):
             return  # the claim did not commit (the group changed?): poll again before handing anything over
-        if spec.fencing == "partition" or self.database is not None:
-            # (With a database each unit is one partition's records: its outbox rows are keyed by that partition,
-            # so whichever consumer owns it next can finish a unit whose Kafka commit did not happen.)
+        if spec.fencing == "partition":
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
                 units.setdefault((record.topic(), record.partition()), []).append(record)
@@ -416,6 +412,9 @@ class ListenerContainer:
             tp = (msg.topic(), msg.partition())
             if tp in stopped:
                 continue
+            known = self._committed.get(tp)
+            if known is not None and msg.offset() < known:
+                continue  # committed meanwhile (the database outbox finished a unit past it): never run it again
             if not guard.is_careful(msg) or tp not in self.assigned:
                 rest.append(msg)
                 continue
@@ -448,20 +447,6 @@ class ListenerContainer:
                 break
             msgs.extend(more)
         return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in self.assigned]
-
-    def _check_unassigned(self) -> None:
-        """Say so when this container has had no partition for a while, and what usually causes it."""
-        now = time.monotonic()
-        if now < self._unassigned_warn_at:
-            return
-        self._unassigned_warn_at = now + 300.0  # then every five minutes
-        since = now - self._unassigned_since
-        log.warning(
-            "listener %s has had no partition of %s for %.0fs (group %r). Likely causes: more consumers than "
-            "partitions; another live process using the same instance id; or, on the embedded broker, its group "
-            "coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id).",
-            self.name, ",".join(self.spec.topics), since, self.group_id,
-        )  # fmt: skip
 
     def _check_idle(self, interval: float) -> None:
         """Spring's idleEventInterval: publish ContainerIdle every ``interval`` while no records arrive."""
@@ -499,34 +484,6 @@ class ListenerContainer:
                 continue
             log.debug("listener %s committed positions past transaction markers: %s", self.name, offsets)
 
-    def _consumer_error(self, msg: Message) -> None:
-        err = msg.error()
-        assert err is not None
-        code = err.code()
-        if code == KafkaError._PARTITION_EOF:
-            return
-        if code == KafkaError.FENCED_INSTANCE_ID or (code == KafkaError._FATAL and "group.instance.id" in err.str()):
-            # confluent-kafka reports it as _FATAL, with fatal() False: another live consumer took this
-            # consumer's static identity. Two processes share an instance id; carrying on is impossible.
-            instance = self._consumer_config.get("group.instance.id")
-            raise InvalidConfigurationError(
-                f"listener {self.name!r}: another live process uses group.instance.id {instance!r} (the same "
-                f"instance id): give each process its own --instance-id ({err.str()})",
-                error=err,
-                operation="consume",
-            )
-        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
-            raise InvalidConfigurationError(
-                f"listener {self.name!r}: input topic {msg.topic()!r} does not exist ({err.str()}); "
-                "create it, or fix the topic name",
-                error=err,
-                operation="consume",
-            )
-        cls = classify(err)
-        if cls is ErrorClass.INVALID_CONFIGURATION or err.fatal():
-            raise KafkaTxError.from_kafka(err, operation="consume")
-        log.warning("listener %s: consumer error %s: %s (librdkafka retries)", self.name, err.name(), err.str())
-
     def _resume_due(self) -> None:
         now = time.monotonic()
         due = [tp for tp, until in self._paused_until.items() if until <= now]
@@ -537,57 +494,6 @@ class ListenerContainer:
                 self.consumer.resume([TopicPartition(t, p) for t, p in due])
             except Exception:
                 log.debug("resume of %s failed (revoked?)", due, exc_info=True)
-
-
-class _StallCheck:
-    """Says so when an assigned partition, not paused by kafkatx, fetches nothing while it has records.
-
-    A partition that is owned but never fetched looks healthy from outside:
-    the group is stable and the process is alive. Every 30 s the container
-    compares each partition's position with the last one and with the
-    high watermark librdkafka last saw (no network round trip).
-    """
-
-    def __init__(self, container: ListenerContainer) -> None:
-        self._c = container
-        self._next = time.monotonic() + _STALL_CHECK_S
-        self._positions: dict[TP, int] = {}
-        self.stalled: set[TP] = set()
-
-    def maybe_run(self, now: float) -> None:
-        if now < self._next:
-            return
-        self._next = now + _STALL_CHECK_S
-        c = self._c
-        consumer = c.consumer
-        if consumer is None:
-            return
-        tps = [tp for tp in c.assigned if tp not in c._paused_until]
-        if not tps:
-            self._positions.clear()
-            return
-        try:
-            positions = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in tps])}
-        except Exception:
-            return
-        previous, self._positions = self._positions, positions
-        for tp, position in positions.items():
-            try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-            except Exception:
-                continue
-            stuck = position >= 0 and high > position and previous.get(tp) == position
-            if stuck and tp not in self.stalled:
-                self.stalled.add(tp)
-                log.warning(
-                    "listener %s owns %s[%d] but has fetched nothing from it for %.0fs although %d record(s) "
-                    "are behind its position %d. Possible causes: an open transaction of a crashed producer "
-                    "holds back the last stable offset (read_committed), or the partition is paused outside kafkatx.",
-                    c.name, tp[0], tp[1], _STALL_CHECK_S, high - position, position,
-                )  # fmt: skip
-            elif not stuck and tp in self.stalled:
-                self.stalled.discard(tp)
-                log.info("listener %s: %s[%d] is fetching again", c.name, tp[0], tp[1])
 
 
 def _transaction_budget(spec: ListenerSpec, transaction_timeout_ms: int, consumer_config: dict[str, Any]) -> float:
@@ -610,11 +516,6 @@ def _fence_hold(consumer_config: dict[str, Any]) -> float:
     heartbeat = int(consumer_config.get("heartbeat.interval.ms", 3000)) / 1000.0
     session = int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0
     return min(session, 2 * heartbeat + 1.0)
-
-
-def _unassigned_grace(consumer_config: dict[str, Any]) -> float:
-    """Seconds without any partition worth a warning: two session timeouts, at least 30 s."""
-    return max(30.0, 2 * int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0)
 
 
 def _fmt_tps(tps: list[TP]) -> str:

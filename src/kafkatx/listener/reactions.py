@@ -1,4 +1,4 @@
-"""KIP-1050 reactions to Kafka errors inside a transaction, and producer replacement.
+"""KIP-1050 reactions to Kafka errors (inside a transaction, and from a poll), and producer replacement.
 
 - Abortable: abort and redo the transaction from memory, up to
   ``max_abortable_retries`` times in a row; then escalate to a new producer.
@@ -22,14 +22,16 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
-from kafkatx.classification import ErrorClass
+from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
     ApplicationRecoverableError,
     FencedTooOftenError,
     GroupMembershipChanged,
+    InvalidConfigurationError,
     KafkaClientError,
+    KafkaTxError,
     StuckCallError,
     TransactionAbortableError,
 )
@@ -153,3 +155,33 @@ class KafkaErrorReactions:
         """A retriable error that the producer retries by itself (for events and metrics)."""
         c = self._c
         c.publish(KafkaErrorHandled(c.name, c.worker, "", cls.name, None, f"retry #{attempt}", {"code": err.name()}))
+
+    def consumer_error(self, msg: Message) -> None:
+        """A consumer error from a poll: raise what ends the container, log what librdkafka retries."""
+        c = self._c
+        err = msg.error()
+        assert err is not None
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            return
+        if code == KafkaError.FENCED_INSTANCE_ID or (code == KafkaError._FATAL and "group.instance.id" in err.str()):
+            # confluent-kafka reports it as _FATAL, with fatal() False: another live consumer took this
+            # consumer's static identity. Two processes share an instance id; carrying on is impossible.
+            instance = c._consumer_config.get("group.instance.id")
+            raise InvalidConfigurationError(
+                f"listener {c.name!r}: another live process uses group.instance.id {instance!r} (the same "
+                f"instance id): give each process its own --instance-id ({err.str()})",
+                error=err,
+                operation="consume",
+            )
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise InvalidConfigurationError(
+                f"listener {c.name!r}: input topic {msg.topic()!r} does not exist ({err.str()}); "
+                "create it, or fix the topic name",
+                error=err,
+                operation="consume",
+            )
+        cls = classify(err)
+        if cls is ErrorClass.INVALID_CONFIGURATION or err.fatal():
+            raise KafkaTxError.from_kafka(err, operation="consume")
+        log.warning("listener %s: consumer error %s: %s (librdkafka retries)", c.name, err.name(), err.str())

@@ -1,0 +1,150 @@
+"""What an App checks and prepares before its containers start: client settings, topics, fencing mode."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from kafkatx.errors import (
+    ClusterUnreachableError,
+    InvalidConfigurationError,
+    KafkaTxError,
+)
+from kafkatx.local import is_embedded_broker
+
+if TYPE_CHECKING:
+    from kafkatx.app import App
+
+__all__ = ["check_client_config", "prepare_topics", "resolve_fencing"]
+
+log = logging.getLogger("kafkatx.app")
+
+
+def _admin(app: App) -> AdminClient:
+    return AdminClient({**app._base_config(), "log_level": 3})
+
+def check_client_config(app: App) -> None:
+    """Create (and drop) each client once, so that a misspelt librdkafka property is a configuration
+    error naming it now, not a container dying at start."""
+    checks: list[tuple[str, Callable[[], Any]]] = [("App config", functools.partial(_admin, app))]
+    for spec in app.listeners:
+        consumer_cfg = app.consumer_config(spec, spec.group_id or app.group_id, 0)
+        producer_cfg = app.producer_config(spec, f"{app.transactional_id_prefix}-check")
+        checks.append((f"consumer config of listener {spec.name!r}", functools.partial(_try_consumer, consumer_cfg)))
+        checks.append((f"producer config of listener {spec.name!r}", functools.partial(Producer, producer_cfg)))
+    for what, create in checks:
+        try:
+            create()
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise InvalidConfigurationError(f"{what}: {_client_error_text(exc)}") from None
+
+def prepare_topics(app: App) -> None:
+    """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
+    admin = _admin(app)
+    try:
+        meta = admin.list_topics(timeout=15)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+                                                              KafkaError._ALL_BROKERS_DOWN):  # fmt: skip
+            raise ClusterUnreachableError(
+                f"cannot reach Kafka at {app.resolved_bootstrap_servers()} (no answer within 15 s): is the "
+                "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
+                "or use `kafkatx run --local` for an embedded broker",
+                error=error, operation="list_topics (startup)",
+            ) from None  # fmt: skip
+        raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
+    setup = _SetupContext(app, admin, meta)
+    for spec in app.listeners:
+        for topic in spec.topics:
+            setup.require(topic, f"input topic of listener {spec.name!r}")
+        if spec.output:
+            setup.require(spec.output, f"output topic of listener {spec.name!r}")
+        for topic in spec.sends_to:
+            setup.require(topic, f"topic listener {spec.name!r} sends to")
+        setup.input_topics = spec.topics
+        spec.recoverer.setup(setup)
+    app.cluster_id = meta.cluster_id
+    resolve_fencing(app)
+
+def resolve_fencing(app: App) -> None:
+    """``fencing="auto"``: KIP-447 group fencing, except on a broker known to lack KIP-447.
+
+    The embedded broker accepts offsets sent with a stale group generation,
+    so with group fencing a worker that comes back under a new instance id
+    can commit records its successor has already committed (measured:
+    thousands of duplicates). Per-partition transactional.ids fence by
+    themselves (KIP-98), which it does honour.
+    """
+    embedded = is_embedded_broker(app.resolved_bootstrap_servers(), app.cluster_id)
+    for spec in app.listeners:
+        if spec.fencing == "auto":
+            spec.fencing = "partition" if embedded else "group"
+            if embedded:
+                log.info("listener %s: fencing='partition' (the embedded broker has no KIP-447)", spec.name)
+        elif spec.fencing == "group" and embedded:
+            log.warning(
+                "listener %s: fencing='group' on the embedded broker, which does not enforce KIP-447: a worker "
+                "that restarts under a new instance id can commit duplicates. Use fencing='partition' or "
+                "'auto' (the default), or stable instance ids.", spec.name,
+            )  # fmt: skip
+
+
+def _try_consumer(config: dict[str, Any]) -> None:
+    Consumer(config).close()
+
+
+def _client_error_text(exc: BaseException) -> str:
+    """confluent-kafka's reason, without the KafkaError{...} wrapping: e.g. "No such configuration property: "lingr.ms""."""
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
+
+
+class _SetupContext:
+    """What recoverers see at startup: topic metadata and topic creation."""
+
+    def __init__(self, app: App, admin: AdminClient, meta: Any) -> None:
+        self._app, self._admin, self._meta = app, admin, meta
+        self.input_topics: tuple[str, ...] = ()
+
+    def partitions(self, topic: str) -> int | None:
+        t = self._meta.topics.get(topic)
+        if t is None or t.error is not None:
+            return None
+        return len(t.partitions)
+
+    def require(self, topic: str, what: str) -> None:
+        if self.partitions(topic) is not None:
+            return
+        if not self._app.create_topics:
+            raise InvalidConfigurationError(
+                f"{what}: topic {topic!r} does not exist. Create it, or pass App(create_topics=True) "
+                "to let kafkatx create missing topics"
+            )
+        self.create_topic(topic, self._app.topic_partitions, why=what)
+
+    def create_topic(self, topic: str, partitions: int, *, why: str) -> None:
+        fut = self._admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
+        try:
+            fut.result(15)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != 36:  # TOPIC_ALREADY_EXISTS: someone else won the race
+                raise InvalidConfigurationError(
+                    f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
+                    "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
+                ) from exc  # fmt: skip
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            self._meta = self._admin.list_topics(timeout=5)
+            if self.partitions(topic) == partitions:
+                break
+            time.sleep(0.05)
+        log.info("created %s %r with %d partition(s)", why, topic, partitions)

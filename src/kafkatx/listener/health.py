@@ -1,0 +1,107 @@
+"""Things a container says about itself that look healthy from outside but are not.
+
+An owned partition that fetches nothing, and a container that has had no
+partition for a while: the group is stable and the process alive, so only
+the container can tell.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import TopicPartition
+
+from kafkatx.listener.unit import TP
+
+if TYPE_CHECKING:
+    from kafkatx.listener.container import ListenerContainer
+
+__all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "unassigned_grace"]
+
+log = logging.getLogger("kafkatx.container")
+
+STALL_CHECK_S = 30.0  # how often to look for assigned partitions that fetch nothing
+
+
+class StallCheck:
+    """Says so when an assigned partition, not paused by kafkatx, fetches nothing while it has records.
+
+    A partition that is owned but never fetched looks healthy from outside:
+    the group is stable and the process is alive. Every 30 s the container
+    compares each partition's position with the last one and with the
+    high watermark librdkafka last saw (no network round trip).
+    """
+
+    def __init__(self, container: ListenerContainer) -> None:
+        self._c = container
+        self._next = time.monotonic() + STALL_CHECK_S
+        self._positions: dict[TP, int] = {}
+        self.stalled: set[TP] = set()
+
+    def maybe_run(self, now: float) -> None:
+        if now < self._next:
+            return
+        self._next = now + STALL_CHECK_S
+        c = self._c
+        consumer = c.consumer
+        if consumer is None:
+            return
+        tps = [tp for tp in c.assigned if tp not in c._paused_until]
+        if not tps:
+            self._positions.clear()
+            return
+        try:
+            positions = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in tps])}
+        except Exception:
+            return
+        previous, self._positions = self._positions, positions
+        for tp, position in positions.items():
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            except Exception:
+                continue
+            stuck = position >= 0 and high > position and previous.get(tp) == position
+            if stuck and tp not in self.stalled:
+                self.stalled.add(tp)
+                log.warning(
+                    "listener %s owns %s[%d] but has fetched nothing from it for %.0fs although %d record(s) "
+                    "are behind its position %d. Possible causes: an open transaction of a crashed producer "
+                    "holds back the last stable offset (read_committed), or the partition is paused outside kafkatx.",
+                    c.name, tp[0], tp[1], STALL_CHECK_S, high - position, position,
+                )  # fmt: skip
+            elif not stuck and tp in self.stalled:
+                self.stalled.discard(tp)
+                log.info("listener %s: %s[%d] is fetching again", c.name, tp[0], tp[1])
+
+
+def unassigned_grace(consumer_config: dict[str, Any]) -> float:
+    """Seconds without any partition worth a warning: two session timeouts, at least 30 s."""
+    return max(30.0, 2 * int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0)
+
+
+class UnassignedWatch:
+    """Says so when a container has had no partition for a while, and what usually causes it."""
+
+    def __init__(self, container: ListenerContainer, consumer_config: dict[str, Any]) -> None:
+        self._c = container
+        self._grace = unassigned_grace(consumer_config)
+        self.restart()
+
+    def restart(self) -> None:
+        """The container has just lost its last partition (or started without one)."""
+        self._since = time.monotonic()
+        self._warn_at = self._since + self._grace
+
+    def maybe_warn(self, now: float) -> None:
+        if now < self._warn_at:
+            return
+        self._warn_at = now + 300.0  # then every five minutes
+        c = self._c
+        log.warning(
+            "listener %s has had no partition of %s for %.0fs (group %r). Likely causes: more consumers than "
+            "partitions; another live process using the same instance id; or, on the embedded broker, its group "
+            "coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id).",
+            c.name, ",".join(c.spec.topics), now - self._since, c.group_id,
+        )  # fmt: skip
