@@ -23,6 +23,8 @@ import sqlalchemy as sa
 from kafkatx import App, InvalidConfigurationError, NotInTransactionError, Record, db, send
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import RecordRecovered
+from kafkatx.database._store import decode_records, encode_records
+from kafkatx.outputs import PendingOutput
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
@@ -51,8 +53,9 @@ def pg_engine(postgres: LocalPostgres) -> Any:
     engine.dispose()
 
 
+@pytest.mark.parametrize("fencing", ["auto", "group"])
 def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_rows(
-    kafka: KafkaTestKit, pg_engine: sa.Engine
+    kafka: KafkaTestKit, pg_engine: sa.Engine, fencing: str
 ) -> None:
     """The issue's acceptance run: 10,000 records, 1% poison, a row and an event per good record, once each."""
     src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
@@ -63,7 +66,7 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
     kafka.produce(src, [(v.encode(), v.encode()) for v in values])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=2, dlq=True)
+    @app.listener(src, output=out, database=pg_engine, max_attempts=2, dlq=True, fencing=fencing)
     def save(record: Record) -> tuple[bytes | None, bytes]:
         name = record.value.decode()  # type: ignore[union-attr]
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'saved')"), {"k": name})
@@ -85,13 +88,25 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
     assert all(parse_dead_letter_headers(d.headers).exception_fqcn == f"{__name__}.Poison" for d in dead)
 
 
-@pytest.mark.parametrize("how", ["sqlite-url", "sqlite3-factory"])
-def test_sqlite_rows_and_events_exactly_once(kafka: KafkaTestKit, tmp_path: Path, how: str) -> None:
-    """The local default: SQLite, through SQLAlchemy or as a plain sqlite3 connection factory."""
+@pytest.mark.parametrize("how", ["sqlite-url", "sqlite3-factory", "psycopg-factory"])
+def test_sqlite_and_db_api_rows_and_events_exactly_once(
+    kafka: KafkaTestKit, tmp_path: Path, how: str, postgres: LocalPostgres
+) -> None:
+    """The local default, SQLite, through SQLAlchemy or as a plain sqlite3 connection factory; and a plain
+    psycopg connection factory on PostgreSQL (its own parameter style)."""
+    import psycopg
+
     path = tmp_path / "app.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE people (k TEXT, v TEXT)")
-    database: Any = f"sqlite:///{path}" if how == "sqlite-url" else (lambda: sqlite3.connect(path))
+    if how == "psycopg-factory":
+        table = unique_name("people").replace("-", "_")
+        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
+            pg.execute(f"CREATE TABLE {table} (k TEXT, v TEXT)")
+        database: Any = lambda: psycopg.connect(postgres.dsn)  # noqa: E731
+    else:
+        table = "people"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE people (k TEXT, v TEXT)")
+        database = f"sqlite:///{path}" if how == "sqlite-url" else (lambda: sqlite3.connect(path))
     src, out = kafka.topic(partitions=2), kafka.topic()
     kafka.produce(src, [f"s{i}".encode() for i in range(500)])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
@@ -102,6 +117,8 @@ def test_sqlite_rows_and_events_exactly_once(kafka: KafkaTestKit, tmp_path: Path
         conn = db()
         if how == "sqlite-url":
             conn.execute(sa.text("INSERT INTO people VALUES (:k, 'x')"), {"k": name})
+        elif how == "psycopg-factory":
+            conn.execute(f"INSERT INTO {table} VALUES (%s, 'x')", (name,))
         else:
             conn.execute("INSERT INTO people VALUES (?, 'x')", (name,))
         if name.endswith("7"):
@@ -110,8 +127,12 @@ def test_sqlite_rows_and_events_exactly_once(kafka: KafkaTestKit, tmp_path: Path
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
-    with sqlite3.connect(path) as conn:
-        rows = Counter(r[0] for r in conn.execute("SELECT k FROM people"))
+    if how == "psycopg-factory":
+        with psycopg.connect(postgres.dsn) as pg:
+            rows = Counter(r[0] for r in pg.execute(f"SELECT k FROM {table}"))
+    else:
+        with sqlite3.connect(path) as conn:
+            rows = Counter(r[0] for r in conn.execute("SELECT k FROM people"))
     good = {f"s{i}" for i in range(500) if not f"s{i}".endswith("7")}
     assert set(rows) == good and max(rows.values()) == 1
     assert Counter(kafka.values(out)) == Counter(v.encode() for v in good)
@@ -126,7 +147,7 @@ logging.basicConfig(level=logging.WARNING)
 app = App("dbcrash", bootstrap_servers=bootstrap, instance_id="crashy", group_id=sys.argv[6])
 engine = sa.create_engine(url)
 
-@app.listener(src, output=out, database=engine, max_batch_records=100)
+@app.listener(src, output=out, database=engine, max_batch_records=300, fencing=sys.argv[7])
 def save(record: Record) -> bytes:
     db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})
     return b"event:" + record.value
@@ -135,20 +156,21 @@ app.run()
 """
 
 
+@pytest.mark.parametrize("fencing", ["partition", "group"])  # one partition per unit, or a poll's partitions together
 def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothing(
-    kafka: KafkaTestKit, pg_engine: sa.Engine, postgres: LocalPostgres, tmp_path: Path
+    kafka: KafkaTestKit, pg_engine: sa.Engine, postgres: LocalPostgres, tmp_path: Path, fencing: str
 ) -> None:
     """SIGKILL right after a database commit, before its Kafka commit; restart under the same instance id:
     the stored records are produced instead of calling the handler again, so rows and events are exactly once."""
-    src, out = kafka.topic(partitions=2), kafka.topic()
+    src, out = kafka.topic(partitions=3), kafka.topic()
     table = unique_name("crash").replace("-", "_")
     _fresh_table(pg_engine, table)  # no unique constraint: a repeated insert would show as a duplicate row
     values = [f"c{i}" for i in range(2000)]
-    kafka.produce(src, [v.encode() for v in values])
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 3} for i, v in enumerate(values)])  # mixed polls
     script = tmp_path / "crashing_app.py"
     script.write_text(textwrap.dedent(_CRASHING_APP))
     group = unique_name("dbcrash")
-    args = [sys.executable, str(script), src, out, table, postgres.url, kafka.bootstrap_servers, group]
+    args = [sys.executable, str(script), src, out, table, postgres.url, kafka.bootstrap_servers, group, fencing]
     env = {**os.environ, "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS": "3"}
     first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -156,6 +178,13 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
     assert rows_at_crash > 0, "the database committed before the crash"
     committed = sum(max(0, o) for o in kafka.committed(group, src).values())
     assert committed < rows_at_crash, "the crash came before the Kafka commit of the last database commit"
+    with pg_engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT kpartition, records FROM kafkatx_outbox WHERE group_id = :g"),
+                            {"g": group}).all()  # fmt: skip
+    stored = [(p, out.value or b"") for p, data in rows for out in decode_records(bytes(data))]
+    assert stored and all(int(v.split(b"c")[1]) % 3 == p for p, v in stored), "outputs stored under their input"
+    if fencing == "group":
+        assert len({p for p, _ in stored}) > 1, "the crashed unit spanned several partitions"
 
     second = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -297,7 +326,6 @@ def test_two_owners_of_a_partition_cannot_both_commit_its_database_work(postgres
     records as done (and produces the stored records instead of running the handler)."""
     from kafkatx.database._backend import backend_for
     from kafkatx.database._store import Store
-    from kafkatx.outputs import PendingOutput
 
     engine = sa.create_engine(postgres.url)
     backend = backend_for(engine)
@@ -326,3 +354,78 @@ def test_two_owners_of_a_partition_cannot_both_commit_its_database_work(postgres
         backend.close(new_owner)
         backend.close(zombie)
         engine.dispose()
+
+
+def test_the_outbox_keeps_every_field_of_a_record() -> None:
+    outputs = [
+        PendingOutput("out", b"value", None, None, None),
+        PendingOutput("ütf-topic", None, b"", [("h", b"\x00\xff"), ("none", None)], 3),  # type: ignore[list-item]
+        PendingOutput("x", b"", b"key", [], None),
+    ]
+    assert decode_records(encode_records(outputs)) == outputs
+    assert decode_records(encode_records([])) == []
+
+
+_PRODUCING_APP = """
+import logging, sys, sqlalchemy as sa
+from kafkatx import App, db, send
+out, table, url, bootstrap, first, last = sys.argv[1:7]
+logging.basicConfig(level=logging.WARNING)
+app = App("dbproducer", bootstrap_servers=bootstrap, instance_id="writer")
+engine = sa.create_engine(url)
+for i in range(int(first), int(last)):
+    with app.transaction(database=engine):
+        db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": f"u{i}"})
+        send(out, f"u{i}-a".encode())
+        send(out, f"u{i}-b".encode())
+"""
+
+
+def test_a_producer_initiated_unit_killed_between_its_commits_is_finished_by_the_next_one(
+    kafka: KafkaTestKit, pg_engine: sa.Engine, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """app.transaction(database=...): SIGKILL after the database commit of the third unit; the restarted
+    process's first unit produces the third unit's stored records before its own, so rows and records are
+    exactly once."""
+    out = kafka.topic()
+    table = unique_name("ptxcrash").replace("-", "_")
+    _fresh_table(pg_engine, table)
+    script = tmp_path / "producing_app.py"
+    script.write_text(textwrap.dedent(_PRODUCING_APP))
+    base = [sys.executable, str(script), out, table, postgres.url, kafka.bootstrap_servers]
+    env = {**os.environ, "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS": "3"}
+    first = subprocess.run([*base, "0", "5"], env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert sum(_rows(pg_engine, table).values()) == 3
+    assert sorted(kafka.values(out)) == [b"u0-a", b"u0-b", b"u1-a", b"u1-b"]  # type: ignore[type-var]
+    second = subprocess.run([*base, "3", "5"], env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "committed in the database but not in Kafka" in second.stderr
+    rows = _rows(pg_engine, table)
+    assert set(rows) == {f"u{i}" for i in range(5)} and max(rows.values()) == 1
+    assert kafka.values(out) == [f"u{i}-{x}".encode() for i in range(5) for x in "ab"], "exactly once, in order"
+
+
+def test_a_recoverer_writes_to_the_database_in_the_recovery_transaction(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE done (k TEXT)")
+        conn.execute("CREATE TABLE failed (k TEXT, why TEXT)")
+    src = kafka.topic()
+    kafka.produce(src, [b"ok1", b"bad", b"ok2"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    def park(record: Record, exc: BaseException) -> None:
+        db().execute(sa.text("INSERT INTO failed VALUES (:k, :why)"), {"k": record.value.decode(), "why": str(exc)})  # type: ignore[union-attr]
+
+    @app.listener(src, database=f"sqlite:///{path}", max_attempts=2, dlq=park)
+    def save(record: Record) -> None:
+        db().execute(sa.text("INSERT INTO done VALUES (:k)"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        if record.value == b"bad":
+            raise Poison("bad record")
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
+    with sqlite3.connect(path) as conn:
+        assert sorted(r[0] for r in conn.execute("SELECT k FROM done")) == ["ok1", "ok2"]
+        assert list(conn.execute("SELECT k, why FROM failed")) == [("bad", "bad record")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,26 +36,66 @@ def _ddl(dialect: str) -> list[str]:
         " PRIMARY KEY (group_id, topic, kpartition))",
         f"CREATE TABLE IF NOT EXISTS {OUTBOX_TABLE} ("
         f" group_id {text} NOT NULL, topic {text} NOT NULL, kpartition INTEGER NOT NULL,"
-        " next_offset BIGINT NOT NULL, seq INTEGER NOT NULL,"
-        f" out_topic {text} NOT NULL, out_partition INTEGER, out_key {blob}, out_value {blob}, out_headers TEXT,"
-        " PRIMARY KEY (group_id, topic, kpartition, next_offset, seq))",
+        f" next_offset BIGINT NOT NULL, record_count INTEGER NOT NULL, records {blob} NOT NULL,"
+        " PRIMARY KEY (group_id, topic, kpartition, next_offset))",
     ]
 
 
+# One outbox row per unit and input partition holds all its records: one INSERT per commit, whatever the
+# number of outputs. Per record: lengths of topic, key, value, headers (-1: None) and the partition (-1: None),
+# then the bytes. Headers as JSON ([name, base64 value or null]), rare enough not to need better.
+_FORMAT = b"\x01"
+_HEAD = struct.Struct(">Hiiii")
+
+
+def encode_records(outputs: Sequence[PendingOutput]) -> bytes:
+    parts: list[bytes] = [_FORMAT]
+    pack = _HEAD.pack
+    for out in outputs:
+        topic = out.topic.encode()
+        key, value = out.key, out.value
+        headers = _headers_out(out.headers)
+        hdr = headers.encode() if headers is not None else None
+        parts.append(pack(len(topic), -1 if key is None else len(key), -1 if value is None else len(value),
+                          -1 if hdr is None else len(hdr), -1 if out.partition is None else out.partition))  # fmt: skip
+        parts.append(topic)
+        if key:
+            parts.append(key)
+        if value:
+            parts.append(value)
+        if hdr:
+            parts.append(hdr)
+    return b"".join(parts)
+
+
+def decode_records(data: bytes) -> list[PendingOutput]:
+    if data[:1] != _FORMAT:
+        raise ValueError(f"unknown kafkatx outbox format {data[:1]!r}")
+    view, pos, size, unpack = memoryview(data), 1, _HEAD.size, _HEAD.unpack_from
+    outputs = []
+    while pos < len(data):
+        lt, lk, lv, lh, partition = unpack(view, pos)
+        pos += size
+        topic = bytes(view[pos : pos + lt]).decode()
+        pos += lt
+        key = None if lk < 0 else bytes(view[pos : pos + lk])
+        pos += max(lk, 0)
+        value = None if lv < 0 else bytes(view[pos : pos + lv])
+        pos += max(lv, 0)
+        headers = None if lh < 0 else _headers_in(bytes(view[pos : pos + lh]).decode())
+        pos += max(lh, 0)
+        outputs.append(PendingOutput(topic, value, key, headers, None if partition < 0 else partition))
+    return outputs
+
+
 def _headers_out(headers: list[tuple[str, bytes]] | None) -> str | None:
-    if not headers:
+    if headers is None:
         return None
     return json.dumps([[k, None if v is None else base64.b64encode(v).decode("ascii")] for k, v in headers])
 
 
-def _headers_in(text: str | None) -> list[tuple[str, bytes]] | None:
-    if not text:
-        return None
+def _headers_in(text: str) -> list[tuple[str, bytes]]:
     return [(k, base64.b64decode(v) if v is not None else None) for k, v in json.loads(text)]  # type: ignore[misc]
-
-
-def _bytes(value: Any) -> bytes | None:
-    return None if value is None else bytes(value)
 
 
 class Store:
@@ -109,16 +150,13 @@ class Store:
             "AND next_offset < :n",
             {"g": g, "t": tp[0], "p": tp[1], "n": next_offset},
         )
-        b.executemany(
-            conn,
-            f"INSERT INTO {OUTBOX_TABLE} (group_id, topic, kpartition, next_offset, seq, out_topic, out_partition, "
-            "out_key, out_value, out_headers) VALUES (:g, :t, :p, :n, :s, :ot, :op, :k, :v, :h)",
-            [
-                {"g": g, "t": tp[0], "p": tp[1], "n": next_offset, "s": seq, "ot": out.topic, "op": out.partition,
-                 "k": out.key, "v": out.value, "h": _headers_out(out.headers)}  # fmt: skip
-                for seq, out in enumerate(outputs)
-            ],
-        )
+        if outputs:
+            b.execute(
+                conn,
+                f"INSERT INTO {OUTBOX_TABLE} (group_id, topic, kpartition, next_offset, record_count, records) "
+                "VALUES (:g, :t, :p, :n, :c, :r)",
+                {"g": g, "t": tp[0], "p": tp[1], "n": next_offset, "c": len(outputs), "r": encode_records(outputs)},
+            )
 
     def forget_before(self, conn: Any, tp: TP, committed: int) -> None:
         """Drop outbox rows of input Kafka has committed (up to ``committed``): never needed again."""
@@ -132,9 +170,9 @@ class Store:
         """The records produced for the input in [``start``, ``end``), in their original order."""
         rows = self.backend.execute(
             conn,
-            f"SELECT out_topic, out_value, out_key, out_headers, out_partition FROM {OUTBOX_TABLE} "
+            f"SELECT records FROM {OUTBOX_TABLE} "
             "WHERE group_id = :g AND topic = :t AND kpartition = :p AND next_offset > :s AND next_offset <= :e "
-            "ORDER BY next_offset, seq",
+            "ORDER BY next_offset",
             {"g": self.group_id, "t": tp[0], "p": tp[1], "s": start, "e": end},
         )
-        return [PendingOutput(r[0], _bytes(r[1]), _bytes(r[2]), _headers_in(r[3]), r[4]) for r in rows]
+        return [out for (data,) in rows for out in decode_records(bytes(data))]

@@ -79,6 +79,21 @@ def bind_db(handle: Any) -> Any:
     return previous
 
 
+class _Recorded(list[PendingOutput]):
+    """The outputs of the open unit, each with the input partition whose record produced it (``sources``)."""
+
+    __slots__ = ("sources", "_session")
+
+    def __init__(self, session: DatabaseSession) -> None:
+        super().__init__()
+        self.sources: list[TP | None] = []
+        self._session = session
+
+    def append(self, out: PendingOutput) -> None:
+        super().append(out)
+        self.sources.append(self._session.source)
+
+
 def _crash_after() -> int | None:
     value = os.environ.get(CRASH_AFTER_DB_COMMITS_ENV)
     return int(value) if value else None
@@ -95,11 +110,24 @@ class DatabaseSession:
         self._tables_ready = False
         self._open = False
         self._producer: TransactionalProducer | None = None
-        self._outputs: list[PendingOutput] = []
+        self._outputs = _Recorded(self)
+        #: The input partition of the record being handled (or recovered): its outputs are stored under it.
+        self.source: TP | None = None
         self._previous_handle: Any = None
         self.commits = 0
         self._crash_after = _crash_after()
         self.unavailable = 0  # consecutive outages, for the back-off
+
+    def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``handler``, noting each record's partition first, so that the outputs it causes are stored under it."""
+
+        def handle(record: Any) -> Any:
+            self.source = (record.topic, record.partition)
+            return handler(record)
+
+        handle.__wrapped__ = handler  # type: ignore[attr-defined]
+        handle.__qualname__ = getattr(handler, "__qualname__", "handler")
+        return handle
 
     # -- connection --------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -162,7 +190,7 @@ class DatabaseSession:
             self.backend.begin(conn)
             self._open = True
             done = {}
-            for tp, offset in first.items():
+            for tp, offset in sorted(first.items()):  # one order for every owner: no lock-order deadlock
                 position = self.store.lock_position(conn, tp)
                 if position > offset:
                     done[tp] = (offset, position)
@@ -172,7 +200,8 @@ class DatabaseSession:
         except Exception as exc:
             self.rollback()
             raise self._failed(exc, "began a transaction") from exc
-        self._outputs.clear()
+        self._outputs = _Recorded(self)
+        self.source = next(iter(first)) if len(first) == 1 else None
         self._producer = producer
         producer.recorder = self._outputs
         self._previous_handle = bind_db(self.backend.user_handle(conn))
@@ -190,13 +219,16 @@ class DatabaseSession:
         """
         assert self._open, "no database transaction is open"
         conn = self._conn
-        outputs = self._outputs
-        tps = list(offsets)
-        if outputs and len(tps) != 1:
-            raise KafkaTxError(f"internal: a database unit of work produced records for {len(tps)} input partitions")
+        recorded = self._outputs
+        by_source: dict[TP, list[PendingOutput]] = {}
+        for out, source in zip(recorded, recorded.sources):
+            if source is None or source not in offsets:
+                self.rollback()
+                raise ContainerError(f"internal: an output of input partition {source} in a unit committing {sorted(offsets)}")
+            by_source.setdefault(source, []).append(out)
         try:
-            for tp in tps:
-                self.store.advance(conn, tp, offsets[tp], outputs)
+            for tp in sorted(offsets):
+                self.store.advance(conn, tp, offsets[tp], by_source.get(tp, ()))
                 known = committed(tp)
                 if known is not None:
                     self.store.forget_before(conn, tp, known)
@@ -236,4 +268,5 @@ class DatabaseSession:
             self._producer = None
             bind_db(self._previous_handle)
             self._previous_handle = None
-        self._outputs = []
+        self._outputs = _Recorded(self)
+        self.source = None

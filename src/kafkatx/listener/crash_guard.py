@@ -32,7 +32,7 @@ from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed
-from kafkatx.rollback.durable import PartitionState, decode, encode
+from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer, Runner
@@ -84,7 +84,10 @@ class CrashGuard:
                 until = None
                 log.info("listener %s: %s[%d] handled past the crash range; batches again", self._c.name, *tp)
             state = tracker.state_at(tp[0], tp[1], offset)
-            out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until))
+            if state is None and until is None:
+                out[tp] = encode_inflight(offset)  # the usual claim, once per partition and transaction
+            else:
+                out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until))
         return out
 
     def committed(self, offsets: Mapping[TP, int]) -> None:
@@ -251,7 +254,8 @@ class CrashGuard:
             self._marked.add(tp)
         self._marked.discard(tp)  # the marker is used up by this attempt
         runner(TransactionUnit(c, producer, [msg]))
-        return c.committed_offset(tp) == offset + 1
+        committed = c.committed_offset(tp)
+        return committed is not None and committed > offset  # (past it: a database replay can commit further)
 
     def _recover(self, msg: ConsumedMessage, crashes: int) -> bool:
         c = self._c

@@ -291,6 +291,9 @@ class TransactionUnit:
         membership = self._membership
         database = self._c.database
         if database is not None and self.messages:
+            # The offsets go to the transaction before the database commits, so that a producer fenced by now
+            # fails here, with nothing committed anywhere (see docs/DATABASE.md).
+            self._producer.flush_offsets()
             try:
                 database.commit(self._offsets, self._c.committed_offset)
             except KafkaTxError:
@@ -326,6 +329,8 @@ class TransactionUnit:
         confirms them, and a failed dead letter fails that commit.
         """
         producer = self._producer
+        if self._c.database is not None:
+            self._c.database.source = (record.topic, record.partition)  # the dead letter is stored under its record
         sink = _DirectSink(self, self.spec.serializer)
         previous_sink = bind_sink(sink)
         previous_ctx = bind_recovery(

@@ -1,0 +1,146 @@
+"""Producer-initiated units with a database (``with app.transaction(database=...)``), exactly once.
+
+There is no consumed input to replay, so the unit gets a sequence number of
+its own: the database transaction stores the next number and the records
+produced (the outbox, under the producer's transactional.id), the Kafka
+transaction commits the same number as a consumer-group offset
+(``kafkatx-outbox.<transactional.id>``) beside the records. A process that
+died between the two commits left a number the database has and Kafka has
+not; the next unit under the same transactional.id (the same instance id
+and thread order) first produces those stored records with that number,
+after ``init_transactions`` has aborted whatever the dead process left open.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kafkatx.database._backend import Backend
+from kafkatx.database._store import Store
+from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, bind_db
+from kafkatx.outputs import PendingOutput
+
+if TYPE_CHECKING:
+    from kafkatx.producer import TransactionalProducer
+
+__all__ = ["ProducerOutbox"]
+
+log = logging.getLogger("kafkatx.database")
+
+_GROUP = "kafkatx-producer"  # the outbox key's group: the transactional.id is its "topic", partition 0
+
+
+class ProducerOutbox:
+    """The database side of one transactional producer's units (one thread's ``app.transaction``)."""
+
+    def __init__(self, backend: Backend, producer: TransactionalProducer, client_config: dict[str, Any]) -> None:
+        self.backend = backend
+        self.producer = producer
+        self.key = (producer.transactional_id, 0)
+        self.store = Store(backend, _GROUP)
+        self.marker_group = f"kafkatx-outbox.{producer.transactional_id}"
+        self._client_config = {k: v for k, v in client_config.items() if k not in ("logger",)}
+        self._group_metadata: Any = None
+        self._committed: int | None = None  # the sequence Kafka is known to have committed
+        self._tables_ready = False
+        self._commits = 0
+
+    def _metadata(self) -> Any:
+        if self._group_metadata is None:
+            consumer = Consumer({**self._client_config, "group.id": self.marker_group})
+            try:
+                self._group_metadata = consumer.consumer_group_metadata()
+            finally:
+                consumer.close()
+        return self._group_metadata
+
+    def _kafka_sequence(self) -> int:
+        """The highest sequence committed in Kafka under this producer's marker group (-1: none)."""
+        admin = AdminClient(self._client_config)
+        futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(self.marker_group)])
+        result = next(iter(futures.values())).result(30)
+        return max((tp.offset for tp in result.topic_partitions or () if tp.offset >= 0), default=-1)
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """One unit: the database transaction around the caller's Kafka transaction (which begins inside)."""
+        backend, producer = self.backend, self.producer
+        conn = backend.connect()
+        try:
+            if not self._tables_ready:
+                backend.begin(conn)
+                self.store.create_tables(conn)
+                backend.commit(conn)
+                self._tables_ready = True
+            backend.begin(conn)
+            position = self.store.lock_position(conn, self.key)
+            if self._committed is None:
+                self._finish_predecessor(conn, position)
+            sequence = max(position, self._committed if self._committed is not None else -1) + 1
+            outputs: list[PendingOutput] = []
+            previous = bind_db(backend.user_handle(conn))
+            producer.begin()
+            producer.recorder = outputs
+            try:
+                yield
+            except BaseException:
+                producer.recorder = None
+                backend.rollback(conn)
+                raise
+            finally:
+                bind_db(previous)
+            producer.recorder = None
+            self.store.advance(conn, self.key, sequence, outputs)
+            if self._committed is not None:
+                self.store.forget_before(conn, self.key, self._committed)
+            backend.commit(conn)
+            self._after_database_commit()
+        finally:
+            backend.close(conn)
+        try:
+            if outputs:
+                producer.send_offsets([TopicPartition(outputs[0].topic, 0, sequence)], self._metadata())
+            producer.commit()
+        except BaseException:
+            self._committed = None  # the next unit asks Kafka what committed and produces the rest first
+            try:
+                producer.abort()
+            except Exception:
+                producer.discard()
+            raise
+        if outputs:
+            self._committed = sequence
+
+    def _finish_predecessor(self, conn: Any, position: int) -> None:
+        """First unit of this transactional.id in this process: produce what a predecessor left committed
+        in the database only. ``init_transactions`` (in ensure) has aborted its open Kafka transaction."""
+        self.producer.ensure()
+        known = self._kafka_sequence()
+        if position > known:
+            outputs = self.store.outputs_between(conn, self.key, known, position)
+            if outputs:
+                log.warning(
+                    "%s: %d record(s) of units committed in the database but not in Kafka (a crash between the "
+                    "two commits?): producing them now", self.producer.transactional_id, len(outputs),
+                )  # fmt: skip
+                self.producer.begin()
+                for out in outputs:
+                    self.producer.produce(out)
+                self.producer.send_offsets([TopicPartition(outputs[0].topic, 0, position)], self._metadata())
+                self.producer.commit()
+                known = position
+        self._committed = known
+
+    def _after_database_commit(self) -> None:
+        self._commits += 1
+        limit = os.environ.get(CRASH_AFTER_DB_COMMITS_ENV)
+        if limit and self._commits >= int(limit):
+            os.kill(os.getpid(), signal.SIGKILL)
