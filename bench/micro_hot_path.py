@@ -1,27 +1,127 @@
-"""Per-record Python cost of kafkatx's transaction loop, without the broker's noise.
+"""Per-record Python cost of kafkatx's record runner for every handler return shape, without a broker.
 
-    python bench/micro_hot_path.py
+    python bench/micro_hot_path.py                      # CPU time per record, every shape
+    python bench/micro_hot_path.py --callgrind          # instructions per record (stable on a busy machine)
+    python bench/micro_hot_path.py --shapes keyed,send --batch 1
     PYTHONPATH=/tmp/patched/src python bench/micro_hot_path.py    # a patched copy
 
-Consumes ``--batch`` real records once (confluent-kafka Message objects),
-then runs ``ListenerContainer._transact`` on them many times against a stub
-confluent-kafka Producer whose calls do nothing, and the hand-written loop's
-body against the same stub. The difference is kafkatx's own per-record
-overhead in the processing thread: what the broker-facing benchmark
-(bench/run.py) sees as lower records/s once the client is CPU-bound.
+Builds ``--batch`` confluent-kafka Messages in memory (8 partitions, keyed,
+100-byte values, in partition runs as a fetch returns them), then, for each
+shape, runs the listener's runner (``RecordRunner``, on a
+:class:`~kafkatx.TransactionUnit` of a ``fencing="group"`` container) on
+them against a stub confluent-kafka Producer whose calls do nothing, and the
+hand-written loop producing the same records against the same stub. The
+difference is kafkatx's own per-record cost in the processing thread: what
+``bench/run.py`` sees as fewer records/s once the client is CPU-bound.
+
+``--callgrind`` re-runs this script under ``valgrind --tool=callgrind`` and
+counts the instructions of each measured batch only (collection is switched
+on inside ``builtin_sorted``, which the measured code never calls), so the
+figures do not move with the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+OUT = "micro-out"
+HEADERS = {"source": b"bench"}
+SHAPES = ["bytes", "keyed", "output", "generator", "send", "serializer"]
+SHAPE_HELP = {
+    "bytes": "return record.value.upper()",
+    "keyed": "return (record.key, record.value.upper())",
+    "output": "return Output(value.upper(), key=key, headers={...})",
+    "generator": "yield (key, value.upper()); yield (key, value)",
+    "send": "send(topic, value.upper(), key); return None",
+    "serializer": "return {'v': ...} with serializer=json",
+}
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def handlers(shape: str) -> tuple[Callable[[Any], Any], dict[str, Any], Callable[[Callable[..., Any], list[Any]], None]]:
+    """(kafkatx handler, listener options, the hand-written loop body producing the same records)."""
+    from kafkatx import Output, send
+
+    if shape == "bytes":
+
+        def handler(record: Any) -> Any:
+            return record.value.upper()
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                produce(OUT, m.value().upper())
+
+        return handler, {"output": OUT}, raw
+    if shape == "keyed":
+
+        def handler(record: Any) -> Any:
+            return record.key, record.value.upper()
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                produce(OUT, m.value().upper(), m.key())
+
+        return handler, {"output": OUT}, raw
+    if shape == "output":
+
+        def handler(record: Any) -> Any:
+            return Output(record.value.upper(), key=record.key, headers=HEADERS)
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                produce(OUT, m.value().upper(), m.key(), headers=HEADERS)
+
+        return handler, {"output": OUT}, raw
+    if shape == "generator":
+
+        def handler(record: Any) -> Iterator[Any]:
+            key, value = record.key, record.value
+            yield key, value.upper()
+            yield key, value
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                key, value = m.key(), m.value()
+                produce(OUT, value.upper(), key)
+                produce(OUT, value, key)
+
+        return handler, {"output": OUT}, raw
+    if shape == "send":
+
+        def handler(record: Any) -> Any:
+            send(OUT, record.value.upper(), record.key)
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                produce(OUT, m.value().upper(), m.key())
+
+        return handler, {"sends_to": [OUT]}, raw
+    if shape == "serializer":
+
+        def handler(record: Any) -> Any:
+            return {"v": record.value.decode().upper(), "o": record.offset}
+
+        def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+            for m in msgs:
+                produce(OUT, _dumps({"v": m.value().decode().upper(), "o": m.offset()}))
+
+        return handler, {"output": OUT, "serializer": _dumps}, raw
+    raise SystemExit(f"unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
 
 
 class StubProducer:
@@ -62,81 +162,157 @@ class StubConsumer:
         return []
 
 
-def fetch(bs: str, topic: str, n: int) -> list[Any]:
-    from confluent_kafka import Consumer
+def messages(n: int, partitions: int = 8) -> list[Any]:
+    """``n`` keyed 100-byte records, record i on partition i % partitions, grouped by partition like a fetch."""
+    from confluent_kafka import Message
 
-    c = Consumer({"bootstrap.servers": bs, "group.id": f"micro-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
-    c.subscribe([topic])
-    msgs: list[Any] = []
-    deadline = time.monotonic() + 30
-    while len(msgs) < n and time.monotonic() < deadline:
-        msgs.extend(m for m in c.consume(n - len(msgs), 0.5) if m.error() is None)
-    c.close()
-    return msgs
+    sys.path.insert(0, str(HERE))
+    from run import make_key, make_value
+
+    by_partition: list[list[Any]] = [[] for _ in range(partitions)]
+    for i in range(n):
+        p = i % partitions
+        by_partition[p].append(
+            Message(topic="micro-in", partition=p, offset=i // partitions, key=make_key(i), value=make_value(i, 100, 0, partitions))
+        )
+    return [m for part in by_partition for m in part]
+
+
+def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]], None]]:
+    """(kafkatx batch, hand-written batch): each handles one list of messages in one (stub) transaction."""
+    from kafkatx import App
+    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.unit import TransactionUnit
+    from kafkatx.producer import TransactionalProducer
+
+    handler, options, raw_body = handlers(shape)
+    app = App("micro", bootstrap_servers="127.0.0.1:1", instance_id="micro")
+    spec = app.add_listener(handler, "micro-in", name=f"micro-{shape}", fencing="group", max_batch_records=1000, **options)
+    container = ListenerContainer(spec, app, 0, 0)
+    container.consumer = StubConsumer()  # type: ignore[assignment]
+    producer = TransactionalProducer(app.producer_config(spec, "micro-tx"), "micro-tx", retry_timeout=5.0)
+    producer._producer = StubProducer()  # type: ignore[assignment]
+    producer._known_topics[OUT] = 8
+    container._group_producer = producer
+    runner = container._runner
+
+    def kafkatx_batch(msgs: list[Any]) -> None:
+        runner(TransactionUnit(container, producer, msgs))
+
+    stub, consumer = StubProducer(), StubConsumer()
+
+    def raw_batch(msgs: list[Any]) -> None:
+        stub.begin_transaction()
+        raw_body(stub.produce, msgs)
+        stub.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+        stub.commit_transaction(30)
+
+    return kafkatx_batch, raw_batch
+
+
+def timed(shapes: list[str], msgs: list[Any], iterations: int, repeat: int) -> dict[str, dict[str, float]]:
+    """Processing-thread CPU time per record (min of ``repeat`` timings of ``iterations`` batches)."""
+    out: dict[str, dict[str, float]] = {}
+    for shape in shapes:
+        ktx, raw = setup(shape)
+        row = {}
+        for side, fn in (("raw", raw), ("kafkatx", ktx)):
+            fn(msgs)  # warm-up
+            best = []
+            for _ in range(repeat):
+                t = time.thread_time()
+                for _ in range(iterations):
+                    fn(msgs)
+                best.append((time.thread_time() - t) / (iterations * len(msgs)) * 1e6)
+            row[side] = min(best)
+        out[shape] = row
+    return out
+
+
+def inner_callgrind(shapes: list[str], msgs: list[Any], iterations: int) -> None:
+    """Under callgrind: each measured region runs inside sorted(), which toggles collection and dumps."""
+    plan = []
+    for shape in shapes:
+        ktx, raw = setup(shape)
+        for side, fn in (("raw", raw), ("kafkatx", ktx)):
+            fn(msgs)
+            fn(msgs)  # warm-up: caches, lazy imports, topic metadata
+
+            def region(_: Any, fn: Callable[[list[Any]], None] = fn) -> int:
+                for _ in range(iterations):
+                    fn(msgs)
+                return 0
+
+            plan.append((shape, side, region))
+    sys.stdout.write("PLAN " + json.dumps([[s, side] for s, side, _ in plan]) + "\n")
+    sys.stdout.flush()
+    for _, _, region in plan:
+        sorted((0,), key=region)
+
+
+def run_callgrind(args: argparse.Namespace, shapes: list[str]) -> dict[str, dict[str, float]]:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    tmp = Path(tempfile.mkdtemp(prefix="kafkatx-callgrind-"))
+    cmd = [
+        "valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=builtin_sorted",
+        "--dump-after=builtin_sorted", f"--callgrind-out-file={tmp}/cg.%p", sys.executable, __file__, "--inner-callgrind",
+        "--shapes", ",".join(shapes), "--batch", str(args.batch), "--iterations", str(args.cg_iterations),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONMALLOC": "malloc"} if args.malloc else dict(os.environ)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    plan_line = [line for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
+    if proc.returncode != 0 or not plan_line:
+        raise SystemExit(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    plan = json.loads(plan_line[0][5:])
+    dumps = sorted(tmp.glob("cg.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+    totals = []
+    for path in dumps:
+        m = re.search(r"^(?:summary|totals): (\d+)", path.read_text(errors="replace"), re.M)
+        totals.append(int(m.group(1)) if m else 0)
+    totals = totals[-len(plan):]
+    shutil.rmtree(tmp, ignore_errors=True)
+    out: dict[str, dict[str, float]] = {}
+    per = args.cg_iterations * args.batch
+    for (shape, side), total in zip(plan, totals):
+        out.setdefault(shape, {})[side] = total / per
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--iterations", type=int, default=200, help="batches per timing")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {','.join(SHAPES)}")
+    ap.add_argument("--batch", type=int, default=1000, help="records per transaction")
+    ap.add_argument("--iterations", type=int, default=100, help="batches per timing")
     ap.add_argument("--repeat", type=int, default=7, help="timings; the minimum is reported")
+    ap.add_argument("--callgrind", action="store_true", help="count instructions per record under callgrind instead")
+    ap.add_argument("--cg-iterations", type=int, default=5, help="batches per shape and side under callgrind")
+    ap.add_argument("--malloc", action="store_true", help="with --callgrind: PYTHONMALLOC=malloc")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--inner-callgrind", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    for s in shapes:
+        handlers(s)  # validates the name
+    if args.inner_callgrind:
+        inner_callgrind(shapes, messages(args.batch), args.cg_iterations)
+        return
 
     import kafkatx
-    from kafkatx import App
-    from kafkatx.listener.container import ListenerContainer
-    from kafkatx.producer import TransactionalProducer
-    from kafkatx.local import LocalBroker
-    from kafkatx.testing import create_topic
-    from run import preload
 
-    print(f"# kafkatx from {Path(kafkatx.__file__).parent}")
-    with LocalBroker() as broker:
-        bs = broker.bootstrap_servers
-        create_topic(bs, "micro-in", 8)
-        create_topic(bs, "micro-out", 8)
-        preload(bs, "micro-in", args.batch, 8, 100, 0)
-        msgs = fetch(bs, "micro-in", args.batch)
-        assert len(msgs) == args.batch, len(msgs)
-
-        app = App("micro", bootstrap_servers=bs, instance_id="micro")
-
-        def upper(record: Any) -> bytes:
-            return record.value.upper()  # type: ignore[no-any-return]
-
-        spec = app.add_listener(upper, "micro-in", output="micro-out")
-        container = ListenerContainer(spec, app, 0, 0)
-        container._consumer = StubConsumer()  # type: ignore[assignment]
-        producer = TransactionalProducer(app.producer_config(spec, "micro-tx"), "micro-tx", retry_timeout=5.0)
-        producer._producer = StubProducer()  # type: ignore[assignment]
-        producer._known_topics["micro-out"] = 8
-        container._group_producer = producer
-
-        stub, consumer = StubProducer(), StubConsumer()
-
-        def raw_batch(msgs: list[Any]) -> None:
-            stub.begin_transaction()
-            produce = stub.produce
-            for m in msgs:
-                produce("micro-out", m.value().upper())
-            stub.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
-            stub.commit_transaction(30)
-
-        def timing(fn: Any) -> float:
-            best = []
-            for _ in range(args.repeat):
-                t = time.thread_time()
-                for _ in range(args.iterations):
-                    fn(msgs)
-                best.append((time.thread_time() - t) / (args.iterations * len(msgs)) * 1e6)
-            return min(best)
-
-        raw = timing(raw_batch)
-        ktx = timing(lambda m: container._transact(m, producer))
-        print(f"hand-written loop body:  {raw:.3f} us/record")
-        print(f"kafkatx _transact:       {ktx:.3f} us/record")
-        print(f"kafkatx overhead:        {ktx - raw:.3f} us/record ({args.batch}-record batches, stub producer, min of {args.repeat})")
+    print(f"# kafkatx from {Path(kafkatx.__file__).parent}; {args.batch} records per transaction, stub producer")
+    if args.callgrind:
+        res = run_callgrind(args, shapes)
+        unit, fmt = "instructions/record", "{:10,.0f}"
+    else:
+        res = timed(shapes, messages(args.batch), args.iterations, args.repeat)
+        unit, fmt = "us/record (CPU, min)", "{:10.3f}"
+    print(f"{'shape':11s} {'hand-written':>12s} {'kafkatx':>10s} {'overhead':>10s} {'ratio':>6s}   {unit}")
+    for shape, row in res.items():
+        raw, ktx = row["raw"], row["kafkatx"]
+        print(f"{shape:11s} {fmt.format(raw):>12s} {fmt.format(ktx)} {fmt.format(ktx - raw)} {ktx / raw:6.2f}   {SHAPE_HELP[shape]}")
+    if args.json:
+        args.json.write_text(json.dumps({"unit": unit, "batch": args.batch, "shapes": res}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python bench/profile_hot_path.py                 # 100k records, 8 partitions
     python bench/profile_hot_path.py --rounds 5      # CPU-per-record comparison only, 5 rounds each
+    python bench/profile_hot_path.py --shape keyed   # another return shape (see bench/workers.py SHAPES)
     PYTHONPATH=/tmp/patched/src python bench/profile_hot_path.py   # measure a patched copy
 
 Two measurements on one broker and one preloaded input:
@@ -12,7 +13,12 @@ Two measurements on one broker and one preloaded input:
    stolen by other processes, so it shows per-record overhead even on a
    busy machine.
 2. One kafkatx run under cProfile (profiling only the container thread),
-   printing the functions by own time and the cumulative view of ``_run_unit``.
+   printing the functions by own time and the callees of ``RecordRunner._handle``
+   (the per-record loop; see docs/ARCHITECTURE.md).
+
+Every kafkatx run uses ``fencing="group"`` (one transaction per poll, as the
+hand-written loop): ``fencing="auto"`` picks per-partition producers on the
+embedded broker.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ sys.path.insert(0, str(HERE))
 from run import preload, wait_for_quiet_broker  # noqa: E402
 
 
-def raw_round(bs: str, src: str, out: str, n: int) -> tuple[float, float]:
+def raw_round(bs: str, src: str, out: str, n: int, shape: str = "bytes") -> tuple[float, float]:
     from confluent_kafka import Consumer, Producer
+
+    from workers import raw_batch
 
     g = f"prof-raw-{uuid.uuid4().hex[:6]}"
     p = Producer({"bootstrap.servers": bs, "transactional.id": g, "linger.ms": 5, "delivery.report.only.error": True})
@@ -43,6 +51,7 @@ def raw_round(bs: str, src: str, out: str, n: int) -> tuple[float, float]:
     c = Consumer({"bootstrap.servers": bs, "group.id": g, "auto.offset.reset": "earliest",
                   "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
     c.subscribe([src])
+    body = raw_batch(shape)
     done, cpu0, t0 = 0, None, 0.0
     while done < n:
         msgs = c.consume(1000, 0.1)
@@ -51,8 +60,7 @@ def raw_round(bs: str, src: str, out: str, n: int) -> tuple[float, float]:
         if cpu0 is None:
             cpu0, t0 = time.thread_time(), time.perf_counter()
         p.begin_transaction()
-        for m in msgs:
-            p.produce(out, m.value().upper())
+        body(p.produce, out, msgs, lambda partition, offset: None, 1 << 62)
         p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
         p.commit_transaction(30)
         done += len(msgs)
@@ -66,30 +74,46 @@ class PoisonError(RuntimeError):
 
 
 def kafkatx_round(
-    bs: str, src: str, out: str, n: int, profiler: cProfile.Profile | None = None, scenario: str = "batch", dlt: str | None = None
+    bs: str, src: str, out: str, n: int, profiler: cProfile.Profile | None = None, scenario: str = "batch",
+    dlt: str | None = None, shape: str = "bytes",
 ) -> tuple[float, float]:
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
     from kafkatx.listener.container import ListenerContainer
 
+    from workers import Tracker, kafkatx_handler
+
     g = f"prof-ktx-{uuid.uuid4().hex[:6]}"
     app = App(g, bootstrap_servers=bs, instance_id="prof")
     state: dict[str, Any] = {"cpu0": None, "t0": 0.0, "cpu1": 0.0, "t1": 0.0, "done": 0}
     finished = threading.Event()
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"fencing": "group", "max_batch_records": 1000}
     if scenario == "record":
-        options = {"max_batch_records": 1}
+        options["max_batch_records"] = 1
     elif scenario != "batch":
-        options = {"max_attempts": 3, "dlq": dlt, "retry": "in_place" if scenario == "inplace" else "rollback"}
+        options.update(max_attempts=3, dlq=dlt, retry="in_place" if scenario == "inplace" else "rollback")
 
-    @app.listener(src, output=out, **options)
-    def upper(record: Any) -> bytes:
-        if state["cpu0"] is None:
-            state["cpu0"], state["t0"] = time.thread_time(), time.perf_counter()
-        value = record.value
-        if value[10:16] == b"poison":
-            raise PoisonError(value[:9].decode())
-        return value.upper()  # type: ignore[no-any-return]
+    if scenario in ("rollback", "inplace"):
+
+        @app.listener(src, output=out, **options)
+        def upper(record: Any) -> bytes:
+            if state["cpu0"] is None:
+                state["cpu0"], state["t0"] = time.thread_time(), time.perf_counter()
+            value = record.value
+            if value[10:16] == b"poison":
+                raise PoisonError(value[:9].decode())
+            return value.upper()  # type: ignore[no-any-return]
+
+    else:
+        tracker = Tracker({"sample_every": 1 << 62})
+
+        def start() -> None:  # the shape's handler calls it on its first record
+            tracker.t_first = time.perf_counter()
+            state.update(cpu0=time.thread_time(), t0=tracker.t_first)
+
+        tracker.start = start  # type: ignore[method-assign]
+        handler, shape_options = kafkatx_handler(shape, tracker, out)
+        app.add_listener(handler, src, **options, **shape_options)
 
     @app.on(TransactionCommitted)
     def committed(ev: Any) -> None:
@@ -126,6 +150,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="CPU-per-record rounds of each runner")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--shape", default="bytes", help="what the handler returns (bench/workers.py SHAPES; batch scenario)")
     ap.add_argument("--scenario", choices=["batch", "record", "rollback", "inplace"], default="batch",
                     help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
                          "path, or 1%% poison with retry='in_place'")  # fmt: skip
@@ -143,10 +168,13 @@ def main() -> None:
         preload(bs, src, n, args.partitions, 100, 100 if args.scenario in ("rollback", "inplace") else 0)
         results: dict[str, list[tuple[float, float]]] = {"raw": [], "kafkatx": []}
         for i in range(args.rounds if args.scenario == "batch" else 0):
-            for name, fn in (("raw", raw_round), ("kafkatx", kafkatx_round)):
+            for name in ("raw", "kafkatx"):
                 out = create_topic(bs, f"prof-out-{name}-{i}", args.partitions)
                 wait_for_quiet_broker(broker)
-                results[name].append(fn(bs, src, out, n))
+                if name == "raw":
+                    results[name].append(raw_round(bs, src, out, n, args.shape))
+                else:
+                    results[name].append(kafkatx_round(bs, src, out, n, shape=args.shape))
                 delete_topics(bs, [out])
         med = {}
         if results["raw"]:
@@ -165,14 +193,14 @@ def main() -> None:
         out = create_topic(bs, "prof-out-cprofile", args.partitions)
         dlt = create_topic(bs, "prof-dlt", args.partitions) if args.scenario in ("rollback", "inplace") else None
         wait_for_quiet_broker(broker)
-        cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt)
+        cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt, args.shape)
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime")
         print(f"\ncProfile of the container thread, scenario {args.scenario}, {n:,} records "
               f"({wall:.1f}s, thread CPU {cpu:.1f}s under the profiler), by own time:")
         stats.print_stats(args.top)
         stats.sort_stats("cumulative")
-        stats.print_callees("_run_unit")
+        stats.print_callees("_handle")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """kafkatx throughput benchmark: every run on the same workload, one broker, one invocation.
 
     python bench/run.py                      # all runs, 200k x 100 B records, 8 partitions
+    python bench/run.py --runs 1k,2k,1h,2h   # return shapes beside their hand-written twins
     python bench/run.py --quick              # small smoke run (under a minute)
     python bench/run.py --runs 1,2 --repeat 3 --json /tmp/out.json
 
@@ -37,21 +38,44 @@ QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"
 POISON_OFFSET = 50  # see is_poison()
 
+G = {"fencing": "group"}  # fencing="auto" picks per-partition producers on the embedded broker (it lacks KIP-447)
+K = {**G, "max_batch_records": 1000}  # run 1's transaction size: the ratio to the twin is kafkatx's own cost
 RUNS: dict[str, dict[str, Any]] = {
     "1": {"label": "hand-written EOS loop, <=1000 rec/txn (baseline)", "kind": "raw", "batch": 1000, "input": "main"},
-    "2": {"label": "kafkatx, default batch transactions", "kind": "kafkatx", "options": {}, "input": "main"},
+    "2": {"label": "kafkatx, default batch transactions", "kind": "kafkatx", "options": G, "input": "main", "twin": "1"},
     "2b": {"label": "kafkatx, <=1000 rec/txn like run 1 (max_batch_records=1000)", "kind": "kafkatx",
-           "options": {"max_batch_records": 1000}, "input": "main"},
+           "options": K, "input": "main", "twin": "1"},
+    "1k": {"label": "hand-written, produce(out, value.upper(), key)", "kind": "raw", "batch": 1000, "input": "main",
+           "shape": "keyed"},
+    "2k": {"label": "kafkatx, return (record.key, value.upper())", "kind": "kafkatx", "options": K, "input": "main",
+           "shape": "keyed", "twin": "1k"},
+    "1h": {"label": "hand-written, produce(out, value.upper(), key, headers=h)", "kind": "raw", "batch": 1000,
+           "input": "main", "shape": "output"},
+    "2h": {"label": "kafkatx, return Output(value.upper(), key=key, headers=h)", "kind": "kafkatx", "options": K,
+           "input": "main", "shape": "output", "twin": "1h"},
+    "1g": {"label": "hand-written, two produce() per record", "kind": "raw", "batch": 1000, "input": "main",
+           "shape": "generator"},
+    "2g": {"label": "kafkatx, a generator yielding two (key, value)", "kind": "kafkatx", "options": K,
+           "input": "main", "shape": "generator", "twin": "1g"},
+    "1s": {"label": "hand-written, produce(out, value.upper(), key) (send twin)", "kind": "raw", "batch": 1000,
+           "input": "main", "shape": "send"},
+    "2s": {"label": "kafkatx, send(out, value.upper(), key)", "kind": "kafkatx", "options": K, "input": "main",
+           "shape": "send", "twin": "1s"},
+    "1j": {"label": "hand-written, produce(out, json.dumps(obj).encode())", "kind": "raw", "batch": 1000,
+           "input": "main", "shape": "serializer"},
+    "2j": {"label": "kafkatx, return obj with serializer=json", "kind": "kafkatx", "options": K, "input": "main",
+           "shape": "serializer", "twin": "1j"},
     "3": {"label": "kafkatx, 1 txn per record (max_batch_records=1)", "kind": "kafkatx",
-          "options": {"max_batch_records": 1}, "input": "small"},
+          "options": {**G, "max_batch_records": 1}, "input": "small", "twin": "3b"},
     "3b": {"label": "hand-written loop, 1 txn per record", "kind": "raw", "batch": 1, "input": "small"},
     "4": {"label": "kafkatx, 1% poison, rollback path (max_attempts=3, dlq)", "kind": "kafkatx",
-          "options": {"max_attempts": 3}, "input": "main", "poison": True},
+          "options": {**G, "max_attempts": 3}, "input": "main", "poison": True},
     "4b": {"label": "kafkatx, 1% poison, retry='in_place' (max_attempts=3, dlq)", "kind": "kafkatx",
-           "options": {"max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
+           "options": {**G, "max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
     "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main"},
 }  # fmt: skip
-ORDER = ["1", "2", "2b", "3", "3b", "4", "4b", "5"]
+ORDER = ["1", "2", "2b", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j", "3", "3b", "4", "4b", "5"]
+SHAPE_RUNS = ["1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j"]
 
 
 # -- workload ------------------------------------------------------------------
@@ -63,6 +87,11 @@ def is_poison(i: int, poison_every: int, partitions: int) -> bool:
         return False
     offset, partition = divmod(i, partitions)
     return (offset + 13 * partition) % poison_every == POISON_OFFSET
+
+
+def make_key(i: int) -> bytes:
+    """Record i's key (every input record has one: keeping it is what most transforms do)."""
+    return b"key-%09d" % i
 
 
 def make_value(i: int, size: int, poison_every: int, partitions: int) -> bytes:
@@ -81,7 +110,8 @@ def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, pois
     produce(
         bootstrap,
         topic,
-        ({"value": make_value(i, size, poison_every, partitions), "partition": i % partitions} for i in range(n)),
+        ({"key": make_key(i), "value": make_value(i, size, poison_every, partitions), "partition": i % partitions}
+         for i in range(n)),
         config={"linger.ms": 20, "batch.num.messages": 10000, "enable.idempotence": True},
     )
     return time.perf_counter() - started
@@ -209,6 +239,7 @@ def run_worker(
     """Start a run's process; return (result, exit code, peak RSS MiB and CPU seconds from wait4, error text)."""
     with open(log_path, "wb") as log:
         env = dict(os.environ)
+        env["BENCH_SPAWNED_AT"] = repr(time.time())  # the worker measures its wall time from here
         if pythonpath:
             env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env)
@@ -251,20 +282,30 @@ def run_worker(
 
 
 def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str | None, n: int, args: Any) -> dict[str, Any]:
-    """Read outputs under read_committed: every expected record exactly once, DLT == poison records."""
+    """Read outputs under read_committed: every expected record (key, value, headers) exactly once, DLT == poison records."""
+    from collections import Counter
+
     from kafkatx.local import LocalBroker
     from kafkatx.testing import read_topic
+    from workers import expected_outputs
 
     loaded = args.poison_every if run["input"] == "main" else 0  # how the input was preloaded
     poison_every = loaded if run.get("poison") else 0
-    parts = args.partitions
-    expected = {make_value(i, args.size, loaded, parts).upper() for i in range(n) if not is_poison(i, poison_every, parts)}
-    out = [r.value for r in read_topic(bootstrap, out_topic, timeout=120, config=LocalBroker.client_config)]
+    parts, shape = args.partitions, run.get("shape", "bytes")
+    expected: Counter[tuple[Any, ...]] = Counter()
+    for i in range(n):
+        if not is_poison(i, poison_every, parts):
+            for key, value, headers in expected_outputs(shape, make_key(i), make_value(i, args.size, loaded, parts), i // parts):
+                expected[(key, value, tuple(headers or ()))] += 1
+    got: Counter[tuple[Any, ...]] = Counter(
+        (r.key, r.value, tuple(r.headers or ()))
+        for r in read_topic(bootstrap, out_topic, timeout=120, config=LocalBroker.client_config)
+    )
     check: dict[str, Any] = {
-        "outputs": len(out),
-        "outputs_expected": len(expected),
-        "outputs_distinct": len(set(out)),
-        "outputs_ok": len(out) == len(expected) and set(out) == expected,
+        "outputs": sum(got.values()),
+        "outputs_expected": sum(expected.values()),
+        "outputs_distinct": len(got),
+        "outputs_ok": got == expected,
     }
     ok = check["outputs_ok"]
     if dlt_topic is not None:
@@ -363,6 +404,11 @@ def summarize(reps: list[dict[str, Any]], busy_limit: float = 0.25) -> dict[str,
         "records_per_s": med,
         "records_per_s_all": rates,
         "wall_records_per_s": statistics.median(r["result"]["records"] / r["result"]["wall_s"] for r in ok),
+        "process_records_per_s": statistics.median(
+            r["result"]["records"] / (r["result"].get("process_wall_s") or r["result"]["wall_s"]) for r in ok
+        ),
+        "process_records_per_s_all": [r["result"]["records"] / (r["result"].get("process_wall_s") or r["result"]["wall_s"]) for r in ok],
+        "cpu_us_per_record_all": [r["result"]["thread_cpu_s"] / r["result"]["records"] * 1e6 for r in ok],
         "processing_s": res["processing_s"],
         "wall_s": res["wall_s"],
         "startup_s": res["startup_s"],
@@ -396,6 +442,13 @@ def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, 
     if "3" in rate and "3b" in rate:
         derived.setdefault("3", {})["ratio_vs_3b"] = rate["3"] / rate["3b"]
     for k in rate:
+        twin = RUNS[k].get("twin")
+        if twin in rate:
+            d = derived.setdefault(k, {})
+            d["ratio_vs_twin"] = rate[k] / rate[twin]
+            d["process_ratio_vs_twin"] = summary[k]["process_records_per_s"] / summary[twin]["process_records_per_s"]
+            d["cpu_ratio_vs_twin"] = summary[k]["cpu_us_per_record"] / summary[twin]["cpu_us_per_record"]
+    for k in rate:
         if k.endswith("'") and k[:-1] in rate:
             d = derived.setdefault(k, {})
             d["ratio_vs_base"] = rate[k] / rate[k[:-1]]
@@ -427,6 +480,9 @@ def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, 
             targets.append({"target": name, "value": value, "goal": goal, "met": value >= goal, "text": text})
 
     target("run 2 / run 1", derived.get("2", {}).get("ratio_vs_1"), 0.9, "kafkatx batch >= 0.9 x hand-written loop")
+    for k in ("2b", "2k", "2h", "2g", "2s", "2j"):
+        target(f"run {k} / run {RUNS[k]['twin']}", derived.get(k, {}).get("ratio_vs_twin"), 0.95,
+               f"{RUNS[k]['label']} >= 0.95 x its hand-written twin")  # fmt: skip
     target("run 3 / run 3b", derived.get("3", {}).get("ratio_vs_3b"), 0.9, "kafkatx per-record txn >= 0.9 x hand-written")
     target("run 4b / run 2", derived.get("4b", {}).get("ratio_vs_2"), 0.6, "in-place retry >= 0.6 x clean batch run")
     if "4" in summary and summary["4"]:
@@ -450,19 +506,19 @@ def fmt(v: Any, spec: str = ".0f", none: str = "-") -> str:
 
 
 def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: list[str], markdown: bool = False) -> str:
-    head = ["run", "what", "records", "rec/s", "vs 1", "wall rec/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU us/rec",
-            "txns ok/abort", "exactly-once"]
+    head = ["run", "what", "records", "rec/s", "vs 1", "vs twin", "wall rec/s", "from start rec/s", "p50 ms", "p99 ms",
+            "peak RSS MiB", "CPU us/rec", "txns ok/abort", "exactly-once"]
     rows = []
     for k in order:
         s = summary.get(k)
         if not s:
-            rows.append([k, RUNS[k]["label"], "-", "failed/skipped", "", "", "", "", "", "", "", "no"])
+            rows.append([k, RUNS[k]["label"], "-", "failed/skipped", "", "", "", "", "", "", "", "", "", "no"])
             continue
         d = derived.get(k, {})
         rows.append([
             k, RUNS[k]["label"], f"{s['records']:,}", f"{s['records_per_s']:,.0f}" + ("*" if s.get("disturbed") else ""),
-            fmt(d.get("ratio_vs_1"), ".3f"),
-            f"{s['wall_records_per_s']:,.0f}", fmt(s["latency_p50_ms"], ".1f"), fmt(s["latency_p99_ms"], ".1f"),
+            fmt(d.get("ratio_vs_1"), ".3f"), fmt(d.get("ratio_vs_twin"), ".3f"),
+            f"{s['wall_records_per_s']:,.0f}", f"{s['process_records_per_s']:,.0f}", fmt(s["latency_p50_ms"], ".1f"), fmt(s["latency_p99_ms"], ".1f"),
             f"{s['peak_rss_mib']:.0f}", f"{s['cpu_us_per_record']:.1f}", f"{s['txns_committed']:,}/{s['txns_aborted']:,}",
             "yes" if s["verified"] else "NO",
         ])  # fmt: skip
@@ -471,7 +527,7 @@ def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: li
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    right = {2, 3, 4, 5, 6, 7, 8, 9, 10}
+    right = set(range(2, 13))
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -481,6 +537,15 @@ def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: li
 
 def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list[str]:
     out = []
+    for k, d in derived.items():
+        if "ratio_vs_twin" in d:
+            twin = RUNS[k]["twin"]
+            spread = "/".join(f"{r / 1000:.0f}" for r in summary[k]["records_per_s_all"])
+            twin_spread = "/".join(f"{r / 1000:.0f}" for r in summary[twin]["records_per_s_all"])
+            out.append(f"run {k} vs {twin}: records/s x{d['ratio_vs_twin']:.3f} (k rec/s {spread} vs {twin_spread}), "
+                       f"from process start x{d['process_ratio_vs_twin']:.3f}, processing-thread CPU per record "
+                       f"x{d['cpu_ratio_vs_twin']:.2f} ({summary[k]['cpu_us_per_record']:.2f} vs "
+                       f"{summary[twin]['cpu_us_per_record']:.2f} us)")  # fmt: skip
     for k in ("3",):
         if "ratio_vs_3b" in derived.get(k, {}):
             out.append(f"run 3 vs 3b: {derived[k]['ratio_vs_3b']:.3f}")
@@ -507,7 +572,7 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
 
 
 # -- main ---------------------------------------------------------------------------
-SHORT_RUNS = {"1", "2", "2b", "4b", "5"}
+SHORT_RUNS = {"1", "2", "2b", "4b", "5", *SHAPE_RUNS}
 
 
 def reps_of(run: str, args: argparse.Namespace) -> int:
@@ -518,14 +583,15 @@ def reps_of(run: str, args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=200_000, help="records for runs 1, 2, 4, 4b, 5 (default 200000)")
+    p.add_argument("--records", type=int, default=200_000, help="records for every run but 3, 3b (default 200000)")
     p.add_argument("--small-records", type=int, default=5_000, help="records for the per-record-transaction runs 3, 3b (default 5000)")
     p.add_argument("--partitions", type=int, default=8, help="partitions of every topic (default 8)")
     p.add_argument("--size", type=int, default=100, help="record value size in bytes (default 100)")
     p.add_argument("--runs", default=",".join(ORDER), help=f"comma-separated runs to do (default {','.join(ORDER)})")
     p.add_argument("--repeat", type=int, default=None,
-                   help="repetitions of each run, interleaved; the median is reported (default: 3 for the short "
-                        "runs 1, 2, 4b and 5, whose ~1 s of processing a single broker snapshot stall can halve; 1 for 3, 3b, 4)")
+                   help="repetitions of each run, interleaved; the median is reported (default: 5 for the short "
+                        "runs 1, 2, 2b, the shape pairs, 4b and 5, whose ~1 s of processing a single broker snapshot "
+                        "stall can halve; 1 for 3, 3b, 4)")
     p.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON results")
     p.add_argument("--quick", action="store_true", help="small smoke run: 4000 records, 200 for runs 3/3b")
     p.add_argument("--poison-every", type=int, default=100, help="runs 4/4b: one poison record per N (default 100 = 1%%)")
@@ -612,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
                     "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}", "records": n, "partitions": parts,
                     "sample_every": args.sample_every, "timeout": args.timeout, "batch": run.get("batch", 1000),
                     "options": dict(run.get("options", {})), "poison": bool(run.get("poison")),
-                    "poison_every": args.poison_every,
+                    "poison_every": args.poison_every, "shape": run.get("shape", "bytes"),
                 }  # fmt: skip
                 if dlt_topic:
                     cfg["options"]["dlq"] = dlt_topic

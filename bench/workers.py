@@ -3,9 +3,12 @@
 ``bench/run.py`` starts this script once per run, so each run's peak RSS is
 its own, and reads the last stdout line (``RESULT {...}``). Runs:
 
-- ``raw-batch``   hand-written confluent-kafka EOS loop, consume(1000) per transaction (run 1)
-- ``raw-record``  hand-written loop, one transaction per record (run 3b)
-- ``kafkatx``     kafkatx App + @app.listener, options from the config (runs 2, 3, 4, 4b)
+- ``raw``      hand-written confluent-kafka EOS loop, consume(batch) per transaction (runs 1*, 3b)
+- ``kafkatx``  kafkatx App + @app.listener, options from the config (runs 2*, 3, 4, 4b)
+
+``shape`` says what each record becomes (see SHAPES): the kafkatx handler
+returns it in that shape, and the hand-written loop produces the same
+records with confluent-kafka's ``produce`` directly (its twin).
 
 Nothing here imports kafkatx unless the run uses it, so the baseline's RSS
 is the client's alone. The quixstreams run (5) lives in ``quix_worker.py``
@@ -15,6 +18,9 @@ Timing and latency (identical in every runner, see docs/BENCHMARKS.md):
 
 - ``t0``: just before the clients are created (so ``t0 -> t_last`` includes
   producer init, group join and the first fetch: "wall").
+- ``spawned_at`` (``BENCH_SPAWNED_AT``, set by bench/run.py just before it
+  starts this process): ``spawned_at -> t_last`` also includes the
+  interpreter's start and the imports: what a user waits for.
 - ``t_first``: the first record is handed to the transform.
 - ``t_last``: the commit_transaction that made the last output visible returned.
 - Latency, sampled on every record whose offset is a multiple of
@@ -92,8 +98,10 @@ class Tracker:
 
         assert self.t_first is not None and self.t_last is not None
         to_wall = time.time() - perf()  # the processing window in wall-clock time, for bench/run.py
+        spawned = os.environ.get("BENCH_SPAWNED_AT")
         return {
             "window": [self.t_first + to_wall, self.t_last + to_wall],
+            "process_wall_s": self.t_last + to_wall - float(spawned) if spawned else None,
             "records": records,
             "wall_s": self.t_last - t0,
             "startup_s": self.t_first - t0,
@@ -146,6 +154,185 @@ def _producer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "delivery.report.only.error": True,
     }
 
+HEADERS = {"source": b"bench"}
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+#: shape -> (what the kafkatx handler does, how many records each input record becomes)
+SHAPES: dict[str, tuple[str, int]] = {
+    "bytes": ("return record.value.upper()", 1),
+    "keyed": ("return (record.key, record.value.upper())", 1),
+    "output": ("return Output(value.upper(), key=key, headers={'source': b'bench'})", 1),
+    "generator": ("yield (key, value.upper()); yield (key, value)", 2),
+    "send": ("send(out, value.upper(), key); return None", 1),
+    "serializer": ("return {'v': value.decode().upper(), 'o': offset}, serializer=json", 1),
+}
+
+
+def expected_outputs(shape: str, key: bytes | None, value: bytes, offset: int) -> list[tuple[bytes | None, bytes, Any]]:
+    """(key, value, headers) of the records one input record becomes, as read back."""
+    if shape == "bytes":
+        return [(None, value.upper(), None)]
+    if shape in ("keyed", "send"):
+        return [(key, value.upper(), None)]
+    if shape == "output":
+        return [(key, value.upper(), list(HEADERS.items()))]
+    if shape == "generator":
+        return [(key, value.upper(), None), (key, value, None)]
+    if shape == "serializer":
+        return [(None, _dumps({"v": value.decode().upper(), "o": offset}), None)]
+    raise SystemExit(f"unknown shape {shape!r}")
+
+
+def raw_batch(shape: str) -> Any:
+    """The hand-written loop's body for ``shape``: (produce, out, msgs, seen, every) -> None.
+
+    Written out per shape, as someone would write the loop by hand: no
+    dispatch per record."""
+
+    def check(m: Any) -> None:
+        raise SystemExit(f"consumer error: {m.error()}")
+
+    if shape == "bytes":
+
+        def body(produce: Any, out: str, msgs: list[Any], seen: Any, every: int) -> None:
+            for m in msgs:
+                if m.error() is not None:
+                    check(m)
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                produce(out, m.value().upper())
+
+    elif shape in ("keyed", "send"):
+
+        def body(produce: Any, out: str, msgs: list[Any], seen: Any, every: int) -> None:
+            for m in msgs:
+                if m.error() is not None:
+                    check(m)
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                produce(out, m.value().upper(), m.key())
+
+    elif shape == "output":
+
+        def body(produce: Any, out: str, msgs: list[Any], seen: Any, every: int) -> None:
+            for m in msgs:
+                if m.error() is not None:
+                    check(m)
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                produce(out, m.value().upper(), m.key(), headers=HEADERS)
+
+    elif shape == "generator":
+
+        def body(produce: Any, out: str, msgs: list[Any], seen: Any, every: int) -> None:
+            for m in msgs:
+                if m.error() is not None:
+                    check(m)
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                key, value = m.key(), m.value()
+                produce(out, value.upper(), key)
+                produce(out, value, key)
+
+    elif shape == "serializer":
+
+        def body(produce: Any, out: str, msgs: list[Any], seen: Any, every: int) -> None:
+            for m in msgs:
+                if m.error() is not None:
+                    check(m)
+                o = m.offset()
+                if o % every == 0:
+                    seen(m.partition(), o)
+                produce(out, _dumps({"v": m.value().decode().upper(), "o": o}))
+
+    else:
+        raise SystemExit(f"unknown shape {shape!r}")
+    return body
+
+
+def kafkatx_handler(shape: str, tr: Tracker, out: str) -> tuple[Any, dict[str, Any]]:
+    """(handler, listener options) for ``shape``, sampling latency like the loop does."""
+    from kafkatx import Output, send
+
+    seen, every = tr.seen, tr.every
+    if shape == "bytes":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return record.value.upper()
+
+        return handler, {"output": out}
+    if shape == "keyed":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return record.key, record.value.upper()
+
+        return handler, {"output": out}
+    if shape == "output":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return Output(record.value.upper(), key=record.key, headers=HEADERS)
+
+        return handler, {"output": out}
+    if shape == "generator":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            key, value = record.key, record.value
+            yield key, value.upper()
+            yield key, value
+
+        return handler, {"output": out}
+    if shape == "send":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            send(out, record.value.upper(), record.key)
+
+        return handler, {"sends_to": [out]}
+    if shape == "serializer":
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return {"v": record.value.decode().upper(), "o": o}
+
+        return handler, {"output": out, "serializer": _dumps}
+    raise SystemExit(f"unknown shape {shape!r}")
+
 
 def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
     """The hand-written EOS loop (runs 1 and 3b)."""
@@ -154,6 +341,7 @@ def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
     n, out, batch, every = cfg["records"], cfg["output"], cfg["batch"], cfg["sample_every"]
     tr = Tracker(cfg)
     seen = tr.seen
+    body = raw_batch(cfg.get("shape", "bytes"))
     t0 = perf()
     producer = Producer(_producer_config(cfg))
     producer.init_transactions(30)
@@ -172,13 +360,7 @@ def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
             if tr.t_first is None:
                 tr.start()
             producer.begin_transaction()
-            for m in msgs:
-                if m.error() is not None:
-                    raise SystemExit(f"consumer error: {m.error()}")
-                o = m.offset()
-                if o % every == 0:
-                    seen(m.partition(), o)
-                produce(out, m.value().upper())
+            body(produce, out, msgs, seen, every)
             producer.send_offsets_to_transaction(
                 consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
             )
@@ -229,17 +411,12 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
                 raise PoisonError(f"poison record {v[:9].decode()}")
             return v.upper()  # type: ignore[no-any-return]
 
+        options["output"] = cfg["output"]
     else:
+        handler, shape_options = kafkatx_handler(cfg.get("shape", "bytes"), tr, cfg["output"])
+        options.update(shape_options)
 
-        def handler(record: Any) -> bytes:
-            if tr.t_first is None:
-                tr.start()
-            o = record.offset
-            if o % every == 0:
-                seen(record.partition, o)
-            return record.value.upper()  # type: ignore[no-any-return]
-
-    app.add_listener(handler, cfg["input"], output=cfg["output"], name="bench", **options)
+    app.add_listener(handler, cfg["input"], name="bench", **options)
 
     @app.on(TransactionCommitted)
     def _committed(ev: Any) -> None:
@@ -266,6 +443,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finally:
         app.stop(timeout=30)
     res = tr.result(t0, n)
+    res["fencing"] = app.listeners[0].fencing
     res["kafkatx_path"] = str(Path(sys.modules["kafkatx"].__file__ or "").parent)
     res["handler_failures"] = failures[0]
     if calls is not None:

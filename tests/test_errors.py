@@ -670,3 +670,18 @@ def test_errors_doc_names_every_classified_code() -> None:
     names = {KafkaError(c).name() for c in CODE_CLASSES} | {"INVALID_TXN_STATE"}
     missing = sorted(n for n in names if not re.search(rf"`{re.escape(n)}`", doc))
     assert missing == []
+
+
+def test_a_first_failure_made_elsewhere_is_replayed_as_attempt_one() -> None:
+    # The producer sends the offsets and commits in one call on its helper thread; when that fails, the call
+    # that failed continues in its own retry loop, as if its first attempt had been made there.
+    t = FakeTime()
+    fn = Flaky()
+    first = kafka_exc("COORDINATOR_LOAD_IN_PROGRESS", retriable=True)
+    assert retry_call(fn, operation="send_offsets_to_transaction", timeout=10, sleep=t.sleep, clock=t.clock,
+                      first_failure=first) == "ok"  # fmt: skip
+    assert fn.calls == 1 and len(t.sleeps) == 1, "one back-off, then one more call: the replayed attempt was not repeated"
+    fenced = kafka_exc("_FENCED", "fenced by a newer instance", fatal=True)
+    with pytest.raises(ApplicationRecoverableError) as info:
+        retry_call(Flaky(), operation="commit_transaction", timeout=10, sleep=t.sleep, clock=t.clock, first_failure=fenced)
+    assert info.value.operation == "commit_transaction" and info.value.__cause__ is fenced

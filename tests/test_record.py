@@ -43,12 +43,17 @@ def test_it_compares_prints_copies_and_pickles_as_a_plain_record() -> None:
         hash(record)
 
 
-def test_its_message_fields_are_read_only() -> None:
+def test_its_message_views_are_read_only_and_its_stored_fields_behave_as_a_plain_records() -> None:
     record = to_record(message())
     with pytest.raises(AttributeError):
-        record.value = b"changed"  # type: ignore[misc]
+        record.headers = []  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        record.timestamp = 0  # type: ignore[misc]
     record.attempt = 5  # the container's own field stays writable, as on a plain Record
-    assert record.attempt == 5
+    record.value = b"changed"  # key and value are stored fields (read once from the Message), as on a plain Record
+    assert (record.attempt, record.value) == (5, b"changed")
+    assert record == Record(record.topic, record.partition, record.offset, record.key, b"changed",
+                            record.headers, record.timestamp, record.timestamp_type, 5)  # fmt: skip
 
 
 def test_a_message_without_headers_or_timestamp() -> None:

@@ -41,7 +41,10 @@ class CallInProgress:
     def __init__(self, operation: str) -> None:
         self.operation = operation
         self.started = time.monotonic()
-        self.done = threading.Event()
+        # Released by the helper thread when the call returns. A bare lock, not a threading.Event: the
+        # container waits on it twice per transaction, and Event's Python-level Condition costs more than the wait.
+        self.done = threading.Lock()
+        self.done.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -64,7 +67,10 @@ class BoundedCaller:
         self.abandoned = False
 
     def call(self, operation: str, fn: Callable[[], T], deadline: float) -> T:
-        """``fn()`` on the helper thread; StuckCallError if it has not returned after ``deadline`` seconds."""
+        """``fn()`` on the helper thread; StuckCallError if it has not returned after ``deadline`` seconds.
+
+        ``fn`` may rename the call in progress (``current.operation``) as it moves from one client call to the next.
+        """
         jobs = self._jobs
         if jobs is None:
             jobs = self._jobs = queue.SimpleQueue()
@@ -73,14 +79,14 @@ class BoundedCaller:
         self.current = job
         jobs.put((fn, job))
         try:
-            if not job.done.wait(deadline):
+            if not job.done.acquire(timeout=deadline):
                 self.abandoned = True
                 self._jobs = None  # the helper thread is stuck with this call; the next call gets a new one
                 jobs.put(None)  # ... and this one ends once the stuck call returns
                 raise StuckCallError(
-                    f"{operation} did not return within {deadline:.3g}s (librdkafka ignored its timeout); "
+                    f"{job.operation} did not return within {deadline:.3g}s (librdkafka ignored its timeout); "
                     f"abandoning producer {self.name} and starting a new one with the same transactional.id",
-                    operation=operation,
+                    operation=job.operation,
                 )
         finally:
             self.current = None
@@ -105,4 +111,4 @@ def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], CallInProgress] | No
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             job.error = exc
         finally:
-            job.done.set()
+            job.done.release()

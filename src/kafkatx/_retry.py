@@ -35,6 +35,7 @@ def retry_call(
     on_retry: Callable[[ErrorClass, KafkaError, int], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    first_failure: KafkaException | None = None,
 ) -> T:
     """Call ``fn()``, retrying retriable Kafka errors for up to ``timeout`` seconds.
 
@@ -55,15 +56,18 @@ def retry_call(
     non-Kafka exception, and (de)serialization errors) propagate unchanged.
 
     ``sleep`` and ``clock`` are injectable so that tests need not wait.
+    ``first_failure`` is how a first attempt made elsewhere failed (the
+    producer's combined offsets-and-commit call): it is replayed as attempt 1
+    instead of calling ``fn``.
     """
     if timeout < 0:
         raise InvalidConfigurationError(f"retry timeout for {operation} must be >= 0 seconds, got {timeout}")
     deadline = clock() + timeout
-    first_failure: KafkaException | None = None
-    try:
-        return fn()  # the common case, without the retry machinery below (~10 us per call)
-    except KafkaException as exc:
-        first_failure = exc  # replayed as attempt 1 below: classification, callbacks and backoff unchanged
+    if first_failure is None:
+        try:
+            return fn()  # the common case, without the retry machinery below (~10 us per call)
+        except KafkaException as exc:
+            first_failure = exc  # replayed as attempt 1 below: classification, callbacks and backoff unchanged
 
     def should_retry(exc: BaseException) -> bool:
         return isinstance(exc, KafkaException) and classify(exc, path=path).retriable

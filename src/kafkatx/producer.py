@@ -64,6 +64,8 @@ class TransactionalProducer:
         #: When set (a listener with ``database=``), every produced record is appended here for the outbox.
         self.recorder: list[PendingOutput] | None = None
         self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see _bounded.py
+        #: send_offsets_to_transaction calls not made yet: they go with the commit (see commit()).
+        self._pending_offsets: list[tuple[list[TopicPartition], Any]] = []
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -99,6 +101,7 @@ class TransactionalProducer:
         """Throw the Producer away (after fencing or at shutdown); purges unsent records."""
         producer, self._producer = self._producer, None
         self.in_transaction = False
+        self._pending_offsets = []  # a new list: an abandoned helper thread may still hold the old one
         self._known_topics.clear()
         self._caller.close()
         if producer is not None and self._caller.abandoned:
@@ -133,6 +136,7 @@ class TransactionalProducer:
         producer = self.ensure()
         self.delivery_errors.clear()
         self._delivery_failures.clear()
+        self._pending_offsets = []
         self._call("begin_transaction", producer.begin_transaction)
         self.in_transaction = True
 
@@ -179,27 +183,86 @@ class TransactionalProducer:
         return producer.produce
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Add the consumer's next ``offsets`` to the transaction.
+
+        The ``send_offsets_to_transaction`` call is made by :meth:`commit`, in
+        the same hand-off to the helper thread as ``commit_transaction`` (one
+        thread wake-up each way per transaction instead of two), or earlier by
+        :meth:`flush_offsets`. Its errors are raised from there, retried and
+        classified as ``send_offsets_to_transaction``'s.
+        """
+        self._pending_offsets.append((offsets, group_metadata))
+
+    def flush_offsets(self) -> None:
+        """Make the pending ``send_offsets_to_transaction`` calls now."""
         producer = self._producer
         assert producer is not None
-        self._call(
-            "send_offsets_to_transaction",
-            lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
-            bounded=True,
-        )
+        pending = self._pending_offsets
+        while pending:
+            offsets, group_metadata = pending[0]
+            self._call(
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+                bounded=True,
+            )
+            pending.pop(0)
 
     def commit(self, guard: Callable[[], None] | None = None) -> None:
-        """Commit the transaction. ``guard`` runs just before, and may raise to prevent it."""
+        """Commit the transaction, with the offsets sent to it. ``guard`` runs just before, and may raise to prevent it."""
         producer = self._producer
         assert producer is not None
         if guard is not None:
             guard()
-        # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
-        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True)
+        if self._pending_offsets:
+            self._commit_with_offsets(producer)
+        else:
+            # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
+            self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True)
         self.in_transaction = False
+
+    def _commit_with_offsets(self, producer: Producer) -> None:
+        """The pending offsets and the commit in one call on the helper thread.
+
+        A Kafka error there continues on the usual path: the failed call is
+        replayed as the first attempt of its own retry loop (so it is retried,
+        or classified, under its own name), then the rest is done call by call.
+        """
+        pending, caller, timeout = self._pending_offsets, self._caller, self._api_timeout()
+
+        def offsets_then_commit() -> None:
+            while pending:
+                offsets, group_metadata = pending[0]
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+                pending.pop(0)
+            job = caller.current
+            if job is not None:
+                job.operation = "commit_transaction"  # what a stuck call or a stop names from here on
+            producer.commit_transaction(timeout)
+
+        failure: KafkaException | None = None
+        try:
+            caller.call("send_offsets_to_transaction", offsets_then_commit, 2 * timeout + 5.0)
+            return
+        except KafkaException as exc:
+            failure = exc
+        if pending:  # send_offsets_to_transaction failed
+            offsets, group_metadata = pending[0]
+            self._call(
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+                bounded=True,
+                first_failure=failure,
+            )
+            pending.pop(0)
+            self.flush_offsets()
+            failure = None
+        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True,
+                   first_failure=failure)  # fmt: skip
 
     def abort(self) -> None:
         """Abort the open transaction. Never raises an abortable error (KIP-1050):
         an abort that fails is application-recoverable, so the producer is replaced."""
+        self._pending_offsets = []  # aborted with the transaction
         producer = self._producer
         if producer is None:
             self.in_transaction = False
@@ -271,7 +334,13 @@ class TransactionalProducer:
         return self._caller.current
 
     def _call(
-        self, operation: str, fn: Callable[[], Any], refresh: Callable[[], None] | None = None, *, bounded: bool = False
+        self,
+        operation: str,
+        fn: Callable[[], Any],
+        refresh: Callable[[], None] | None = None,
+        *,
+        bounded: bool = False,
+        first_failure: KafkaException | None = None,
     ) -> Any:
         if bounded:  # a call that may block past its timeout runs under a deadline it cannot ignore
             deadline = 2 * self._api_timeout() + 5.0
@@ -284,6 +353,7 @@ class TransactionalProducer:
                 timeout=self.retry_timeout,
                 refresh=refresh or self._refresh,
                 on_retry=self._on_retry,
+                first_failure=first_failure,
             )
         except KafkaClientError as exc:
             err = exc.error

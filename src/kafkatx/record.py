@@ -67,29 +67,27 @@ _TS_TYPES = ("NoTimestampType", "CreateTime", "LogAppendTime")
 
 
 class _MessageRecord(Record):
-    """A :class:`Record` that reads key, value, headers and timestamp from the Message on demand.
+    """A :class:`Record` that reads headers and timestamp from the Message on demand.
 
     The container builds one per consumed record, so its construction is on
-    the hot path: two attribute stores instead of a nine-field ``__init__``
-    and six Message getters (most handlers read the value and little else).
-    It compares, prints, pickles and ``dataclasses.replace()``s as a plain
-    ``Record``; its fields are read-only.
+    the hot path: a few attribute stores instead of a nine-field ``__init__``
+    and Message getters for fields most handlers never read. Key and value
+    are stored when the record is built (almost every handler reads them,
+    and a slot reads several times faster than a property); like a plain
+    ``Record``'s fields they can be reassigned. Headers and timestamp are
+    read-only views of the Message. It compares, prints, pickles and
+    ``dataclasses.replace()`` calls as a plain ``Record``.
     """
 
     __slots__ = ("_msg",)
     _msg: ConsumedMessage
+    _key: bytes | None
+    _value: bytes | None
+
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Record:  # type: ignore[misc]
         # dataclasses.replace() and copy() call the class with every field: give them a plain Record.
         return Record(*args, **kwargs)
-
-    @property
-    def key(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
-        return self._msg.key()
-
-    @property
-    def value(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
-        return self._msg.value()
 
     @property
     def headers(self) -> Headers:  # type: ignore[override]  # read-only view of the field
@@ -132,6 +130,7 @@ def message_record(msg: ConsumedMessage, topic: str, partition: int, offset: int
     record: _MessageRecord = _new_message_record(_MessageRecord)
     record._msg = msg
     record.topic, record.partition, record.offset, record.attempt = topic, partition, offset, attempt
+    record.key, record.value = msg.key(), msg.value()
     return record
 
 
@@ -140,17 +139,24 @@ def to_record(msg: ConsumedMessage, attempt: int = 1) -> Record:
     return message_record(msg, msg.topic(), msg.partition(), msg.offset(), attempt)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Output:
     """A record for a handler to produce inside its transaction.
 
     ``topic=None`` sends it to the listener's ``output`` topic. ``value`` and
     ``key`` may be ``bytes``, ``str`` (UTF-8 encoded), or anything the
     listener's serializer accepts.
+
+    A plain slotted record, compared by its fields. It is deliberately not
+    frozen: a handler may build one per record, and a frozen dataclass costs
+    about twice as much to build (every field set through
+    ``object.__setattr__``). kafkatx reads it once, when the handler returns
+    it or passes it to ``send()``; changing it afterwards changes nothing
+    already produced.
     """
 
     value: Any
     key: Any = None
     topic: str | None = None
-    headers: Sequence[tuple[str, bytes | str]] | dict[str, bytes | str] | None = None
+    headers: Sequence[tuple[str, bytes | str | None]] | dict[str, bytes | str | None] | None = None
     partition: int | None = None

@@ -9,8 +9,10 @@ failed record is retried (or recovered) inside the open transaction instead,
 asking the same :class:`~kafkatx.rollback.policy.FailurePolicy`.
 
 The loop in :meth:`RecordRunner._handle` is the hot path: it runs for every
-record, so it keeps to local variables and produces the common output (bytes
-to the listener's topic) straight through confluent-kafka.
+record, so it keeps to local variables, classifies what a handler returned
+by its type once per type, and produces whatever needs no encoding (bytes,
+``(key, value)`` of bytes, an ``Output`` of bytes) straight through
+confluent-kafka (see docs/BENCHMARKS.md for what each shape costs).
 """
 
 from __future__ import annotations
@@ -27,7 +29,18 @@ from confluent_kafka import KafkaException
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
-from kafkatx.outputs import PendingOutput, collect_outputs
+from kafkatx.outputs import (
+    MANY,
+    OUTPUT,
+    SERIALIZE,
+    PendingOutput,
+    collect_outputs,
+    new_pending,
+    result_kind,
+    serialized_bytes,
+    serializer_failure,
+    to_pending,
+)
 from kafkatx.record import ConsumedMessage, Record, to_record, _MessageRecord
 from kafkatx.rollback.after_rollback import HandlerFailure, after_rollback, recovery_failed
 from kafkatx.rollback.policy import Action
@@ -42,16 +55,26 @@ __all__ = ["RecordRunner"]
 log = logging.getLogger("kafkatx.container")
 
 TP = tuple[str, int]
+_UNKNOWN: Any = object()  # a topic not looked up yet
 
 
 class _RecordBuffer(list[PendingOutput]):
-    """Outputs of the record being handled; ``send()`` appends here."""
+    """Outputs of the record being handled; ``send()`` appends here.
 
-    __slots__ = ("serializer",)
+    While the runner handles a unit with ``retry="rollback"``, ``stream``
+    maps the topics it has looked up to confluent-kafka's ``produce``, and
+    ``send()`` produces through it directly when nothing is buffered
+    (counting in ``produced``): a failing handler aborts the whole
+    transaction, so there is nothing to hold back.
+    """
+
+    __slots__ = ("serializer", "stream", "produced")
 
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
+        self.stream: dict[str, Any] | None = None
+        self.produced = 0
 
     add = list.append
 
@@ -76,6 +99,7 @@ class RecordRunner:
         self.spec = container.spec
         self.processor = processor
         self._buffer = _RecordBuffer(self.spec.serializer)
+        self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
         self._stopped_at = -1
 
     def __call__(self, unit: TransactionUnit) -> None:
@@ -135,6 +159,18 @@ class RecordRunner:
 
     # -- the hot path ------------------------------------------------------------------
     def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
+        """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets.
+
+        Outputs go straight to confluent-kafka's ``produce`` when they need
+        nothing more: bytes (or ``(key, value)`` of bytes, an ``Output`` of
+        bytes with ``str``->``bytes`` headers) for a topic that exists. With
+        ``retry="rollback"`` a failing handler aborts the whole transaction,
+        so a generator's items are produced as they come; with
+        ``retry="in_place"`` the transaction goes on, so a record's outputs
+        are buffered until its handler has returned. Anything else goes
+        through :func:`~kafkatx.outputs.collect_outputs` and the producer's
+        ``produce``, which waits for queue space and classifies errors.
+        """
         spec = self.spec
         handler = spec.handler
         default_topic = spec.output
@@ -154,6 +190,12 @@ class RecordRunner:
         check_at = 1
         new_record = object.__new__
         direct = unit.direct(default_topic) if default_topic is not None else None
+        directs: dict[str, Any] = {} if default_topic is None else {default_topic: direct}
+        stream = direct if not in_place else None  # produce a generator's items as they come
+        kinds = self._kinds
+        target: Any = None  # an Output's topic
+        buf.produced = 0
+        buf.stream = directs if not in_place else None
         previous = bind_sink(buf)
         try:
             for i, msg in enumerate(msgs):
@@ -164,45 +206,151 @@ class RecordRunner:
                         break
                     per_record = (now - started) / i
                     check_at = i + max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
-                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-                attempt = 1
+                topic = msg.topic()
+                partition = msg.partition()
+                offset = msg.offset()
+                record = new_record(_MessageRecord)  # record.message_record(), inlined (hot path)
+                record._msg = msg
+                record.topic = topic
+                record.partition = partition
+                record.offset = offset
                 if failing:
                     state = tracker.state_at(topic, partition, offset)
-                    if state is not None:
-                        attempt = state.failures + 1
-                        if state.pending_recovery:  # its recovery failed before: retry the recovery, not the handler
-                            raise HandlerFailure(i, state.last_exception or RuntimeError("recovery pending"),
-                                                 to_record(msg, state.failures))  # fmt: skip
-                record = new_record(_MessageRecord)  # record.message_record(), inlined (hot path)
-                record._msg, record.topic, record.partition, record.offset, record.attempt = msg, topic, partition, offset, attempt
-                value = None
+                    if state is not None and state.pending_recovery:  # its recovery failed: retry that, not the handler
+                        raise HandlerFailure(i, state.last_exception or RuntimeError("recovery pending"),
+                                             to_record(msg, state.failures))  # fmt: skip
+                    record.attempt = 1 if state is None else state.failures + 1
+                else:
+                    record.attempt = 1
+                record.key = msg.key()
+                record.value = msg.value()
+                error = None
+                # The handler's outputs: produced here when they need nothing more (the inner try blocks catch
+                # confluent-kafka's own refusals, which the buffer's produce() below waits out or classifies);
+                # anything else is encoded into buf, or fails the record with an OutputError.
                 try:
                     result = handler(record)
                     if result is not None:
-                        if type(result) is bytes and default_topic is not None:
-                            if direct is not None and not buf:
-                                value = result  # the common case: produced directly below
+                        cls = type(result)
+                        if cls is bytes and direct is not None and not buf:
+                            try:
+                                direct(default_topic, result)
+                                outputs += 1
+                            except (BufferError, KafkaException):
+                                buf.append(new_pending(PendingOutput, (default_topic, result, None, None, None)))
+                        elif cls is tuple and direct is not None and not buf and len(result) == 2:
+                            key, value = result
+                            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
+                                try:
+                                    direct(default_topic, value, key)
+                                    outputs += 1
+                                except (BufferError, KafkaException):
+                                    buf.append(new_pending(PendingOutput, (default_topic, value, key, None, None)))
                             else:
-                                buf.append(PendingOutput(default_topic, result, None, None, None))
+                                buf.append(to_pending(result, default_topic, serializer, name))
                         else:
-                            collect_outputs(result, default_topic, serializer, name, buf)
-                    error = None
+                            kind = kinds.get(cls)
+                            if kind is None:
+                                kind = kinds[cls] = result_kind(cls, serializer)
+                            if kind == OUTPUT:
+                                target = result.topic or default_topic
+                                value, key, headers = result.value, result.key, result.headers
+                                fast: Any = directs.get(target, _UNKNOWN) if target is not None else None
+                                if fast is _UNKNOWN:
+                                    fast = directs[target] = unit.direct(target)
+                                if (
+                                    fast is not None and not buf and result.partition is None
+                                    and (type(value) is bytes or value is None) and (type(key) is bytes or key is None)
+                                ):  # fmt: skip
+                                    # A dict of headers with str names goes to confluent-kafka as given: it
+                                    # encodes the values as kafkatx would (bytes, str as UTF-8, None) and refuses
+                                    # others with TypeError, which falls back to kafkatx's encoding below (that
+                                    # names the problem).
+                                    refused = False
+                                    if type(headers) is dict:  # (confluent-kafka would turn a name 1 into "1")
+                                        for h_name in headers:
+                                            if type(h_name) is not str:
+                                                refused = True
+                                                break
+                                    elif headers is not None:  # pairs: names checked by kafkatx's encoding
+                                        refused = True
+                                    if not refused:
+                                        try:
+                                            fast(target, value, key, headers=headers)
+                                            outputs += 1
+                                        except (BufferError, KafkaException, TypeError, ValueError):
+                                            refused = True
+                                    if refused:  # outside the except block: no chained context on an OutputError
+                                        buf.append(to_pending(result, default_topic, serializer, name))
+                                else:
+                                    buf.append(to_pending(result, default_topic, serializer, name))
+                            elif kind == MANY:
+                                for item in result:
+                                    if item is None:
+                                        continue
+                                    if stream is not None and not buf:  # produced as they come (see the docstring)
+                                        itype = type(item)
+                                        if itype is tuple and len(item) == 2:
+                                            key, value = item
+                                            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
+                                                try:
+                                                    stream(default_topic, value, key)
+                                                    outputs += 1
+                                                    continue
+                                                except (BufferError, KafkaException):
+                                                    pass
+                                        elif itype is bytes:
+                                            try:
+                                                stream(default_topic, item)
+                                                outputs += 1
+                                                continue
+                                            except (BufferError, KafkaException):
+                                                pass
+                                    buf.append(to_pending(item, default_topic, serializer, name))
+                            elif kind == SERIALIZE and default_topic is not None:
+                                failure: Exception | None = None
+                                try:  # outputs.serialize(), inlined (hot path)
+                                    value = serializer(result)  # type: ignore[misc]
+                                except Exception as exc:
+                                    failure = exc
+                                if failure is not None:  # outside the except block: only the serializer's error is chained
+                                    raise serializer_failure(result, "value", failure) from failure
+                                if type(value) is not bytes:
+                                    value = serialized_bytes(value, "value")
+                                if direct is not None and not buf:
+                                    try:
+                                        direct(default_topic, value)
+                                        outputs += 1
+                                    except (BufferError, KafkaException):
+                                        buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
+                                else:
+                                    buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
+                            else:  # str, bytes or a tuple after send()s, no output topic, unsupported: as documented
+                                collect_outputs(result, default_topic, serializer, name, buf)
                 except Exception as exc:
                     error = exc
                 if error is not None:
                     if not in_place:
                         raise HandlerFailure(i, error, record)
                     self._retry_in_place(unit, record, error, i)  # outside the except block: no chained context
-                if value is not None:
-                    try:
-                        direct(default_topic, value)  # type: ignore[misc]
-                        outputs += 1
-                    except (BufferError, KafkaException):  # queue full, or an error: produce() below waits or classifies it
-                        buf.append(PendingOutput(default_topic, value, None, None, None))  # type: ignore[arg-type]
                 if buf:
                     output_error = None
                     try:
                         for out in buf:
+                            out_topic, out_value, out_key, out_headers, out_partition = out
+                            fast = directs.get(out_topic, _UNKNOWN)
+                            if fast is _UNKNOWN:
+                                fast = directs[out_topic] = unit.direct(out_topic)
+                            if fast is not None:
+                                try:
+                                    if out_headers is None and out_partition is None:
+                                        fast(out_topic, out_value, out_key)
+                                    else:
+                                        fast(out_topic, out_value, out_key, -1 if out_partition is None else out_partition,
+                                             headers=out_headers)  # fmt: skip
+                                    continue
+                                except (BufferError, KafkaException):
+                                    pass  # produce() waits for queue space, or classifies the error
                             produce(out)
                     except OutputError as exc:
                         output_error = exc
@@ -217,9 +365,10 @@ class RecordRunner:
                 run_next = offset + 1
             if run_topic is not None:
                 offsets[(run_topic, run_partition)] = run_next
-            unit.outputs += outputs
+            unit.outputs += outputs + buf.produced
             unit.send_offsets(offsets)
         finally:
+            buf.stream = None
             bind_sink(previous)
 
     # -- retry="in_place" -----------------------------------------------------------------

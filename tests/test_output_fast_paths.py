@@ -1,0 +1,192 @@
+"""The record runner's direct paths to confluent-kafka produce exactly what the documented return shapes say.
+
+Bytes, ``(key, value)`` of bytes, an ``Output`` of bytes with ``str`` ->
+``bytes`` headers, generator items and ``send()`` skip kafkatx's general
+encoding; these tests pin what reaches the topic (topic, key, value,
+headers, order), and that a failing handler leaves nothing of its attempt
+committed whether its outputs were produced as they came (``retry="rollback"``)
+or buffered (``retry="in_place"``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kafkatx import App, Output, Record, send
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+
+def make_app(kafka: KafkaTestKit) -> App:
+    return App(unique_name("app"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
+
+
+def test_direct_shapes_produce_the_documented_records_in_order(kafka: KafkaTestKit) -> None:
+    src, out, other = kafka.topic(), kafka.topic(), kafka.topic()
+    kinds = ["bytes", "pair", "tombstone", "no-key", "output", "output-str-headers", "output-other", "output-partition",
+             "output-pairs", "generator", "list", "send-then-return", "serialized"]  # fmt: skip
+    kafka.produce(src, [(b"k-" + k.encode(), k.encode()) for k in kinds])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, serializer=lambda v: json.dumps(v).encode(), sends_to=[other], fencing="group")
+    def handler(record: Record) -> object:
+        kind, key = (record.value or b"").decode(), record.key
+        if kind == "bytes":
+            return b"bytes"
+        if kind == "pair":
+            return key, b"pair"
+        if kind == "tombstone":
+            return key, None
+        if kind == "no-key":
+            return None, b"no-key"
+        if kind == "output":
+            return Output(b"output", key=key, headers={"h1": b"1", "h2": b"2"})
+        if kind == "output-str-headers":  # str values UTF-8 encoded, None kept: as kafkatx's own encoding does
+            return Output(b"output-str-headers", key=key, headers={"s": "\u00e9t\u00e9", "n": None, "b": b"b"})
+        if kind == "output-other":
+            return Output(b"output-other", topic=other, headers={"h": b"x"})
+        if kind == "output-partition":
+            return Output(b"output-partition", key=key, partition=0, headers=[("h", "str")])
+        if kind == "output-pairs":
+            return Output(b"output-pairs", key=key, headers=[("p", b"1"), ("p", "2")])
+        if kind == "generator":
+            return ((key, b"gen-%d" % i) if i % 2 else b"gen-%d" % i for i in range(4))
+        if kind == "list":
+            return [None, (key, b"list-1"), b"list-2"]
+        if kind == "send-then-return":
+            send(other, b"sent", key)
+            send(out, b"sent-first", key)
+            return key, b"returned-after"
+        return {"kind": kind}
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: len(kinds)}, 30)
+    main = [(r.key, r.value, r.headers or []) for r in kafka.read(out)]
+    assert main == [
+        (None, b"bytes", []),
+        (b"k-pair", b"pair", []),
+        (b"k-tombstone", None, []),
+        (None, b"no-key", []),
+        (b"k-output", b"output", [("h1", b"1"), ("h2", b"2")]),
+        (b"k-output-str-headers", b"output-str-headers", [("s", "\u00e9t\u00e9".encode()), ("n", None), ("b", b"b")]),
+        (b"k-output-partition", b"output-partition", [("h", b"str")]),
+        (b"k-output-pairs", b"output-pairs", [("p", b"1"), ("p", b"2")]),
+        (None, b"gen-0", []),
+        (b"k-generator", b"gen-1", []),
+        (None, b"gen-2", []),
+        (b"k-generator", b"gen-3", []),
+        (b"k-list", b"list-1", []),
+        (None, b"list-2", []),
+        (b"k-send-then-return", b"sent-first", []),
+        (b"k-send-then-return", b"returned-after", []),
+        (None, b'{"kind": "serialized"}', []),
+    ]
+    side = [(r.key, r.value, r.headers or []) for r in kafka.read(other)]
+    assert side == [(None, b"output-other", [("h", b"x")]), (b"k-send-then-return", b"sent", [])]
+
+
+@pytest.mark.parametrize("retry", ["rollback", "in_place"])
+def test_a_handler_that_fails_midway_leaves_nothing_of_its_attempt_committed(kafka: KafkaTestKit, retry: str) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"before", b"flaky", b"after"])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, retry=retry, max_attempts=3, fencing="group")  # type: ignore[arg-type]
+    def handler(record: Record) -> object:
+        value = record.value or b""
+        send(out, value + b"-sent")
+        yield value + b"-1"
+        if value == b"flaky" and record.attempt == 1:
+            raise RuntimeError("first attempt fails after its first outputs")
+        yield value + b"-2"
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 3}, 30)
+    assert kafka.values(out) == [b"before-sent", b"before-1", b"before-2", b"flaky-sent", b"flaky-1", b"flaky-2",
+                                 b"after-sent", b"after-1", b"after-2"]  # fmt: skip
+    uncommitted = kafka.values(out, isolation="read_uncommitted")
+    if retry == "in_place":
+        assert uncommitted.count(b"flaky-1") == uncommitted.count(b"flaky-sent") == 1, (
+            "in place, the failed attempt's outputs were buffered, never produced"
+        )
+    else:
+        assert uncommitted.count(b"flaky-1") == uncommitted.count(b"flaky-sent") == 2, (
+            "the failed attempt's outputs went into the transaction, and were aborted with it"
+        )
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("header-name", "header names must be str"),
+        ("header-pair-name", "header names must be str"),
+        ("header-value", "cannot encode the header 'h'"),
+        ("triple", "tuple must be (key, value)"),
+        ("key-type", "cannot encode the key of type int"),
+        ("generator-item", "cannot encode the value of type set"),
+    ],
+)
+def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(kafka: KafkaTestKit, bad: str, message: str) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"good-1", bad.encode(), b"good-2"])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, dlq=True, max_attempts=2, fencing="group")
+    def handler(record: Record) -> object:
+        value = record.value or b""
+        if value == b"header-name":
+            return Output(b"x", headers={1: b"x"})  # type: ignore[dict-item]
+        if value == b"header-pair-name":
+            return Output(b"x", headers=[(1, b"x")])  # type: ignore[list-item]
+        if value == b"header-value":
+            return Output(b"x", headers={"h": 1.5})  # type: ignore[dict-item]
+        if value == b"triple":
+            return (b"k", b"v", b"extra")
+        if value == b"key-type":
+            return (7, b"v")
+        if value == b"generator-item":
+            return (x for x in [b"partial", {1, 2}])
+        return value
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 3}, 30)
+    assert kafka.values(out) == [b"good-1", b"good-2"], "nothing of the bad record was committed (not even 'partial')"
+    (dead,) = kafka.read(src + "-dlt")
+    info = parse_dead_letter_headers(dead.headers)
+    assert info.exception_fqcn == "kafkatx.errors.OutputError"
+    assert message in (info.exception_message or "")
+    trace = info.exception_stacktrace or ""
+    assert "During handling" not in trace and "expected header" not in trace, "not chained to what confluent-kafka refused"
+
+
+def test_a_listener_serializer_failure_dead_letters_its_record_naming_the_serializer(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"good", b"raises", b"returns-str", b"bytearray"])
+    app = make_app(kafka)
+
+    def serializer(value: dict[str, str]) -> bytes:
+        if value["v"] == "raises":
+            raise ValueError("no encoding for this one")
+        if value["v"] == "returns-str":
+            return "not bytes"  # type: ignore[return-value]
+        if value["v"] == "bytearray":
+            return bytearray(b"copied")  # type: ignore[return-value]
+        return json.dumps(value).encode()
+
+    @app.listener(src, output=out, serializer=serializer, dlq=True, max_attempts=2, fencing="group")
+    def handler(record: Record) -> object:
+        return {"v": (record.value or b"").decode()}
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: 4}, 30)
+    assert kafka.values(out) == [b'{"v": "good"}', b"copied"]
+    dead = {r.value: parse_dead_letter_headers(r.headers) for r in kafka.read(src + "-dlt")}
+    assert set(dead) == {b"raises", b"returns-str"}
+    raised, wrong = dead[b"raises"], dead[b"returns-str"]
+    assert raised.exception_fqcn == wrong.exception_fqcn == "kafkatx.errors.OutputError"
+    assert (raised.exception_message or "").startswith("the serializer failed to encode the value (dict): no encoding")
+    assert raised.exception_cause_fqcn == "builtins.ValueError", "the serializer's own error is the cause"
+    assert wrong.exception_message == "the serializer returned str for the value; it must return bytes"
+    assert raised.attempts == wrong.attempts == 1, "an output the serializer cannot encode is not retried"
