@@ -36,7 +36,8 @@ APP = textwrap.dedent(
     from kafkatx import App, Output, Record
 
     app = App(os.environ["APP_NAME"], consumer_config={
-        "session.timeout.ms": 6000, "max.poll.interval.ms": 20000, "heartbeat.interval.ms": 500})
+        "session.timeout.ms": 6000, "max.poll.interval.ms": 20000, "heartbeat.interval.ms": 500},
+        static_membership=os.environ["STATIC"] == "1")
 
     @app.listener(os.environ["SRC"], max_batch_records=200, fencing=os.environ["FENCING"])
     def copy(record: Record) -> Output:
@@ -88,8 +89,10 @@ def run_bounce_test(
         src, out = kafka.topic(partitions=partitions), kafka.topic(partitions=partitions)
         name = unique_name("bounce")
         (tmp_path / "bounce_app.py").write_text(APP)
+        # Ids that do not come back are what the README calls scaling down: dynamic membership (a static member
+        # that never returns keeps its partitions until its session expires, and never on the embedded broker).
         env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "FENCING": fencing,
-               "BOOTSTRAP": broker.bootstrap_servers, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+               "BOOTSTRAP": broker.bootstrap_servers, "PYTHONUNBUFFERED": "1", "STATIC": "0" if new_ids else "1"}  # fmt: skip
         kafka.produce(src, [{"key": b"%d" % (i % partitions), "value": b"%d:%08d" % (i % partitions, i // partitions),
                              "partition": i % partitions} for i in range(records)])  # fmt: skip
         generation = 0
@@ -165,12 +168,20 @@ _BROKER_LOSES_OPEN_TRANSACTIONS = pytest.mark.xfail(
 )
 
 
+_BROKER_STALLS_AFTER_A_KILLED_MEMBER = pytest.mark.xfail(
+    strict=False,
+    reason="noida-db 0.2.3 leaves a group whose dynamic member was killed without partitions for minutes "
+    "(canary: test_broker_conformance::test_a_killed_members_partitions_go_to_the_live_members); copiers "
+    "back under new ids need dynamic membership, so this variant stalls on it",
+)
+
+
 @pytest.mark.bounce
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fencing", ["group", "partition"])
 @pytest.mark.parametrize(
     ("new_ids", "broker_restart"),
-    [(False, None), (True, None),
+    [(False, None), pytest.param(True, None, marks=_BROKER_STALLS_AFTER_A_KILLED_MEMBER),
      pytest.param(False, "clean", marks=_BROKER_LOSES_OPEN_TRANSACTIONS),
      pytest.param(False, "kill", marks=_BROKER_LOSES_OPEN_TRANSACTIONS)],
 )
