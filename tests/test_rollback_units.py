@@ -90,14 +90,17 @@ class Sub(Base):
 
 
 def test_tracker_exception_change_follows_spring() -> None:
-    """Spring keeps counting when the previous root cause is an instance of the new one's class."""
+    """Spring keeps counting when the previous failure is an instance of the new one's class."""
     t = FailureTracker()
     assert t.record_failure(rec(), Sub()).failures == 1
     assert t.record_failure(rec(), Base()).failures == 2, "Sub is a Base: same kind"
+    chained = Base("raised from another error")
+    chained.__cause__ = KeyError()
+    assert t.record_failure(rec(), chained).failures == 3, "what the handler raised is compared, not its cause"
     wrapped = RuntimeError("wrapper")
     wrapped.__cause__ = Base()
-    assert t.record_failure(rec(), wrapped).failures == 3, "the root cause is compared, not the wrapper"
-    assert t.record_failure(rec(), Sub()).failures == 1, "a Base is not a Sub: Spring resets"
+    assert t.record_failure(rec(), wrapped).failures == 1, "a Base is not a RuntimeError: Spring resets"
+    assert t.record_failure(rec(), Sub()).failures == 1, "a RuntimeError is not a Sub: Spring resets"
     assert t.record_failure(rec(), ValueError()).failures == 1
 
 

@@ -88,7 +88,15 @@ class DeadLetterPublishingRecoverer(Recoverer):
             return record.topic + self.suffix
         if isinstance(self.topic, str):
             return self.topic
-        return self.topic(record, exception)
+        topic = self.topic(record, exception)
+        if not isinstance(topic, str) or not topic:
+            # Spring skips the record when its resolver returns null; kafkatx never skips one silently:
+            # the recovery fails, and the record is kept.
+            raise DeadLetterPublishError(
+                f"the dead-letter topic resolver returned {topic!r} for {record.coordinates}; "
+                "a record is never skipped silently"
+            )
+        return topic
 
     def setup(self, context: Any) -> None:
         """Check (and create if allowed) the dead-letter topic of each input topic."""

@@ -6,10 +6,18 @@ a batch transaction can fail on one record, then on an earlier batch-mate
 while it is re-run, and neither count may be lost. A slot ends when its
 record's offset is committed (success or recovery), when its partition is
 revoked, or when the exception type changes the way Spring resets: the count
-goes on only if the previous root cause is an instance of the new root
-cause's class (``IllegalStateException`` then a wrapper around another
-``IllegalStateException`` keeps counting; then ``IllegalArgumentException``
-starts again at 1).
+goes on only if the previous failure is an instance of the new one's class
+(``SubError`` then ``BaseError`` keeps counting; ``BaseError`` then
+``SubError``, or an unrelated class, starts again at 1).
+
+What is compared is the exception the handler raised, not the causes it was
+raised from. Spring compares what the listener threw: its ``findRootCause``
+unwraps only the container's own wrappers (``ListenerExecutionFailedException``,
+``TimestampedException``), and kafkatx wraps nothing. Comparing the last link
+of the cause chain instead restarted the count whenever a ``ServiceError`` came
+from a different low-level error (a reset, then a timeout...), so such a record
+was retried for as long as its causes kept changing, never reaching
+``max_attempts``.
 
 Counts restored from committed offset metadata (see
 :mod:`kafkatx.rollback.durable`) seed a slot with :meth:`FailureTracker.seed`.
@@ -21,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kafkatx.record import Record
-from kafkatx.rollback.classifier import exception_fqcn, root_cause
+from kafkatx.rollback.classifier import exception_fqcn
 
 __all__ = ["FailureTracker", "FailureState"]
 
@@ -127,10 +135,13 @@ class FailureTracker:
 
 
 def _same_kind(previous: BaseException | None, exc: BaseException) -> bool:
-    """Spring's rule: keep counting when the previous root cause is an instance of the new one's class."""
+    """Spring's rule: keep counting when the previous failure is an instance of the new one's class.
+
+    The handler's own exceptions are compared, never their ``__cause__``/``__context__``
+    (see the module docstring).
+    """
     if previous is None:
         return True
-    old, new = root_cause(previous), root_cause(exc)
-    if hasattr(old, "original_fqcn") or hasattr(new, "original_fqcn"):
-        return exception_fqcn(old) == exception_fqcn(new)  # wrappers of errors that crossed a process (Spark)
-    return isinstance(old, type(new))
+    if hasattr(previous, "original_fqcn") or hasattr(exc, "original_fqcn"):
+        return exception_fqcn(previous) == exception_fqcn(exc)  # wrappers of errors that crossed a process (Spark)
+    return isinstance(previous, type(exc))
