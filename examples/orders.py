@@ -3,9 +3,16 @@
 Run it against the embedded broker (every topic it reads, writes, sends to or
 dead-letters to is created for you)::
 
-    kafkatx run examples.orders:app --local
+    kafkatx run examples.orders:app --local --local-port 9092
 
-or against a cluster::
+give it orders from another terminal (``kafkatx produce``, ``topics`` and
+``dlq`` find a broker on port 9092 by themselves; without ``--local-port``
+pass them the address ``kafkatx run`` prints)::
+
+    printf '1\t{"id": 1, "qty": 2, "price": 3.5}\n2\t{"id": 2, "qty": 0, "price": 1}\n' | kafkatx produce orders --kv
+    kafkatx dlq inspect orders-dlt    # order 2: quantity 0, dead-lettered at once
+
+or run it against a cluster::
 
     KAFKATX_BOOTSTRAP_SERVERS=broker:9092 kafkatx run examples.orders:app --instance-id pod-1
 """

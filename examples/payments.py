@@ -1,6 +1,11 @@
 """The README's one-screen example, runnable: book payments into a ledger, audit each, exactly once.
 
-    kafkatx run examples.payments:app --local
+    kafkatx run examples.payments:app --local --local-port 9092
+
+and from another terminal (the tools find a broker on port 9092 by themselves)::
+
+    printf 'p1\t{"id": 1, "amount": 25}\np2\t{"id": 2, "amount": -5}\n' | kafkatx produce payments --kv
+    kafkatx dlq inspect payments-dlt    # payment 2: amount must be positive
 """
 
 import json

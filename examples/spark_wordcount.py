@@ -9,9 +9,10 @@ The whole demo (embedded broker, sample input, prints the totals, exits)::
     python examples/spark_wordcount.py
 
 Or run the App on its own, against the embedded broker, and feed ``lines``
-yourself::
+yourself (it needs ``pip install -e '.[local,spark]'`` in a clone, and Java 17+)::
 
-    kafkatx run examples.spark_wordcount:app --local
+    kafkatx run examples.spark_wordcount:app --local --local-port 9092
+    echo "the cat and the hat" | kafkatx produce lines     # from another terminal
 """
 
 from __future__ import annotations

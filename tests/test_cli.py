@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,8 @@ def test_missing_bootstrap_exits_78() -> None:
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 78, out
     assert "KAFKATX_BOOTSTRAP_SERVERS" in out
+    assert "--bootstrap-servers HOST:PORT" in out and "--local" in out, "the hint speaks the command's options"
+    assert "App(" not in out, out
 
 
 def test_run_local_gives_the_app_the_embedded_broker_client_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,6 +167,7 @@ def test_an_unreachable_broker_is_one_line_naming_the_address(tmp_path: Path) ->
     assert proc.returncode == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot reach Kafka at 127.0.0.1:1" in lines[0], out
+    assert "from the App's bootstrap_servers" in lines[0] and "--bootstrap-servers HOST:PORT" in lines[0], out
     assert "%3|" not in out, "librdkafka's raw log lines go through logging (kafkatx.librdkafka, DEBUG)"
 
 
@@ -203,3 +207,202 @@ def test_topics_and_produce_put_records_into_a_topic(bootstrap_servers: str) -> 
     assert produced.returncode == 0 and "produced 2 record(s)" in produced.stderr, produced.stderr
     records = sorted(read_topic(bootstrap_servers, topic), key=lambda r: r.key or b"")
     assert [(r.key, r.value, r.header("source")) for r in records] == [(b"k1", b"v1", b"cli"), (b"k2", b"v2", b"cli")]
+
+
+def kafkatx(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``kafkatx ARGS`` as a user types it, without $KAFKATX_BOOTSTRAP_SERVERS unless ``env`` sets it."""
+    full = {k: v for k, v in os.environ.items() if k != "KAFKATX_BOOTSTRAP_SERVERS"}
+    return subprocess.run([sys.executable, "-m", "kafkatx", *args], cwd=cwd, env={**full, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout, input=stdin)  # fmt: skip
+
+
+def test_version_and_help_are_plain_text() -> None:
+    from kafkatx import __version__
+
+    version = kafkatx("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"kafkatx {__version__}"
+    top = kafkatx("--help").stdout
+    assert "``" not in top and ":mod:" not in top, top
+    assert all(command in top for command in ("broker", "run", "topics", "produce", "dlq"))
+    run = " ".join(kafkatx("run", "--help").stdout.split())
+    assert "replaces the App's bootstrap servers" in run and "missing topics are created" in run, run
+
+
+def test_a_file_path_or_a_bare_module_gets_the_target_to_type(tmp_path: Path) -> None:
+    (tmp_path / "myapp.py").write_text("from kafkatx import App\napp = App('myapp')\n")
+    (tmp_path / "elsewhere").mkdir()
+    cases = [
+        (tmp_path, "myapp.py:app", "try myapp:app"),
+        (tmp_path, "./myapp.py", "try myapp:app"),
+        (tmp_path, "myapp", "try myapp:app"),
+        (tmp_path / "elsewhere", "../myapp.py:app", f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
+        (tmp_path / "elsewhere", str(tmp_path / "myapp.py"), f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
+    ]
+    for cwd, target, hint in cases:
+        result = kafkatx("run", target, cwd=cwd)
+        assert result.returncode == 64, result.stderr
+        assert result.stderr.count("\n") == 1 and hint in result.stderr, (target, result.stderr)
+
+
+def test_a_misspelt_app_option_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    (tmp_path / "typo_app.py").write_text("from kafkatx import App\n\napp = App('typo', create_topic=True)\n")
+    result = kafkatx("run", "typo_app:app", cwd=tmp_path)
+    assert result.returncode == 78, result.stderr
+    assert result.stderr.splitlines() == [
+        "kafkatx run: configuration error: typo_app.py:3: App() got an unknown option 'create_topic'; "
+        "did you mean 'create_topics'?"
+    ], result.stderr
+
+
+def test_an_error_in_the_apps_own_code_keeps_its_traceback(tmp_path: Path) -> None:
+    (tmp_path / "buggy.py").write_text("def f(x):\n    return x\n\nf(y=1)\n")
+    result = kafkatx("run", "buggy:app", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" in result.stderr and "buggy.py" in result.stderr, result.stderr
+
+
+def test_a_missing_dependency_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from kafkatx import _cli_run
+    from kafkatx.cli import main
+
+    (tmp_path / "needs_dep.py").write_text("import kafkatx_test_not_installed.sub\n")
+    (tmp_path / "needs_other.py").write_text("import another_test_not_installed\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(_cli_run._EXTRAS, "kafkatx_test_not_installed", "database")
+    assert main(["run", "needs_dep:app"]) == 78
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "kafkatx run: needs_dep imports 'kafkatx_test_not_installed', which is not installed: "
+        "pip install 'kafkatx[database]' (in a clone of kafkatx: pip install -e '.[database]')"
+    ], err
+    assert main(["run", "needs_other:app"]) == 78
+    assert "pip install another_test_not_installed" in capsys.readouterr().err
+
+
+def test_a_missing_topic_names_the_command_line_option(tmp_path: Path, bootstrap_servers: str) -> None:
+    (tmp_path / "no_topic.py").write_text(
+        "from kafkatx import App\napp = App('no-topic')\n"
+        f"@app.listener('missing-{time.monotonic_ns()}')\ndef handle(record):\n    return None\n"
+    )
+    result = kafkatx("run", "no_topic:app", "--bootstrap-servers", bootstrap_servers, cwd=tmp_path)
+    assert result.returncode == 78, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "run with --create-topics" in lines[0], lines
+
+
+def test_a_port_in_use_is_one_line_in_the_commands_own_words(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "tiny.py").write_text("from kafkatx import App\napp = App('tiny')\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        broker = kafkatx("broker", "--port", port, "--data-dir", str(tmp_path / "b"))
+        run = kafkatx("run", "tiny:app", "--local", "--local-port", port, cwd=tmp_path)
+    assert broker.returncode == 1 and broker.stderr.count("\n") == 1, broker.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in broker.stderr and "--port N" in broker.stderr
+    assert "port=None" not in broker.stderr and "--local-port" not in broker.stderr, broker.stderr
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "Pick another --local-port, or leave --local-port out" in run.stderr, run.stderr
+    assert "port=None" not in run.stderr and "kafkatx broker" not in run.stderr, run.stderr
+
+
+def test_workers_with_a_bad_target_say_so_once_and_start_nothing() -> None:
+    started = time.monotonic()
+    result = kafkatx("run", "nosuchmodule:app", "--workers", "2", "--local")
+    assert result.returncode == 64, result.stderr
+    assert result.stderr.splitlines() == [
+        "kafkatx run: cannot import module 'nosuchmodule': No module named 'nosuchmodule'"
+    ], result.stderr
+    assert "embedded broker" not in result.stdout and "supervising" not in result.stdout
+    assert time.monotonic() - started < 20, "no worker was started and restarted"
+
+
+@pytest.fixture
+def restore_logging() -> Any:
+    import logging
+
+    root = logging.getLogger()
+    names = ("kafkatx", "kafkatx.librdkafka", "kafkatx.dlq.librdkafka")
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in names})
+    for handler in saved[1]:
+        root.removeHandler(handler)
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(saved[0])
+    for handler in saved[1]:
+        root.addHandler(handler)
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+    logging.captureWarnings(False)
+
+
+def test_v_shows_kafkatx_debug_lines_and_vv_librdkafkas_too_before_or_after_the_command(restore_logging: None) -> None:
+    import logging
+
+    from kafkatx.cli import main
+
+    def levels() -> tuple[int, int]:
+        return logging.getLogger("kafkatx.container").getEffectiveLevel(), logging.getLogger("kafkatx.librdkafka").getEffectiveLevel()
+
+    logging.getLogger("kafkatx").setLevel(logging.NOTSET)
+    main(["topics", "create"])  # stops at once (no names to create), after configuring logging
+    assert levels() == (logging.INFO, logging.INFO)
+    main(["-v", "topics", "create"])
+    assert levels() == (logging.DEBUG, logging.INFO), "-v: kafkatx's debug lines, not librdkafka's"
+    main(["topics", "create", "-vv"])
+    assert levels() == (logging.DEBUG, logging.DEBUG)
+
+
+def test_topics_and_produce_with_the_broker_down_are_one_line_each(monkeypatch: pytest.MonkeyPatch,
+                                                                   capfd: pytest.CaptureFixture[str],
+                                                                   restore_logging: None) -> None:  # fmt: skip
+    from kafkatx import _cli_topics
+    from kafkatx.cli import main
+
+    monkeypatch.setattr(_cli_topics, "_METADATA_TIMEOUT", 1.0)
+    for argv in (["topics", "list"], ["topics", "create", "t"], ["produce", "t", "--value", "v"]):
+        assert main([*argv, "--bootstrap-servers", "127.0.0.1:1"]) == 1, argv
+        time.sleep(0.2)  # librdkafka's threads would write their raw lines meanwhile
+        out, err = capfd.readouterr()
+        assert "%3|" not in err and "Traceback" not in err, err
+        lines = err.splitlines()
+        assert len(lines) == 1 and "cannot reach Kafka at 127.0.0.1:1" in lines[0], (argv, err)
+        assert "produced" not in out + err
+
+
+def test_topics_and_produce_refuse_what_would_surprise(bootstrap_servers: str) -> None:
+    env = {"KAFKATX_BOOTSTRAP_SERVERS": bootstrap_servers}
+    topic = f"cli-missing-{time.monotonic_ns()}"
+    produced = kafkatx("produce", topic, "--value", "v", env=env)
+    assert produced.returncode == 1 and f"topic {topic!r} does not exist" in produced.stderr, produced.stderr
+    assert f"kafkatx topics create {topic}" in produced.stderr
+    assert topic not in kafkatx("topics", "list", env=env).stdout, "a misspelt topic is not created by producing to it"
+    nothing = kafkatx("topics", "create", env=env)
+    assert nothing.returncode == 2 and "name the topics to create" in nothing.stderr, nothing.stderr
+    assert kafkatx("topics", "create", topic, env=env).returncode == 0
+    again = kafkatx("topics", "create", topic, env=env)
+    assert again.returncode == 1 and "already exists (1 partition(s))" in again.stderr, again.stderr
+
+
+def test_the_tools_find_a_broker_on_the_default_port(kafka: Any, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:  # fmt: skip
+    """``kafkatx topics``, ``produce`` and ``dlq`` without --bootstrap-servers or the variable use 127.0.0.1:9092
+    when something listens there (``kafkatx broker``); here the test broker plays its part."""
+    import kafkatx.local
+    from kafkatx.cli import main
+
+    monkeypatch.delenv("KAFKATX_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setattr(kafkatx.local, "DEFAULT_PORT", int(kafka.bootstrap_servers.rsplit(":", 1)[1]))
+    topic = kafka.topic()
+    assert main(["produce", topic, "--value", "v1"]) == 0
+    assert main(["topics", "list"]) == 0
+    assert f"{topic}\t1" in capsys.readouterr().out
+    assert main(["dlq", "inspect", topic]) == 0
+    assert "1 dead-lettered record(s)" in capsys.readouterr().out
+    monkeypatch.setattr(kafkatx.local, "DEFAULT_PORT", 1)
+    assert main(["dlq", "inspect", topic]) == 64
+    assert "no bootstrap servers" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kafkatx.local import LocalBroker, LocalBrokerError
+from kafkatx.local import LocalBroker, LocalBrokerError, PortInUseError
 from kafkatx.testing import create_topic, produce, read_topic, wait_for
 
 pytestmark = pytest.mark.local_broker_only
@@ -60,8 +60,11 @@ def test_temporary_data_dir_is_removed_on_stop() -> None:
 
 
 def test_port_in_use_is_a_clear_error(kafka_broker: LocalBroker) -> None:
-    with pytest.raises(LocalBrokerError, match=rf"port {kafka_broker.port} .* already in use"):
+    with pytest.raises(LocalBrokerError, match=rf"port {kafka_broker.port} .* already in use") as raised:
         LocalBroker(port=kafka_broker.port).start()
+    assert isinstance(raised.value, PortInUseError) and raised.value.port == kafka_broker.port
+    assert "LocalBroker(port=None)" in str(raised.value), "Python words here; the commands say it with their options"
+    assert "kafkatx" not in str(raised.value)
 
 
 def test_unwritable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
@@ -90,19 +93,23 @@ def test_no_orphan_when_the_owner_dies(tmp_path: Path, how: str) -> None:
         import os, sys, time
         from kafkatx.local import LocalBroker
         b = LocalBroker().start()
-        print(b.pid, flush=True)
+        print(b.pid, b.data_dir, flush=True)
         if sys.argv[1] == "sigkill":
             time.sleep(60)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    broker_pid = int(proc.stdout.readline())
+    pid_text, data_dir = proc.stdout.readline().split()
+    broker_pid = int(pid_text)
     assert _alive(broker_pid)
     if how == "sigkill":
         proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     wait_for(lambda: not _alive(broker_pid), timeout=15, message=f"broker pid {broker_pid} to exit")
+    assert Path(data_dir).exists() == (how == "sigkill"), "a killed owner cleans nothing up itself"
+    LocalBroker().start().stop()
+    assert not Path(data_dir).exists(), "the next start removes a dead owner's temporary directory"
 
 
 def test_kafkatx_broker_command_runs_in_foreground_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -83,6 +83,17 @@ def test_listener_comes_from_the_container_thread() -> None:
     assert lines[1].endswith("[enrich#1 orders/3@42 attempt=2]")
 
 
+def test_kafkatxs_other_threads_are_not_taken_for_listeners() -> None:
+    """A bounded client call runs on ``kafkatx-call-<client>`` (a transactional.id, a container): its lines
+    (say, a producer closed while the broker is down) must not claim a listener named ``call-...``."""
+    lines: list[str] = []
+    for name in ("kafkatx-call-orders-orders.orders.0", "kafkatx-status"):
+        t = threading.Thread(target=lambda: lines.append(JsonFormatter().format(make_record("closing"))), name=name)
+        t.start()
+        t.join()
+    assert ["listener" in json.loads(line) for line in lines] == [False, False]
+
+
 @pytest.fixture
 def root_logging() -> Iterator[None]:
     root = logging.getLogger()
@@ -95,6 +106,7 @@ def root_logging() -> Iterator[None]:
     root.setLevel(saved[0])
     for h in saved[1]:
         root.addHandler(h)
+    logging.captureWarnings(False)
 
 
 def test_configure_json_replaces_handlers_and_sets_level(root_logging: None) -> None:
@@ -113,3 +125,20 @@ def test_configure_json_replaces_handlers_and_sets_level(root_logging: None) -> 
 def test_configure_rejects_an_unknown_level(root_logging: None) -> None:
     with pytest.raises(ValueError, match="unknown log level 'LOUD'"):
         configure("LOUD")
+
+
+def test_configure_sends_python_warnings_through_the_formatter(root_logging: None) -> None:
+    """confluent-kafka warns (RuntimeWarning) when a failed producer is closed: with ``--log-format json``
+    that line must be JSON too, not Python's raw two-line warning on stderr."""
+    import warnings
+
+    stream = io.StringIO()
+    configure("INFO", json=True, stream=stream)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("Producer abort_transaction failed during close", RuntimeWarning, stacklevel=1)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    line = json.loads(lines[0])
+    assert line["level"] == "WARNING" and line["logger"] == "py.warnings"
+    assert "RuntimeWarning: Producer abort_transaction failed during close" in line["message"]

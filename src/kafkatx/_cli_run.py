@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
+import re
 import sys
+import traceback
+from pathlib import Path
 from typing import Any
 
-from kafkatx.errors import InvalidConfigurationError, KafkaTxError
+from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
 
 __all__ = ["add_parser", "load_app"]
 
@@ -19,34 +24,101 @@ log = logging.getLogger("kafkatx.cli")
 EX_USAGE = 64
 EX_CONFIG = 78
 
+#: The kafkatx extra that installs a module an App (or one of kafkatx's examples) may import.
+_EXTRAS = {"sqlalchemy": "database", "pyspark": "spark", "pyarrow": "spark", "pandas": "spark",
+           "prometheus_client": "metrics", "noida_db": "local"}  # fmt: skip
+#: Python words in kafkatx's messages, and what a user of this command types instead.
+_CLI_WORDS = (
+    ("pass App(create_topics=True) to let kafkatx create missing topics",
+     "run with --create-topics (App(create_topics=True)) to let kafkatx create missing topics"),
+)  # fmt: skip
+
+
+class MissingDependencyError(Exception):
+    """The App's module imports a package that is not installed (exit 78: reinstalling fixes it, restarting does not)."""
+
+
+def _file_path_hint(module_name: str, attr: str) -> str:
+    """What to type instead of a file path: the dotted module name when it is under the current directory."""
+    path = Path(module_name.replace("\\", "/"))
+    if path.suffix == ".py":
+        path = path.with_suffix("")
+    absolute = (Path.cwd() / path).resolve()
+    try:
+        relative = absolute.relative_to(Path.cwd().resolve())
+    except ValueError:  # outside the current directory: run from the file's own directory
+        return f"try: cd {absolute.parent} && kafkatx run {absolute.name}:{attr or 'app'}"
+    return f"try {'.'.join(relative.parts)}:{attr or 'app'} (from this directory)"
+
+
+def check_target(target: str) -> tuple[str, str]:
+    """``(module, attribute)`` of ``module:attr``, or a ValueError saying what to type instead."""
+    module_name, sep, attr = target.partition(":")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        raise ValueError(
+            f"{module_name!r} is a file path; kafkatx run takes a module name, without .py: "
+            + _file_path_hint(module_name, attr)
+        )
+    if not sep or not module_name or not attr:
+        example = f"{module_name}:app" if module_name and not sep else "examples.orders:app"
+        raise ValueError(f"expected module:attribute, got {target!r}: try {example}")
+    return module_name, attr
+
+
+def _import(module_name: str) -> Any:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or module_name == missing or module_name.startswith(missing + "."):
+            raise ValueError(f"cannot import module {module_name!r}: {exc} (run kafkatx from the directory "
+                             "that contains it, or install it)") from exc  # fmt: skip
+        top = missing.split(".")[0]
+        extra = _EXTRAS.get(top)
+        how = (f"pip install 'kafkatx[{extra}]' (in a clone of kafkatx: pip install -e '.[{extra}]')" if extra
+               else f"install the package that provides it (often: pip install {top})")  # fmt: skip
+        raise MissingDependencyError(f"{module_name} imports {missing!r}, which is not installed: {how}") from exc
+
+
+def _misspelt_keyword(exc: TypeError) -> str | None:
+    """One line for ``App(create_topic=True)`` and the like: a kafkatx class given an unknown keyword.
+
+    Python's own TypeError names neither the file nor the closest option;
+    other TypeErrors (the App's code) are left alone, traceback and all.
+    """
+    match = re.fullmatch(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    if match is None:
+        return None
+    import kafkatx
+
+    cls = getattr(kafkatx, match.group(1), None)
+    if not inspect.isclass(cls) or cls.__init__.__qualname__ != f"{match.group(1)}.__init__":
+        return None
+    known = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+    close = difflib.get_close_matches(match.group(2), known, n=1)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
+    hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(known)}"
+    return f"{where}{match.group(1)}() got an unknown option {match.group(2)!r}{hint}"
+
 
 def load_app(target: str) -> Any:
     """Import ``module:attr`` (``attr`` may be an App or a zero-argument factory returning one)."""
     from kafkatx.app import App
 
-    module_name, sep, attr = target.partition(":")
-    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
-        dotted = module_name.removesuffix(".py").replace("/", ".").replace("\\", ".").strip(".")
-        raise ValueError(
-            f"{module_name!r} is a file path; kafkatx run takes a module name: try {dotted}:{attr or 'app'} "
-            "(run it from the directory that contains the module)"
-        )
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected module:attribute (for example examples.orders:app), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
-        raise
+    module_name, attr = check_target(target)
+    module = _import(module_name)
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+            apps = [name for name, value in vars(module).items() if isinstance(value, App)]
+            found = f": try {module_name}:{apps[0]}" if len(apps) == 1 else (
+                f"; its Apps are {', '.join(apps)}" if apps else "")  # fmt: skip
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}{found}") from None
     if not isinstance(obj, App) and callable(obj):
         try:
             inspect.signature(obj).bind()
@@ -60,24 +132,62 @@ def load_app(target: str) -> Any:
     return obj
 
 
+def _cli_words(message: str) -> str:
+    for python, cli in _CLI_WORDS:
+        message = message.replace(python, cli)
+    return message
+
+
+def _local_broker_line(bootstrap_servers: str) -> str:
+    from kafkatx.local import DEFAULT_PORT
+
+    tools = (
+        "kafkatx topics, produce and dlq find it without options"
+        if bootstrap_servers.endswith(f":{DEFAULT_PORT}")
+        else f"for kafkatx topics, produce and dlq: --bootstrap-servers {bootstrap_servers}"
+    )
+    return f"kafkatx: embedded broker at {bootstrap_servers} ({tools})"
+
+
+def _start_local_broker(args: argparse.Namespace) -> Any:
+    """The embedded broker of ``--local``, or None after printing why it could not start."""
+    from kafkatx.local import LocalBroker, LocalBrokerError, PortInUseError
+
+    try:
+        return LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
+    except PortInUseError as exc:
+        print(f"kafkatx run: the embedded broker cannot listen on port {exc.port}: it is already in use on "
+              "127.0.0.1 (another broker?). Pick another --local-port, or leave --local-port out for a free "
+              "one", file=sys.stderr)  # fmt: skip
+    except LocalBrokerError as exc:
+        print(f"kafkatx run: {exc}", file=sys.stderr)
+    return None
+
+
 def _supervise(args: argparse.Namespace) -> int:
     """``--workers N``: the same command once per worker, each with its own instance id, supervised."""
     from kafkatx._supervisor import Supervisor, default_base_id, worker_ids
 
+    try:  # a target that cannot work would make every worker exit at once: say so once, start nothing
+        module_name, _ = check_target(args.target)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        if importlib.util.find_spec(module_name) is None:
+            raise ValueError(f"cannot import module {module_name!r}: No module named {module_name!r}")
+    except (ValueError, ImportError) as exc:
+        print(f"kafkatx run: {exc}", file=sys.stderr)
+        return EX_USAGE
     command = [sys.executable, "-m", "kafkatx", "run", args.target, "--no-status", "--log-format", args.log_format]
+    command += ["-v"] * min(getattr(args, "verbosity", 0), 2)
     if args.create_topics:
         command.append("--create-topics")
     broker = None
     try:
         if args.local:
-            from kafkatx.local import LocalBroker, LocalBrokerError
-
-            try:
-                broker = LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
-            except LocalBrokerError as exc:
-                print(f"kafkatx run: {exc}", file=sys.stderr)
+            broker = _start_local_broker(args)
+            if broker is None:
                 return 1
-            print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
+            print(_local_broker_line(broker.bootstrap_servers), flush=True)
             command += ["--bootstrap-servers", broker.bootstrap_servers, "--create-topics", "--embedded-broker"]
         elif args.bootstrap_servers:
             command += ["--bootstrap-servers", args.bootstrap_servers]
@@ -87,6 +197,25 @@ def _supervise(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _no_servers(app: Any) -> str:
+    """What to do when the App has no bootstrap servers, in this command's words."""
+    from kafkatx.local import DEFAULT_PORT, _port_in_use
+
+    running = (f" (something listens on 127.0.0.1:{DEFAULT_PORT}, where `kafkatx broker` runs: "
+               f"--bootstrap-servers 127.0.0.1:{DEFAULT_PORT})") if _port_in_use(DEFAULT_PORT) else ""  # fmt: skip
+    return (f"App {app.name!r} has no Kafka bootstrap servers: pass --bootstrap-servers HOST:PORT, set "
+            f"$KAFKATX_BOOTSTRAP_SERVERS, or add --local for an embedded broker{running}")  # fmt: skip
+
+
+def _unreachable(app: Any, args: argparse.Namespace) -> str:
+    servers = app.resolved_bootstrap_servers()
+    source = ("--bootstrap-servers" if args.bootstrap_servers else
+              "the App's bootstrap_servers" if app.bootstrap_servers or app.config.get("bootstrap.servers") else
+              "$KAFKATX_BOOTSTRAP_SERVERS")  # fmt: skip
+    return (f"cannot reach Kafka at {servers} (from {source}; no answer within 15 s): is the broker running, "
+            "and is that its address? Pass --bootstrap-servers HOST:PORT, or add --local for an embedded broker")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -100,6 +229,15 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidConfigurationError as exc:  # raised while the module declared its listeners
         print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except MissingDependencyError as exc:
+        print(f"kafkatx run: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except TypeError as exc:
+        misspelt = _misspelt_keyword(exc)
+        if misspelt is None:
+            raise
+        print(f"kafkatx run: configuration error: {misspelt}", file=sys.stderr)
+        return EX_CONFIG
     except ValueError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)
         return EX_USAGE
@@ -112,23 +250,26 @@ def _run(args: argparse.Namespace) -> int:
     broker = None
     try:
         if args.local:
-            from kafkatx.local import LocalBroker, LocalBrokerError
+            from kafkatx.local import LocalBroker
 
-            try:
-                broker = LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
-            except LocalBrokerError as exc:
-                print(f"kafkatx run: {exc}", file=sys.stderr)
+            broker = _start_local_broker(args)
+            if broker is None:
                 return 1
             app.bootstrap_servers = broker.bootstrap_servers
             app.create_topics = True  # a fresh embedded broker has no topics yet
             for key, value in LocalBroker.client_config.items():
                 app.config.setdefault(key, value)
-            print(f"kafkatx: embedded broker at {broker.bootstrap_servers}", flush=True)
+            print(_local_broker_line(broker.bootstrap_servers), flush=True)
         elif args.embedded_broker:  # a worker of a supervisor that runs the embedded broker
             from kafkatx.local import LocalBroker
 
             for key, value in LocalBroker.client_config.items():
                 app.config.setdefault(key, value)
+        try:
+            app.resolved_bootstrap_servers()
+        except InvalidConfigurationError:
+            print(f"kafkatx run: configuration error: {_no_servers(app)}", file=sys.stderr)
+            return EX_CONFIG
         if args.metrics_port is not None:
             from kafkatx.metrics import serve_metrics
 
@@ -148,12 +289,15 @@ def _run(args: argparse.Namespace) -> int:
             if status is not None:
                 status.stop()
     except InvalidConfigurationError as exc:
-        print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+        print(f"kafkatx run: configuration error: {_cli_words(str(exc))}", file=sys.stderr)
         return EX_CONFIG
     except KeyboardInterrupt:
         return 130
+    except ClusterUnreachableError:
+        print(f"kafkatx run: {_unreachable(app, args)}", file=sys.stderr)
+        return 1
     except KafkaTxError as exc:  # kafkatx's messages say what happened and what to check
-        print(f"kafkatx run: {exc}", file=sys.stderr)
+        print(f"kafkatx run: {_cli_words(str(exc))}", file=sys.stderr)
         return 1
     except Exception as exc:
         print(f"kafkatx run: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -171,10 +315,12 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--instance-id", help="stable identity of this process, used in transactional.ids ($KAFKATX_INSTANCE_ID)")
     r.add_argument("--local", action="store_true",
                    help="start an embedded Kafka broker for the lifetime of the process; it replaces the App's "
-                        "bootstrap servers, and missing topics are created")  # fmt: skip
+                        "bootstrap servers, and missing topics are created (as with --create-topics)")  # fmt: skip
     r.add_argument("--local-port", type=int, default=None, help="port of the embedded broker (default: a free one)")
     r.add_argument("--local-data-dir", default=None, help="data dir of the embedded broker (default: temporary)")
-    r.add_argument("--create-topics", action="store_true", help="create missing input/output topics")
+    r.add_argument("--create-topics", action="store_true",
+                   help="create the missing topics the App reads, writes, sends to or dead-letters to "
+                        "(with the App's topic_partitions)")  # fmt: skip
     r.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: a free one)")
     r.add_argument("--metrics-addr", default="127.0.0.1", help="address to serve metrics on (default 127.0.0.1; 0.0.0.0 for all)")
     r.add_argument("--log-format", choices=("text", "json"), default="text", help="log as text (default) or one JSON object per line")

@@ -1,4 +1,4 @@
-"""The kafkatx command: run an App, run a local broker, work with dead-letter topics."""
+"""The kafkatx command: run an App, run a local broker, create topics and write records, work with dead-letter topics."""
 
 from __future__ import annotations
 
@@ -15,21 +15,32 @@ __all__ = ["main"]
 
 EX_USAGE = 64
 EX_CONFIG = 78
+#: Where kafkatx's clients send librdkafka's log lines (kafkatx._client_log, the dead-letter tools).
+_CLIENT_LOGGERS = ("kafkatx.librdkafka", "kafkatx.dlq.librdkafka")
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from kafkatx.local import LocalBroker, LocalBrokerError
+    from kafkatx.local import DEFAULT_PORT, LocalBroker, LocalBrokerError, PortInUseError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         broker = LocalBroker(port=args.port, data_dir=Path(args.data_dir)).start()
+    except PortInUseError as exc:
+        print(f"kafkatx broker: port {exc.port} on 127.0.0.1 is already in use. If another `kafkatx broker` "
+              f"runs there, use that one (clients reach it at 127.0.0.1:{exc.port}); otherwise pick another "
+              "port with --port N", file=sys.stderr)  # fmt: skip
+        return 1
     except LocalBrokerError as exc:
         print(f"kafkatx broker: {exc}", file=sys.stderr)
         return 1
     try:
         print(f"kafkatx: local Kafka broker listening on {broker.bootstrap_servers} (data in {broker.data_dir})", flush=True)
+        servers = broker.bootstrap_servers
+        found = ("kafkatx topics, produce and dlq find it without options; " if broker.port == DEFAULT_PORT
+                 else f"kafkatx topics, produce and dlq: --bootstrap-servers {servers}; ")  # fmt: skip
+        print(f"{found}kafkatx run: --bootstrap-servers {servers} (or KAFKATX_BOOTSTRAP_SERVERS={servers})", flush=True)
         print("press Ctrl-C to stop", flush=True)
         while not stop.wait(0.5):
             if not broker.running:
@@ -41,11 +52,26 @@ def _broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after the command too (``kafkatx run app:app -v``), counted with the one before it.
+
+    Only leaf commands get it: a subcommand's defaults would overwrite what its parent parsed.
+    """
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        parser.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                            help="more logging: -v kafkatx's debug lines, -vv librdkafka's too")  # fmt: skip
+    for action in groups:
+        for child in dict.fromkeys(action.choices.values()):
+            _add_verbose(child)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from kafkatx._version import __version__
 
     parser = argparse.ArgumentParser(prog="kafkatx", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging: -v kafkatx's debug lines, -vv librdkafka's too")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"kafkatx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -64,15 +90,21 @@ def _build_parser() -> argparse.ArgumentParser:
         dlq_cli = None  # type: ignore[assignment]
     if dlq_cli is not None and hasattr(dlq_cli, "add_parser"):
         dlq_cli.add_parser(sub)
+    for command in dict.fromkeys(sub.choices.values()):
+        _add_verbose(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
+    args.verbosity = args.verbose + getattr(args, "sub_verbose", 0)
     from kafkatx.logging import configure as configure_logging
 
-    configure_logging(level, json=getattr(args, "log_format", "text") == "json")
+    configure_logging(logging.DEBUG if args.verbosity > 1 else logging.INFO, json=getattr(args, "log_format", "text") == "json")
+    if args.verbosity:  # -v: kafkatx's own DEBUG lines; -vv: everything's, librdkafka's included
+        logging.getLogger("kafkatx").setLevel(logging.DEBUG)
+        for name in _CLIENT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO if args.verbosity == 1 else logging.DEBUG)
     func: Any = args.func
     return int(func(args) or 0)

@@ -27,7 +27,15 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
-__all__ = ["LocalBroker", "LocalBrokerError", "chained_listeners", "find_noida_binary", "local_broker_at", "warn_about_chained_listeners"]
+__all__ = [
+    "LocalBroker",
+    "LocalBrokerError",
+    "PortInUseError",
+    "chained_listeners",
+    "find_noida_binary",
+    "local_broker_at",
+    "warn_about_chained_listeners",
+]
 
 log = logging.getLogger("kafkatx.local")
 
@@ -40,6 +48,17 @@ DEFAULT_PORT = 9092
 
 class LocalBrokerError(RuntimeError):
     """The embedded broker could not be found, started or stopped."""
+
+
+class PortInUseError(LocalBrokerError):
+    """The port asked for is taken (often by another broker). The commands reword the hint in their own options."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(
+            f"cannot start the local broker: port {port} on 127.0.0.1 is already in use (is another broker "
+            "running?); pick another port, or LocalBroker(port=None) for a free one"
+        )
+        self.port = port
 
 
 def find_noida_binary() -> Path:
@@ -77,6 +96,32 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
+_TEMP_PREFIX = "kafkatx-broker-"
+#: In a temporary data dir: the pid of the process that owns it.
+_OWNER_FILE = ".kafkatx-owner"
+
+
+def _remove_orphaned_temporary_dirs() -> None:
+    """Remove the temporary data dirs of owners that died without stopping their broker.
+
+    A process killed with SIGKILL (or by the OOM killer) takes its broker with
+    it (``PR_SET_DEATHSIG``) but runs no cleanup, so its temporary directory
+    would stay forever. The next start removes it: only directories whose
+    owner file names a process that no longer exists.
+    """
+    for directory in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}*"):
+        try:
+            pid = int((directory / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not one of ours, or being created right now
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except OSError:  # PermissionError: alive, another user's
+            continue
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -90,7 +135,9 @@ class LocalBroker:
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`.
     ``port=None`` picks a free port; ``data_dir=None`` uses a temporary
-    directory that is removed on :meth:`stop`. :meth:`restart` keeps the
+    directory that is removed on :meth:`stop` (or, when this process is
+    killed before it can stop the broker, by the next start of any
+    LocalBroker). :meth:`restart` keeps the
     data directory and the port, so clients reconnect to the same address.
     """
 
@@ -122,6 +169,7 @@ class LocalBroker:
     # -- properties -------------------------------------------------------
     @property
     def port(self) -> int:
+        """The port the broker listens on (a LocalBrokerError before the first start when none was given)."""
         if self._port is None:
             raise LocalBrokerError("the broker has not been started")
         return self._port
@@ -133,20 +181,24 @@ class LocalBroker:
 
     @property
     def data_dir(self) -> Path:
+        """The broker's data directory (a temporary one unless ``data_dir`` was given)."""
         if self._data_dir is None:
             raise LocalBrokerError("the broker has not been started")
         return self._data_dir
 
     @property
     def pid(self) -> int | None:
+        """The broker process's id, None when it is not running."""
         return self._proc.pid if self._proc is not None else None
 
     @property
     def running(self) -> bool:
+        """True while the broker process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
     @property
     def log_path(self) -> Path:
+        """The broker's own log file, in its data directory (:meth:`log_tail` reads its end)."""
         return self.data_dir / "broker.log"
 
     # -- lifecycle --------------------------------------------------------
@@ -170,11 +222,7 @@ class LocalBroker:
                 if self._requested_port is None and (self._port is None or attempt > 1):
                     self._port = _free_port()
                 elif _port_in_use(self.port):
-                    raise LocalBrokerError(
-                        f"cannot start the local broker: port {self.port} on 127.0.0.1 is already "
-                        "in use (is another broker running? pick another port: `kafkatx broker --port N`, "
-                        "`kafkatx run --local-port N`; or leave it out for a free one)"
-                    )
+                    raise PortInUseError(self.port)
                 try:
                     self._spawn(binary)
                     self._wait_ready()
@@ -243,7 +291,9 @@ class LocalBroker:
     # -- internals --------------------------------------------------------
     def _prepare_data_dir(self) -> None:
         if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix="kafkatx-broker-"))
+            _remove_orphaned_temporary_dirs()
+            self._data_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+            (self._data_dir / _OWNER_FILE).write_text(str(os.getpid()))
             return
         try:
             self._data_dir.mkdir(parents=True, exist_ok=True)
@@ -367,13 +417,15 @@ def is_embedded_broker(bootstrap_servers: str, cluster_id: str | None = None) ->
 def chained_listeners(listeners: Iterable[ListenerTopics]) -> list[tuple[str, str, str]]:
     """``(writer, topic, reader)`` for every listener that reads a topic another listener writes.
 
-    Only the topics known at declaration are seen (``output`` and the
-    dead-letter topic); topics a handler reaches with ``send()`` are not.
+    Only the topics known at declaration are seen: ``output``, the ``send()``
+    targets declared with ``sends_to=`` and the dead-letter topic; a topic a
+    handler reaches with ``send()`` without declaring it is not.
     """
     listeners = list(listeners)
     chains: list[tuple[str, str, str]] = []
     for writer in listeners:
-        for topic in dict.fromkeys(t for t in (writer.output, writer.dlq_topic) if t):
+        written = (writer.output, *getattr(writer, "sends_to", ()), writer.dlq_topic)
+        for topic in dict.fromkeys(t for t in written if t):
             chains.extend((writer.name, topic, reader.name) for reader in listeners if topic in reader.topics)
     return chains
 

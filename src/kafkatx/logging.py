@@ -26,6 +26,9 @@ __all__ = ["TextFormatter", "JsonFormatter", "configure", "COORDINATES"]
 COORDINATES = ("topic", "partition", "offset", "attempt")
 
 _THREAD_PREFIX = "kafkatx-"  # container threads are named kafkatx-<listener>
+#: kafkatx's other threads: the status line, and the bounded-call workers (kafkatx-call-<client>, _bounded.py),
+#: which are named after a client (a transactional.id, say), not a listener.
+_NOT_LISTENERS = ("kafkatx-status", "kafkatx-call-")
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 # Attributes every LogRecord has: anything else came from ``extra=``.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
@@ -41,7 +44,7 @@ def _listener(record: logging.LogRecord) -> str | None:
     if listener is not None:
         return str(listener)
     thread = record.threadName or ""
-    if thread.startswith(_THREAD_PREFIX) and thread != "kafkatx-status":
+    if thread.startswith(_THREAD_PREFIX) and not thread.startswith(_NOT_LISTENERS):
         return thread[len(_THREAD_PREFIX) :]
     return None
 
@@ -129,7 +132,10 @@ def configure(
 
     Like ``logging.basicConfig(force=True)``, it replaces the root logger's
     handlers, so calling it twice (or after basicConfig) does not print every
-    line twice. Returns the handler it installed.
+    line twice. Python warnings (``warnings.warn``, e.g. confluent-kafka's
+    when a failed producer is closed) go through it too, as WARNING lines of
+    the ``py.warnings`` logger, so that nothing reaches stderr past the
+    formatter (``--log-format json`` included). Returns the handler it installed.
     """
     if isinstance(level, str):
         resolved = logging.getLevelName(level.upper())
@@ -145,4 +151,5 @@ def configure(
         old.close()  # a StreamHandler does not close stderr itself
     root.addHandler(handler)
     root.setLevel(level)
+    logging.captureWarnings(True)
     return handler

@@ -152,6 +152,10 @@ def _inspect(args: argparse.Namespace) -> int:
     print(_table(shown))
     more = f", first {len(shown)} shown" if len(shown) < len(entries) else ""
     print(f"\n{len(entries)} dead-lettered {what} in {args.topic}{more}; times are UTC")
+    passed = sum(1 for e in entries if e.replayed)
+    if passed:  # the replay group's offsets say how far it went, not which records a --filter skipped
+        print(f"REPLAYED yes: {passed} record(s) behind the offsets of replay group {default_replay_group(args.topic)}, "
+              "so `kafkatx dlq replay` will not take them again (replayed, or skipped by its --filter)")  # fmt: skip
     return 0
 
 
@@ -210,7 +214,8 @@ def add_parser(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("topic", metavar="TOPIC", help="the dead-letter topic")
-        p.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers (default ${ENV_BOOTSTRAP})")
+        p.add_argument("--bootstrap-servers",
+                       help=f"Kafka bootstrap servers (default: ${ENV_BOOTSTRAP}, else `kafkatx broker` on 127.0.0.1:9092)")  # fmt: skip
         p.add_argument(
             "--filter", dest="filters", action="append", type=_filter_arg, default=[], metavar="FIELD=VALUE",
             help=f"only records matching all filters (repeatable): FIELD=VALUE, FIELD!=VALUE, FIELD~=REGEX. {fields}",

