@@ -87,6 +87,8 @@ class ListenerContainer:
         self._group_producer: TransactionalProducer | None = None
         self._partition_producers: dict[TP, TransactionalProducer] = {}
         self._paused_until: dict[TP, float] = {}
+        #: Records of a paused partition kept in memory through a back-off, handled when the pause ends.
+        self._deferred: dict[TP, list[ConsumedMessage]] = {}
         self._revoked_in_poll: set[TP] = set()
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
@@ -276,6 +278,7 @@ class ListenerContainer:
         self.tracker.clear_partitions(tps)
         for tp in tps:
             self._paused_until.pop(tp, None)
+            self._deferred.pop(tp, None)  # its new owner starts from the committed offset
             self._committed.pop(tp, None)
             producer = self._partition_producers.pop(tp, None)
             if producer is not None:
@@ -326,6 +329,9 @@ class ListenerContainer:
             self.tracker.committed(offsets)
 
     def seek(self, tp: TP, offset: int) -> None:
+        deferred = self._deferred.get(tp)
+        if deferred is not None and offset <= deferred[-1].offset():
+            del self._deferred[tp]  # they are fetched again from there: handled from memory too, they would run twice
         consumer = self.consumer
         if consumer is None:
             return
@@ -345,14 +351,39 @@ class ListenerContainer:
             return
         self._paused_until[tp] = max(self._paused_until.get(tp, 0.0), time.monotonic() + seconds)
 
+    def defer(self, messages: list[ConsumedMessage], seconds: float) -> None:
+        """Hold the partition of ``messages`` for ``seconds``, keeping them in memory to handle when it ends.
+
+        The partition is paused and its fetch position moved past them, so
+        the back-off ends on time, with no seek back and fetch again (which
+        adds up to a fetch's long-poll wait). If the partition is revoked
+        meanwhile, they are dropped: its next owner starts from the committed
+        offset.
+        """
+        if not messages:
+            return
+        first = messages[0]
+        tp = (first.topic(), first.partition())
+        self.seek(tp, messages[-1].offset() + 1)
+        self.pause(tp, seconds)
+        if tp in self._paused_until:
+            self._deferred[tp] = messages
+        else:  # not paused (revoked, or no back-off after all): fetch them again
+            self.seek(tp, first.offset())
+
     # -- the loop -------------------------------------------------------------
     def _poll_and_process(self) -> None:
         consumer = self.consumer
         assert consumer is not None
-        if self._paused_until:
-            self._resume_due()
         spec = self.spec
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
+        if self._paused_until:
+            deferred = self._resume_due()
+            if deferred:  # a back-off ended: its records were kept in memory (see defer())
+                self._handle_batch(deferred)
+                return
+            if self._paused_until:  # wake up when the next pause ends, not a poll later
+                timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
         self._revoked_in_poll.clear()
         msgs = consumer.consume(spec.max_batch_records, timeout)
         self.polled_at = time.monotonic()
@@ -379,8 +410,12 @@ class ListenerContainer:
                 batch = [m for m in batch if (m.topic(), m.partition()) not in held]
                 for tp, offset in held.items():
                     self.seek(tp, offset)
-        if not batch:
-            return
+        if batch:
+            self._handle_batch(batch)
+
+    def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
+        """Split ``batch`` into transaction units (careful mode first) and run them."""
+        spec = self.spec
         self._last_activity = time.monotonic()
         self._positions_checked = False
         if self.guard.careful:
@@ -484,16 +519,19 @@ class ListenerContainer:
                 continue
             log.debug("listener %s committed positions past transaction markers: %s", self.name, offsets)
 
-    def _resume_due(self) -> None:
+    def _resume_due(self) -> list[ConsumedMessage]:
+        """Resume the partitions whose pause has ended; return the records deferred to that moment."""
         now = time.monotonic()
         due = [tp for tp, until in self._paused_until.items() if until <= now]
-        if due and self.consumer is not None:
-            for tp in due:
-                del self._paused_until[tp]
-            try:
-                self.consumer.resume([TopicPartition(t, p) for t, p in due])
-            except Exception:
-                log.debug("resume of %s failed (revoked?)", due, exc_info=True)
+        if not due or self.consumer is None:
+            return []
+        for tp in due:
+            del self._paused_until[tp]
+        try:
+            self.consumer.resume([TopicPartition(t, p) for t, p in due])
+        except Exception:
+            log.debug("resume of %s failed (revoked?)", due, exc_info=True)
+        return [m for tp in due for m in self._deferred.pop(tp, ())]
 
 
 def _transaction_budget(spec: ListenerSpec, transaction_timeout_ms: int, consumer_config: dict[str, Any]) -> float:

@@ -371,6 +371,12 @@ class TransactionUnit:
         """Seek the partitions of ``messages`` back to their committed offsets."""
         self._c.reactions.rewind_to_committed(self.messages if messages is None else messages)
 
+    def defer(self, messages: list[ConsumedMessage], seconds: float) -> None:
+        """Hold the partition of ``messages`` (one partition's records, in order) for ``seconds``, then handle
+        them from memory: the back-off ends on time, without fetching them again. Dropped if the partition is
+        revoked or sought back meanwhile (its records then come from the committed offset)."""
+        self._c.defer(messages, seconds)
+
     def pause(self, tp: TP, seconds: float) -> None:
         """Hold ``tp`` for ``seconds`` while the consumer keeps polling (no rebalance; other partitions flow).
 

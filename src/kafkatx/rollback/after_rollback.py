@@ -42,9 +42,6 @@ TP = tuple[str, int]
 #: Runs the handler for one record and returns its encoded outputs (raising what the handler raised).
 Replay = Callable[[Record], Sequence[PendingOutput]]
 _NEVER = 2**63  # an offset no record reaches
-#: Back-offs shorter than this are waited out on the container thread, with the records kept in memory:
-#: pausing and fetching again would add about half a second (the next fetch's latency) to a 0.1 s back-off.
-INLINE_BACKOFF_S = 1.0
 
 
 class HandlerFailure(Exception):
@@ -73,8 +70,9 @@ def after_rollback(
 
     Those are the records the transaction did not commit on partitions not
     held for a back-off (Spring seeks back and polls them again; the result
-    is the same without the round trip). Records of held partitions are
-    rewound instead, and everything is when ``keep_in_memory`` is False.
+    is the same without the round trip). Records of partitions held for a
+    back-off are kept in memory by the container until it ends (:meth:`~kafkatx.TransactionUnit.defer`); everything is rewound
+    instead when ``keep_in_memory`` is False.
     """
     while True:
         scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
@@ -95,8 +93,6 @@ def after_rollback(
             recovery_failed(unit, msgs, failure, recovery, replay)
             return []
         rest = scope.apply(keep_in_memory=keep_in_memory and not unit.stopping)
-        if scope.inline_wait:
-            unit.wait(scope.inline_wait)  # stop-aware; the records come next, from memory
         unit.publish(
             TransactionCommitted(unit.listener, unit.worker, scope.committed_records, scope.unit.outputs,
                                  time.perf_counter() - started, "after_rollback")
@@ -181,8 +177,6 @@ class RollbackScope:
         self._offsets: dict[TP, int] = {}
         self._held: dict[TP, Record] = {}
         self._pauses: dict[TP, float] = {}
-        #: The longest short back-off asked for: waited out inline after the commit (see INLINE_BACKOFF_S).
-        self.inline_wait = 0.0
         self.committed_records = 0
 
     @functools.cached_property
@@ -236,10 +230,8 @@ class RollbackScope:
 
     def backoff(self, record: Record, seconds: float) -> None:
         self.hold(record)
-        if seconds >= INLINE_BACKOFF_S:
+        if seconds > 0:
             self._pauses[(record.topic, record.partition)] = seconds
-        elif seconds > 0:
-            self.inline_wait = max(self.inline_wait, seconds)
 
     def send_offsets(self) -> None:
         """Send this transaction's offsets. A held record's own offset is committed too (nothing past it):
@@ -261,18 +253,25 @@ class RollbackScope:
         for m in self._msgs:
             last[(m.topic(), m.partition())] = m.offset()
         kept: dict[TP, int] = {}
+        deferred: dict[TP, int] = {}
         for tp, first in _first_offsets(self._msgs).items():
             target = max(self._offsets.get(tp, first), first)
             if last[tp] >= target:  # some of this partition's records were not committed
-                if keep_in_memory and tp not in self._pauses:
-                    kept[tp] = target
+                if keep_in_memory:
+                    (deferred if tp in self._pauses else kept)[tp] = target
                 else:
                     self.unit.seek(tp, target)
         for tp, seconds in self._pauses.items():
-            self.unit.pause(tp, seconds)
+            if tp in deferred:  # handled from memory when the back-off ends
+                self.unit.defer(self._uncommitted(tp, deferred[tp]), seconds)
+            else:
+                self.unit.pause(tp, seconds)
         if not kept:
             return []
         return [m for m in self._msgs if m.offset() >= kept.get((m.topic(), m.partition()), _NEVER)]
+
+    def _uncommitted(self, tp: TP, target: int) -> list[ConsumedMessage]:
+        return [m for m in self._msgs if m.partition() == tp[1] and m.topic() == tp[0] and m.offset() >= target]
 
 
 def _first_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
