@@ -68,7 +68,7 @@ def prepare_topics(app: App) -> None:
         if spec.output:
             setup.require(spec.output, f"output topic of listener {spec.name!r}")
         for topic in spec.sends_to:
-            setup.require(topic, f"topic listener {spec.name!r} sends to")
+            setup.require(topic, f"send() target of listener {spec.name!r}")
         setup.input_topics = spec.topics
         spec.recoverer.setup(setup)
     app.cluster_id = meta.cluster_id

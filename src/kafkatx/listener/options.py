@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, ForwardRef, Literal, TypedDict
 
 from tenacity.wait import wait_base
 
@@ -124,8 +124,10 @@ def signature_with_options(
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     hints = options.__annotations__
-    for key in hints:
+    for key, hint in hints.items():
+        # A TypedDict keeps postponed annotations as ForwardRefs: show their text, as for the other parameters.
+        annotation = hint.__forward_arg__ if isinstance(hint, ForwardRef) else hint
         params.append(
-            inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(key), annotation=hints[key])
+            inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(key), annotation=annotation)
         )
     return sig.replace(parameters=params)

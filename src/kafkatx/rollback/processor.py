@@ -95,7 +95,13 @@ class RollbackContext(Protocol):
 class AfterRollbackProcessor(Protocol):
     """Anything with ``process(context)``; see :class:`RollbackContext`."""
 
-    def process(self, context: RollbackContext) -> None: ...
+    def process(self, context: RollbackContext) -> None:
+        """Decide about ``context.failed`` inside the new transaction: re-run, back off, recover or keep it.
+
+        Whatever it leaves uncommitted is delivered again (the container rewinds it), so a processor
+        that decides nothing loses nothing.
+        """
+        ...
 
 
 class DefaultAfterRollbackProcessor:
@@ -139,6 +145,10 @@ class DefaultAfterRollbackProcessor:
         return self.policy.max_attempts
 
     def process(self, context: RollbackContext) -> None:
+        """Count the failure, then retry the record after the back-off or recover it (Spring's sequence).
+
+        The batch-mates before it are re-run and committed in this transaction either way.
+        """
         failed, exc, tracker, policy = context.failed, context.exception, context.tracker, self.policy
         state = tracker.state(failed)
         if state is not None and state.pending_recovery:
