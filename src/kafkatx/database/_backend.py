@@ -9,6 +9,7 @@ already have: ``database=engine`` (SQLAlchemy 2), ``database="sqlite:///app.db"`
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -32,8 +33,24 @@ class Backend:
     def connect(self) -> Any:
         raise NotImplementedError
 
-    def begin(self, conn: Any) -> None:
+    def begin(self, conn: Any) -> Any:
+        """Begin a transaction on ``conn``; a token for :meth:`still_open` (None if there is nothing to check)."""
         raise NotImplementedError
+
+    def still_open(self, conn: Any, token: Any) -> bool:
+        """False if the transaction ``begin`` returned ``token`` for was ended behind kafkatx's back."""
+        return True
+
+    def broken(self, conn: Any) -> bool:
+        """True if ``conn`` lost its server (the driver or SQLAlchemy marked it closed or invalid)."""
+        return False
+
+    def unusable(self, conn: Any, token: Any) -> str | None:
+        """Why the open transaction cannot commit any more because of what a handler did, or None.
+
+        Checked after each handler call (no round trip: the driver's own state).
+        """
+        return None
 
     def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         """Run ``sql`` (``:name`` placeholders); the rows, if it returns any."""
@@ -75,12 +92,37 @@ class _SqlAlchemyBackend(Backend):
         return stmt
 
     def connect(self) -> Any:
-        return self._engine.connect()
+        conn = self._engine.connect()
+        # The handler gets this very Connection (Session(db()) needs a real one), so its transaction-ending
+        # methods are shadowed on the instance: db().commit() would commit the rows before the Kafka
+        # transaction, without the input position. kafkatx calls the class's own methods below.
+        for name in ("commit", "rollback", "close"):
+            setattr(conn, name, functools.partial(_refuse, name))
+        if self.dialect == "sqlite":
+            _wait_for_sqlite_lock(conn.connection.dbapi_connection)
+        return conn
 
-    def begin(self, conn: Any) -> None:
+    def begin(self, conn: Any) -> Any:
         if conn.in_transaction():
-            conn.rollback()
-        conn.begin()
+            type(conn).rollback(conn)
+        return conn.begin()
+
+    def still_open(self, conn: Any, token: Any) -> bool:
+        # A Session(db()).rollback() (or db().get_transaction().rollback()) ends kafkatx's transaction: the
+        # rows of the records handled before it in the unit would be lost while their offsets commit.
+        return token is None or bool(token.is_active)
+
+    def broken(self, conn: Any) -> bool:
+        return bool(conn.invalidated or conn.closed)
+
+    def unusable(self, conn: Any, token: Any) -> str | None:
+        if conn.invalidated or conn.closed:
+            return LOST_UNDER_HANDLER
+        if token is not None and not token.is_active:
+            return ENDED_BY_HANDLER
+        if self.dialect == "postgresql" and _pg_failed(conn.connection.dbapi_connection):
+            return ABORTED_BY_HANDLER
+        return None
 
     def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         result = conn.execute(self._stmt(sql), dict(params or {}))
@@ -91,10 +133,16 @@ class _SqlAlchemyBackend(Backend):
             conn.execute(self._stmt(sql), [dict(r) for r in rows])
 
     def commit(self, conn: Any) -> None:
-        conn.commit()
+        type(conn).commit(conn)
 
     def rollback(self, conn: Any) -> None:
-        conn.rollback()
+        type(conn).rollback(conn)
+
+    def close(self, conn: Any) -> None:
+        try:
+            type(conn).close(conn)
+        except Exception:  # noqa: BLE001 - a broken connection is being thrown away
+            pass
 
 
 class _DbApiBackend(Backend):
@@ -120,6 +168,8 @@ class _DbApiBackend(Backend):
                 self._style = "named"
         if self.dialect == "sqlite" and getattr(conn, "isolation_level", "") is None:
             conn.isolation_level = ""  # autocommit mode would commit every statement on its own
+        if self.dialect == "sqlite":
+            _wait_for_sqlite_lock(conn)
         if getattr(conn, "autocommit", False) is True:
             conn.autocommit = False
         return conn
@@ -145,8 +195,18 @@ class _DbApiBackend(Backend):
     def _args(self, names: list[str], params: Mapping[str, Any]) -> Any:
         return [params[n] for n in names] if names else dict(params)
 
-    def begin(self, conn: Any) -> None:
+    def begin(self, conn: Any) -> Any:
         conn.rollback()  # DB-API connections begin implicitly; make sure nothing earlier is pending
+        return None
+
+    def broken(self, conn: Any) -> bool:
+        # psycopg 3: closed/broken (bool); psycopg2: closed (0 while open); sqlite3 has neither
+        return bool(getattr(conn, "broken", False)) or getattr(conn, "closed", False) not in (False, 0, None)
+
+    def unusable(self, conn: Any, token: Any) -> str | None:
+        if self.broken(conn):
+            return LOST_UNDER_HANDLER
+        return ABORTED_BY_HANDLER if self.dialect == "postgresql" and _pg_failed(conn) else None
 
     def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         text, names = self._convert(sql)
@@ -188,20 +248,62 @@ class ManagedConnection:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
-    def _refuse(self, what: str) -> None:
-        raise RuntimeError(
-            f"kafkatx.db().{what}() is not allowed: the database transaction commits together with the Kafka "
-            "transaction (or rolls back with it); raise an exception to roll both back"
-        )
-
     def commit(self) -> None:
-        self._refuse("commit")
+        _refuse("commit")
 
     def rollback(self) -> None:
-        self._refuse("rollback")
+        _refuse("rollback")
 
     def close(self) -> None:
-        self._refuse("close")
+        _refuse("close")
+
+
+#: A handler ended kafkatx's transaction through SQLAlchemy (a rollback of Session(db()), or of db()'s Transaction).
+ENDED_BY_HANDLER = (
+    "the handler ended kafkatx's database transaction (Session(db()).rollback(), or a rollback or commit of "
+    "db().get_transaction()): the rows of the records before it in the unit would be lost while their offsets "
+    "commit; raise an exception to roll the record back instead (kafkatx rolls back both sides and retries)"
+)
+#: A handler caught a database error and went on, but PostgreSQL had aborted the transaction.
+ABORTED_BY_HANDLER = (
+    "a statement of the handler failed and the handler carried on, but PostgreSQL aborts the whole transaction "
+    "on an error (\"current transaction is aborted\"), so nothing of the unit could commit. To carry on after a "
+    "statement that may fail, run it in a savepoint: with db().begin_nested(): ... (SQLAlchemy), "
+    "with db().transaction(): ... (psycopg)"
+)
+#: The connection died during a handler that caught the error and returned (an outage, see DatabaseSession).
+LOST_UNDER_HANDLER = "the database connection was lost while the handler ran (it caught the error and returned)"
+_PQTRANS_INERROR = 3  # libpq's PQtransactionStatus: in a failed transaction block
+
+
+def _pg_failed(raw: Any) -> bool:
+    """libpq says the transaction has failed (psycopg 3 or psycopg2; a local check, no round trip)."""
+    info = getattr(raw, "info", None)
+    status = getattr(info, "transaction_status", None)  # psycopg 3
+    if status is None:
+        get = getattr(raw, "get_transaction_status", None)  # psycopg2
+        status = get() if callable(get) else None
+    return status is not None and int(status) == _PQTRANS_INERROR
+
+
+#: How long a unit waits for SQLite's write lock (held by another container's unit from its start to its commit,
+#: so for up to max_transaction_ms, 10 s by default) before the wait counts as an outage. sqlite3's own: 5 s.
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+
+def _wait_for_sqlite_lock(raw: Any) -> None:
+    cur = raw.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cur.close()
+
+
+def _refuse(what: str) -> None:
+    raise RuntimeError(
+        f"kafkatx.db().{what}() is not allowed: the database transaction commits together with the Kafka "
+        "transaction (or rolls back with it); raise an exception to roll both back"
+    )
 
 
 def backend_for(database: Any) -> Backend:
@@ -217,10 +319,24 @@ def backend_for(database: Any) -> Backend:
                 "or pass a connection factory such as lambda: sqlite3.connect('app.db')"
             ) from None
         try:
-            return _SqlAlchemyBackend(create_engine(database))
+            engine = create_engine(database)
         except Exception as exc:
             raise InvalidConfigurationError(f"database={database!r} is not a usable database URL: {exc}") from exc
-    if type(database).__module__.startswith("sqlalchemy") and hasattr(database, "dialect"):
+        _check_not_in_memory(engine)
+        return _SqlAlchemyBackend(engine)
+    module = type(database).__module__
+    if module.startswith("sqlalchemy.ext.asyncio"):
+        raise InvalidConfigurationError(
+            f"database= got an asyncio {type(database).__name__}: handlers run on a thread, so kafkatx needs a "
+            "synchronous engine (sqlalchemy.create_engine with a synchronous driver)"
+        )
+    if module.startswith("sqlalchemy.orm") and type(database).__name__ in ("sessionmaker", "scoped_session"):
+        raise InvalidConfigurationError(
+            f"database= got a {type(database).__name__}; pass its engine instead (database=engine) and use "
+            "Session(db()) in the handler for the ORM: its commit() flushes into kafkatx's transaction"
+        )
+    if module.startswith("sqlalchemy") and hasattr(database, "dialect"):
+        _check_not_in_memory(database)
         return _SqlAlchemyBackend(database)
     if callable(database):
         return _DbApiBackend(database)
@@ -228,6 +344,16 @@ def backend_for(database: Any) -> Backend:
         f"database= must be a SQLAlchemy engine, a database URL, or a function returning a DB-API connection; "
         f"got {type(database).__name__} {database!r}"
     )
+
+
+def _check_not_in_memory(engine: Any) -> None:
+    url = engine.url
+    if engine.dialect.name == "sqlite" and (url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"):
+        raise InvalidConfigurationError(
+            f"database={url.render_as_string(hide_password=True)!r} is an in-memory SQLite database: each "
+            "connection (kafkatx's, yours) gets its own, and it is gone at exit together with the positions "
+            "kafkatx keeps for exactly once; use a file (sqlite:///app.db)"
+        )
 
 
 _CONNECTION_ERRORS = ("OperationalError", "InterfaceError")

@@ -128,6 +128,10 @@ class Store:
                 params,
             )
             return int(rows[0][0])
+        # Lock first, read second: a read before the lock would return the position as it was before the
+        # commit of the owner the lock waited for (and, under REPEATABLE READ, would fix the snapshot).
+        b.execute(conn, f"UPDATE {OFFSETS_TABLE} SET next_offset = next_offset "
+                        "WHERE group_id = :g AND topic = :t AND kpartition = :p", params)  # fmt: skip
         rows = b.execute(
             conn,
             f"SELECT next_offset FROM {OFFSETS_TABLE} WHERE group_id = :g AND topic = :t AND kpartition = :p",
@@ -137,8 +141,6 @@ class Store:
             b.execute(conn, f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset) "
                             "VALUES (:g, :t, :p, -1)", params)  # fmt: skip
             return -1
-        b.execute(conn, f"UPDATE {OFFSETS_TABLE} SET next_offset = next_offset "
-                        "WHERE group_id = :g AND topic = :t AND kpartition = :p", params)  # fmt: skip
         return int(rows[0][0])
 
     def advance(self, conn: Any, tp: TP, next_offset: int, outputs: Sequence[PendingOutput]) -> None:

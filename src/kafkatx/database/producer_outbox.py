@@ -80,7 +80,7 @@ class ProducerOutbox:
                 self.store.create_tables(conn)
                 backend.commit(conn)
                 self._tables_ready = True
-            backend.begin(conn)
+            token = backend.begin(conn)
             position = self.store.lock_position(conn, self.key)
             if self._committed is None:
                 self._finish_predecessor(conn, position)
@@ -93,15 +93,33 @@ class ProducerOutbox:
                 yield
             except BaseException:
                 producer.recorder = None
-                backend.rollback(conn)
+                _quietly(backend.rollback, conn)  # (the block's exception is the one to see)
                 raise
             finally:
                 bind_db(previous)
             producer.recorder = None
-            self.store.advance(conn, self.key, sequence, outputs)
-            if self._committed is not None:
-                self.store.forget_before(conn, self.key, self._committed)
-            backend.commit(conn)
+            try:
+                if not backend.still_open(conn, token):
+                    raise RuntimeError(
+                        "the block ended kafkatx's database transaction (Session(db()).rollback(), or a rollback or "
+                        "commit of db().get_transaction()): its records would commit without its rows; raise an "
+                        "exception to roll both back instead"
+                    )
+                self.store.advance(conn, self.key, sequence, outputs)
+                if self._committed is not None:
+                    self.store.forget_before(conn, self.key, self._committed)
+                backend.commit(conn)
+            except BaseException:
+                # Nothing may stay open: the Kafka transaction is aborted (the thread's next unit begins a new
+                # one), and if the commit's outcome is unknown (the connection dropped during it) the next unit
+                # compares the database with Kafka first and produces what is stored, as after a crash.
+                self._committed = None
+                _quietly(backend.rollback, conn)
+                try:
+                    producer.abort()
+                except Exception:
+                    producer.discard()
+                raise
             self._after_database_commit()
         finally:
             backend.close(conn)
@@ -144,3 +162,10 @@ class ProducerOutbox:
         limit = os.environ.get(CRASH_AFTER_DB_COMMITS_ENV)
         if limit and self._commits >= int(limit):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _quietly(call: Any, conn: Any) -> None:
+    try:
+        call(conn)
+    except Exception:
+        log.debug("database rollback failed", exc_info=True)

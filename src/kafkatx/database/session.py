@@ -107,6 +107,7 @@ class DatabaseSession:
         self.store = Store(self.backend, group_id)
         self.listener = listener
         self._conn: Any = None
+        self._txn: Any = None  # the backend's token for the open transaction (see Backend.unusable)
         self._tables_ready = False
         self._open = False
         self._producer: TransactionalProducer | None = None
@@ -119,11 +120,17 @@ class DatabaseSession:
         self.unavailable = 0  # consecutive outages, for the back-off
 
     def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``handler``, noting each record's partition first, so that the outputs it causes are stored under it."""
+        """``handler``, noting each record's partition first, so that the outputs it causes are stored under it;
+        and checking after it that it left the transaction able to commit (see Backend.unusable)."""
+        unusable = self.backend.unusable
 
         def handle(record: Any) -> Any:
             self.source = (record.topic, record.partition)
-            return handler(record)
+            result = handler(record)
+            problem = unusable(self._conn, self._txn) if self._open else None
+            if problem is not None:
+                raise RuntimeError(problem)
+            return result
 
         handle.__wrapped__ = handler  # type: ignore[attr-defined]
         handle.__qualname__ = getattr(handler, "__qualname__", "handler")
@@ -148,6 +155,7 @@ class DatabaseSession:
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
+        self._open, self._txn = False, None
         if conn is not None:
             self.backend.close(conn)
 
@@ -187,7 +195,7 @@ class DatabaseSession:
             first.setdefault((m.topic(), m.partition()), m.offset())
         try:
             conn = self._connection()
-            self.backend.begin(conn)
+            self._txn = self.backend.begin(conn)
             self._open = True
             done = {}
             for tp, offset in sorted(first.items()):  # one order for every owner: no lock-order deadlock
@@ -207,6 +215,18 @@ class DatabaseSession:
         self._previous_handle = bind_db(self.backend.user_handle(conn))
         return done
 
+    def lost_connection(self, failure: BaseException) -> DatabaseUnavailableError | None:
+        """The outage behind a handler's (or recoverer's) ``failure``, if the unit's connection died under it.
+
+        The server went away (a restart, a failover, an idle timeout, pg_terminate_backend): that is not the
+        record's failure, so no attempt is counted; the unit is fetched again and done on a new connection.
+        """
+        conn = self._conn
+        if conn is None or not self.backend.broken(conn):
+            return None
+        exc = getattr(failure, "exc", failure)  # a HandlerFailure carries the handler's own exception
+        return self._unavailable(exc, "ran the handler")
+
     def stored_outputs(self, tp: TP, start: int, end: int) -> list[PendingOutput]:
         """The records committed units produced for ``tp``'s input in [start, end)."""
         return self.store.outputs_between(self._conn, tp, start, end)
@@ -219,6 +239,12 @@ class DatabaseSession:
         """
         assert self._open, "no database transaction is open"
         conn = self._conn
+        if self.backend.broken(conn):  # (a recoverer that swallowed the error: handlers are checked one by one)
+            raise self._unavailable(ConnectionError("the connection was lost"), "committed")
+        problem = self.backend.unusable(conn, self._txn)
+        if problem is not None:
+            self.rollback()
+            raise RuntimeError(problem)
         recorded = self._outputs
         by_source: dict[TP, list[PendingOutput]] = {}
         for out, source in zip(recorded, recorded.sources):
@@ -242,7 +268,7 @@ class DatabaseSession:
             if is_connection_error(exc) or isinstance(exc, OSError):
                 raise self._unavailable(exc, "committed") from exc
             raise  # a deferred constraint, say: the unit's own failure (see TransactionUnit.commit)
-        self._open = False
+        self._open, self._txn = False, None
         self._release()
         self.commits += 1
         self.unavailable = 0
@@ -254,7 +280,7 @@ class DatabaseSession:
     def rollback(self) -> None:
         """Roll back the open database transaction, if any (quietly: a broken connection is dropped)."""
         if self._open:
-            self._open = False
+            self._open, self._txn = False, None
             try:
                 self.backend.rollback(self._conn)
             except Exception:

@@ -230,6 +230,14 @@ class CrashGuard:
         return claimed
 
     # -- careful mode ----------------------------------------------------------------------
+    def isolate(self, until: Mapping[TP, int]) -> None:
+        """Handle the partitions' records before ``until`` one per transaction (a database commit of several
+        failed and cannot say whose record caused it; see TransactionUnit._isolate)."""
+        for tp, offset in until.items():
+            if tp in self._c.assigned:
+                self._careful[tp] = max(self._careful.get(tp, offset), offset)
+                self._marked.discard(tp)
+
     def is_careful(self, msg: ConsumedMessage) -> bool:
         until = self._careful.get((msg.topic(), msg.partition()))
         return until is not None and msg.offset() < until

@@ -44,6 +44,7 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
+from kafkatx.listener.database_steps import isolate, redeliver_stored, wait_for_database
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure
@@ -164,7 +165,7 @@ class TransactionUnit:
             try:
                 self.begin()
                 if self._stored:
-                    self._redeliver_stored(self._stored)
+                    redeliver_stored(self, self._stored)
                     return False
                 work()
                 self.commit()
@@ -181,9 +182,14 @@ class TransactionUnit:
                 failure = exc
             # Outside the except blocks: nothing raised from here on gets them as its __context__.
             if database is not None:
+                if failure is not None and not isinstance(failure, _Isolate):
+                    unavailable = database.lost_connection(failure)  # the server went away under the handler
                 database.rollback()
+            if isinstance(failure, _Isolate):
+                isolate(self, failure.exc, count)
+                return False
             if unavailable is not None:
-                self._wait_for_database(unavailable, count)
+                wait_for_database(self, unavailable, count)
                 return False
             if reaction is not None:
                 abortable = abortable + 1 if isinstance(reaction, TransactionAbortableError) else 0
@@ -205,58 +211,6 @@ class TransactionUnit:
         database = self._c.database
         if database is not None and self.messages:
             self._stored = database.begin(self._producer, self.messages)
-
-    def _redeliver_stored(self, stored: Mapping[TP, tuple[int, int]]) -> None:
-        """Records whose database work committed but whose Kafka transaction did not (a crash between the two).
-
-        The handler is not called again: the records it produced are read back
-        from the outbox and produced, and the offsets up to the stored
-        position committed. Partitions of the unit with nothing stored are
-        fetched again.
-        """
-        database = self._c.database
-        assert database is not None
-        producer = self._producer
-        recorder, producer.recorder = producer.recorder, None  # already in the outbox: not recorded twice
-        replay: dict[TP, int] = {}
-        try:
-            for tp, (start, position) in stored.items():
-                known = self._c.committed_offset(tp)
-                if known is not None and known >= position:
-                    continue  # a stale fetch of records this owner has already committed in Kafka too
-                if known is not None and known > start:
-                    start = known  # (Kafka commits at unit boundaries, so the outbox is keyed from there)
-                outputs = database.stored_outputs(tp, start, position)
-                log.warning(
-                    "listener %s: %s[%d] %d..%d already committed in the database but not in Kafka (a crash "
-                    "between the two commits?): producing its %d stored record(s) instead of running the handler",
-                    self.listener, tp[0], tp[1], start, position - 1, len(outputs),
-                )  # fmt: skip
-                for out in outputs:
-                    self.produce(out)
-                replay[tp] = position
-        finally:
-            producer.recorder = recorder
-        if replay:
-            self.send_offsets(replay)
-        self.commit()
-        for tp, offset in first_offsets(self.messages).items():
-            if tp in stored:
-                known = self._c.committed_offset(tp)
-                self._c.seek(tp, max(stored[tp][1], known if known is not None else -1))
-            else:
-                self._c.seek(tp, offset)
-
-    def _wait_for_database(self, exc: DatabaseUnavailableError, records: int) -> None:
-        """Nothing committed on either side: fetch the unit again after a back-off (not a record's failure)."""
-        database = self._c.database
-        assert database is not None
-        self.abort(records, str(exc))
-        self.rewind()
-        database.unavailable += 1
-        delay = min(30.0, 0.5 * 2 ** min(database.unavailable - 1, 6))
-        log.warning("%s; nothing was committed, retrying in %.3gs", exc, delay)
-        self.wait(delay)
 
     def produce(self, output: PendingOutput) -> None:
         """Produce one record in the open transaction (waits for queue space, classifies errors)."""
@@ -299,8 +253,11 @@ class TransactionUnit:
             except KafkaTxError:
                 raise  # DatabaseUnavailableError among them: transact() backs off
             except Exception as exc:
-                # A constraint checked at commit (deferred), a serialization failure: the first record's, so that
-                # the failure policy decides (retry, or dead-letter it) as for a handler's exception.
+                # A constraint checked at commit (deferred): whose record is unknown in a unit of several, so
+                # they are handled one per transaction to find it (see _isolate); a unit of one record fails
+                # as for a handler's exception, and the failure policy decides (retry, or dead-letter it).
+                if len(self.messages) > 1 and self._c.guard.enabled:
+                    raise _Isolate(exc) from None
                 first = self.records(self.messages[:1])[0]
                 raise HandlerFailure(0, exc, first) from None
         self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
@@ -383,6 +340,14 @@ class TransactionUnit:
         The hold ends early if the partition is revoked: a pause never outlives the assignment it was made for.
         """
         self._c.pause(tp, seconds)
+
+
+class _Isolate(Exception):
+    """Internal: a unit's database commit failed for a reason none of its records can be blamed for alone."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(exc)
+        self.exc = exc
 
 
 class _DirectSink:

@@ -1,0 +1,724 @@
+"""database=: the holes found in review of issue 16, each a test that failed before its fix, and the
+Done-when items the first tests did not assert (one database transaction per Kafka transaction, an outage in
+the middle of a unit, concurrency, outbox cleanup, dead letters across a crash).
+
+Against the local broker and a real PostgreSQL server (the ``postgres`` fixture), or SQLite files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient
+
+from kafkatx import App, InvalidConfigurationError, Record, db, send
+from kafkatx.database._store import decode_records
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import HandlerFailed, RecordRecovered, TransactionCommitted
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+from kafkatx.testing.postgres import LocalPostgres
+
+
+class Poison(Exception):
+    pass
+
+
+def _table(engine: sa.Engine, unique: str = "") -> str:
+    name = unique_name("t").replace("-", "_")
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {name} (k VARCHAR(64) {unique}, v VARCHAR(64))"))
+    return name
+
+
+def _rows(engine: sa.Engine, table: str) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(r[0] for r in conn.execute(sa.text(f"SELECT k FROM {table}")))
+
+
+@pytest.fixture
+def pg_engine(postgres: LocalPostgres) -> Any:
+    engine = sa.create_engine(postgres.url, pool_size=4)
+    yield engine
+    engine.dispose()
+
+
+# -- Batches stay batches --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fencing", ["group", "partition"])
+def test_one_database_transaction_per_kafka_transaction(
+    kafka: KafkaTestKit, postgres: LocalPostgres, fencing: str
+) -> None:
+    """Counted on both sides: SQLAlchemy's commit and rollback events on the listener's engine, and the
+    Kafka transactions the container reports; a unit spans the poll's partitions with fencing="group"."""
+    engine = sa.create_engine(postgres.url)
+    commits: list[int] = []
+    sa.event.listen(engine, "commit", lambda conn: commits.append(1))
+    try:
+        table = _table(engine)
+        commits.clear()
+        src, out = kafka.topic(partitions=4), kafka.topic()
+        kafka.produce(src, [{"value": f"b{i}".encode(), "partition": i % 4} for i in range(4000)])
+        app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+        kafka_commits: list[TransactionCommitted] = []
+        app.on(TransactionCommitted)(kafka_commits.append)
+
+        @app.listener(src, output=out, database=engine, fencing=fencing, max_batch_records=1000)
+        def save(record: Record) -> bytes:
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+            return record.value  # type: ignore[return-value]
+
+        with running(app):
+            wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+        units = [e for e in kafka_commits if e.records > 0]
+        assert sum(e.records for e in units) == 4000
+        # kafkatx creates its tables in one transaction of their own, then one per unit: no more, no less
+        assert len(commits) == len(units) + 1, (len(commits), len(units))
+        assert len(units) <= 4000 / 100, "batches stayed batches"
+        if fencing == "group":
+            assert len(units) < 4000 / 1000 * 4, "a unit spans the partitions of a poll"
+        assert sum(_rows(engine, table).values()) == 4000
+    finally:
+        engine.dispose()
+
+
+# -- A handler cannot commit kafkatx's transaction, whatever the toolkit ------------------------------
+
+
+@pytest.mark.parametrize("call", ["commit", "rollback"])
+def test_a_sqlalchemy_handler_cannot_end_the_units_transaction(
+    kafka: KafkaTestKit, tmp_path: Path, call: str
+) -> None:
+    """``db().commit()`` is what SQLAlchemy 2 teaches ("commit as you go"); here it would commit the rows
+    before the Kafka transaction (and without the position): refused, as on the DB-API path, and the
+    record's rows are not committed."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    table = _table(engine)
+    src = kafka.topic()
+    kafka.produce(src, [b"x", b"y"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+    errors: list[BaseException] = []
+    app.on(RecordRecovered)(lambda e: errors.append(e.exception))
+
+    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None)
+    def save(record: Record) -> None:
+        db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        if record.value == b"x":
+            getattr(db(), call)()
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
+    assert len(errors) == 1 and f"db().{call}() is not allowed" in str(errors[0])
+    assert _rows(engine, table) == Counter({"y": 1}), "the refused record left no row"
+    engine.dispose()
+
+
+def test_the_orm_session_on_db_commits_with_the_unit(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    """``Session(db())`` (the documented ORM use): its commit() flushes and leaves the transaction to kafkatx."""
+    from sqlalchemy.orm import Session
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'orm.db'}")
+    table = _table(engine)
+    src = kafka.topic()
+    kafka.produce(src, [b"a", b"b", b"bad"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None)
+    def save(record: Record) -> None:
+        with Session(db()) as session:
+            session.execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+            session.commit()
+        if record.value == b"bad":
+            raise Poison("after the session's commit: rolled back all the same")
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
+    assert _rows(engine, table) == Counter({"a": 1, "b": 1})
+    engine.dispose()
+
+
+# -- Producer-initiated units ------------------------------------------------------------------------
+
+
+def test_a_producer_initiated_unit_whose_database_commit_fails_leaves_no_kafka_transaction_open(
+    kafka: KafkaTestKit, pg_engine: sa.Engine
+) -> None:
+    """A deferred constraint fails at the database commit: the block's exception is the database's, the
+    Kafka transaction is aborted (nothing visible), and the next ``app.transaction`` of the thread works."""
+    out = kafka.topic()
+    table = _table(pg_engine, "UNIQUE DEFERRABLE INITIALLY DEFERRED")
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+    with pytest.raises(sa.exc.IntegrityError):
+        with app.transaction(database=pg_engine):
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('dup', 'x'), ('dup', 'y')"))
+            send(out, b"never")
+    with app.transaction(database=pg_engine):
+        db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('next', 'x')"))
+        send(out, b"next")
+    assert _rows(pg_engine, table) == Counter({"next": 1})
+    assert kafka.values(out) == [b"next"]
+
+
+# -- Constraint violations found at the commit (deferred) ----------------------------------------------
+
+
+@pytest.mark.parametrize("fencing", ["group", "partition"])
+def test_a_deferred_constraint_violation_dead_letters_the_record_that_caused_it_only(
+    kafka: KafkaTestKit, pg_engine: sa.Engine, fencing: str
+) -> None:
+    """A deferred unique constraint fails at the database commit of a unit of many records: which record
+    caused it is unknown there, so the unit's records are handled one per transaction to find it. Its
+    batch-mates are saved, only it is dead-lettered (not the unit's first record, which is innocent)."""
+    table = _table(pg_engine, "UNIQUE DEFERRABLE INITIALLY DEFERRED")
+    with pg_engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('taken', 'before')"))
+    src, out = kafka.topic(), kafka.topic()
+    values = [f"d{i}" for i in range(20)]
+    values[12] = "taken"
+    kafka.produce(src, [v.encode() for v in values])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    @app.listener(src, output=out, database=pg_engine, max_attempts=3, dlq=True, fencing=fencing, max_batch_ms=500)
+    def save(record: Record) -> bytes:
+        db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        return record.value  # type: ignore[return-value]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    good = [v for v in values if v != "taken"]
+    assert _rows(pg_engine, table) == Counter(good + ["taken"])
+    assert Counter(kafka.values(out)) == Counter(v.encode() for v in good)
+    dead = kafka.read(src + "-dlt")
+    assert [(d.value, parse_dead_letter_headers(d.headers).original_offset) for d in dead] == [(b"taken", 12)]
+    assert parse_dead_letter_headers(dead[0].headers).exception_fqcn == "sqlalchemy.exc.IntegrityError"
+
+
+# -- The database going away in the middle of a unit -----------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["engine", "psycopg-factory", "engine, error swallowed", "psycopg, error swallowed"])
+def test_a_connection_killed_under_a_handler_is_an_outage_not_the_records_failure(
+    kafka: KafkaTestKit, pg_engine: sa.Engine, postgres: LocalPostgres, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """The server ends the unit's connection while the handler uses it (a restart, a failover, an idle
+    timeout, pg_terminate_backend): no attempt is counted, nothing is dead-lettered even with
+    max_attempts=1; the unit is done again on a new connection, rows and events once."""
+    import psycopg
+
+    table = _table(pg_engine)
+    database: Any = pg_engine if how.startswith("engine") else (lambda: psycopg.connect(postgres.dsn))
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [f"r{i}".encode() for i in range(30)])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+    recovered: list[RecordRecovered] = []
+    failed: list[HandlerFailed] = []
+    app.on(RecordRecovered)(recovered.append)
+    app.on(HandlerFailed)(failed.append)
+    killed = threading.Event()
+
+    def execute(sql: str, params: dict[str, Any]) -> Any:
+        try:
+            if how.startswith("engine"):
+                return db().execute(sa.text(sql), params)
+            return db().execute(sql.replace(":k", "%(k)s").replace(":pid", "%(pid)s"), params)
+        except (sa.exc.OperationalError, psycopg.OperationalError):
+            if "swallowed" not in how:
+                raise
+            return None  # a broad except in the handler: kafkatx sees the connection is gone all the same
+
+    @app.listener(src, output=out, database=database, max_attempts=1, dlq=True)
+    def save(record: Record) -> bytes:
+        if record.value == (b"r29" if "swallowed" in how else b"r17") and not killed.is_set():  # (r29: the last)
+            killed.set()
+            pid = execute("SELECT pg_backend_pid()", {}).fetchone()[0]
+            with pg_engine.connect() as other:
+                other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        execute(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')", {"k": record.value.decode()})  # type: ignore[union-attr]
+        return record.value  # type: ignore[return-value]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    assert killed.is_set()
+    assert recovered == [] and failed == [], "an outage counted against a record"
+    expected = {f"r{i}" for i in range(30)}
+    rows = _rows(pg_engine, table)
+    assert set(rows) == expected and max(rows.values()) == 1
+    assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
+    assert "retrying in" in caplog.text
+
+
+def test_the_server_stopped_in_the_middle_of_a_unit_and_started_again(
+    kafka: KafkaTestKit, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL stops while a handler is between two statements of a unit (and records keep arriving),
+    then starts again: nothing lost, nothing twice, no attempt counted, no dead letter."""
+    server = LocalPostgres(tmp_path / "pg").start()
+    engine = sa.create_engine(server.url)
+    try:
+        table = _table(engine)
+        src, out = kafka.topic(partitions=2), kafka.topic()
+        app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+        recovered: list[RecordRecovered] = []
+        failed: list[HandlerFailed] = []
+        app.on(RecordRecovered)(recovered.append)
+        app.on(HandlerFailed)(failed.append)
+        stopped = threading.Event()
+
+        @app.listener(src, output=out, database=engine, max_attempts=1, dlq=True)
+        def save(record: Record) -> bytes:
+            name = record.value.decode()  # type: ignore[union-attr]
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'first')"), {"k": name})
+            if name == "m150" and not stopped.is_set():
+                server.stop()  # between this record's two statements
+                stopped.set()
+            db().execute(sa.text(f"UPDATE {table} SET v = 'second' WHERE k = :k"), {"k": name})
+            return record.value  # type: ignore[return-value]
+
+        with running(app):
+            kafka.produce(src, [f"m{i}".encode() for i in range(300)])
+            wait_for(stopped.is_set, 60, message="the server stopped under a handler")
+            kafka.produce(src, [f"m{i}".encode() for i in range(300, 400)])
+            wait_for(lambda: "retrying in" in caplog.text, 30, message="kafkatx noticed the database is down")
+            server.start()
+            wait_for(lambda: kafka.caught_up(app.group_id, src), 120, message="everything committed after the outage")
+        expected = {f"m{i}" for i in range(400)}
+        rows = _rows(engine, table)
+        assert set(rows) == expected and max(rows.values()) == 1
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(f"SELECT COUNT(*) FROM {table} WHERE v <> 'second'")).scalar() == 0
+        assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
+        assert recovered == [] and failed == [], "an outage counted against a record"
+    finally:
+        engine.dispose()
+        server.stop()
+
+
+# -- Concurrency ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_concurrent_containers_share_the_database_exactly_once(
+    kafka: KafkaTestKit, tmp_path: Path, postgres: LocalPostgres, database: str
+) -> None:
+    """concurrency=2: two containers (two connections) write the same database. SQLite serialises their
+    units on its write lock (each unit takes it first); PostgreSQL locks one position row per partition."""
+    url = f"sqlite:///{tmp_path / 'c.db'}" if database == "sqlite" else postgres.url
+    engine = sa.create_engine(url)
+    try:
+        table = _table(engine)
+        src, out = kafka.topic(partitions=4), kafka.topic()
+        kafka.produce(src, [{"value": f"c{i}".encode(), "partition": i % 4} for i in range(3000)])
+        app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+        recovered: list[RecordRecovered] = []
+        app.on(RecordRecovered)(recovered.append)
+
+        @app.listener(src, output=out, database=engine, concurrency=2, max_attempts=1, dlq=True, max_batch_records=200)
+        def save(record: Record) -> bytes:
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+            return record.value  # type: ignore[return-value]
+
+        with running(app):
+            wait_for(lambda: kafka.caught_up(app.group_id, src), 120, message="all committed")
+        expected = {f"c{i}" for i in range(3000)}
+        rows = _rows(engine, table)
+        assert set(rows) == expected and max(rows.values()) == 1
+        assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
+        assert recovered == []
+    finally:
+        engine.dispose()
+
+
+# -- Outbox cleanup ------------------------------------------------------------------------------------
+
+
+def test_the_outbox_keeps_only_what_kafka_has_not_been_seen_to_commit(kafka: KafkaTestKit, pg_engine: sa.Engine) -> None:
+    """Rows behind the offset this owner saw Kafka commit are deleted by the next unit of their partition:
+    after many units, at most the last unit's row per partition is left, keyed by the committed offset."""
+    table = _table(pg_engine)
+    src, out = kafka.topic(partitions=3), kafka.topic()
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    @app.listener(src, output=out, database=pg_engine, max_batch_records=50)
+    def save(record: Record) -> bytes:
+        db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        return record.value  # type: ignore[return-value]
+
+    with running(app):
+        for batch in range(10):  # ten waves: ten or more units per partition
+            kafka.produce(src, [{"value": f"o{batch}-{i}".encode(), "partition": i % 3} for i in range(150)])
+            wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="the wave committed")
+    committed = kafka.committed(app.group_id, src)
+    with pg_engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT kpartition, next_offset FROM kafkatx_outbox WHERE group_id = :g"),
+                            {"g": app.group_id}).all()  # fmt: skip
+    per_partition = Counter(p for p, _ in rows)
+    assert max(per_partition.values()) == 1, rows
+    assert all(offset == committed[p] for p, offset in rows), (rows, committed)
+
+
+# -- A crash between the commits, with dead letters in the unit --------------------------------------
+
+
+_CRASHING_APP = """
+import logging, os, signal, sys, sqlalchemy as sa
+from kafkatx import App, Record, db
+from kafkatx.database.session import DatabaseSession
+src, out, table, url, bootstrap, group, poison_file = sys.argv[1:8]
+logging.basicConfig(level=logging.WARNING)
+
+if os.environ.get("CRASH_AT_A_SPANNING_DEAD_LETTER"):
+    # SIGKILL right after the first database commit of a transaction over several input partitions that
+    # dead-letters a record (an after-rollback transaction: batch-mates replayed, the poison recovered)
+    commit = DatabaseSession.commit
+    def commit_then_die(self, offsets, committed):
+        spanning = len(offsets) > 1 and any(o.topic.endswith("-dlt") for o in self._outputs)
+        commit(self, offsets, committed)
+        if spanning:
+            os.kill(os.getpid(), signal.SIGKILL)
+    DatabaseSession.commit = commit_then_die
+
+app = App("dbcrash", bootstrap_servers=bootstrap, instance_id="crashy", group_id=group)
+engine = sa.create_engine(url)
+unit = {"txn": None, "partitions": set()}
+
+@app.listener(src, output=out, database=engine, max_batch_records=1000, max_batch_ms=2000, fencing="group",
+              max_attempts=1, dlq=True)
+def save(record: Record) -> bytes:
+    name = record.value.decode()
+    if db().get_transaction() is not unit["txn"]:
+        unit["txn"], unit["partitions"] = db().get_transaction(), set()
+    poison = open(poison_file).read() if os.path.exists(poison_file) else None
+    if poison is None and unit["partitions"] - {record.partition}:
+        # the poison: the first record of a unit that follows records of another partition in it, so that
+        # its after-rollback transaction replays batch-mates of several partitions
+        with open(poison_file, "w") as f:
+            f.write(name)
+        poison = name
+    unit["partitions"].add(record.partition)
+    db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": name})
+    if name == poison:
+        raise ValueError(f"poison {name}")
+    return b"event:" + record.value
+
+app.run()
+"""
+
+
+def test_a_crash_after_the_database_commit_of_a_unit_with_dead_letters_repeats_nothing(
+    kafka: KafkaTestKit, pg_engine: sa.Engine, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """fencing="group": a unit spans the partitions of a poll. A poison record that follows records of
+    another partition in its unit fails; the after-rollback transaction replays those batch-mates and
+    dead-letters it. SIGKILL right after that transaction's database commit: its events are stored under their
+    own records' partitions and the dead letter under the poison's; the restarted process produces what is
+    stored instead of calling the handler: rows, events and the dead letter exactly once."""
+    src, out = kafka.topic(partitions=3), kafka.topic()
+    table = _table(pg_engine)
+    values = [f"c{i}" for i in range(1200)]
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 3} for i, v in enumerate(values)])
+    script = tmp_path / "crashing_app.py"
+    script.write_text(textwrap.dedent(_CRASHING_APP))
+    group = unique_name("dbcrash")
+    poison_file = tmp_path / "poison"
+    args = [sys.executable, str(script), src, out, table, postgres.url, kafka.bootstrap_servers, group, str(poison_file)]
+    env = {**os.environ, "CRASH_AT_A_SPANNING_DEAD_LETTER": "1"}
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    poison = poison_file.read_text()
+    with pg_engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT kpartition, next_offset, records FROM kafkatx_outbox WHERE group_id = :g"),
+                              {"g": group}).all()  # fmt: skip
+    outputs = [(p, o) for p, _, data in stored for o in decode_records(bytes(data))]
+    [(p, letter)] = [(p, o) for p, o in outputs if o.topic == src + "-dlt"]
+    assert letter.value == poison.encode() and int(poison[1:]) % 3 == p == letter.partition, "under its record"
+    events = [(p, o.value or b"") for p, o in outputs if o.topic == out]
+    assert events and len({p for p, _ in outputs}) > 1, "the crashed transaction spans partitions"
+    assert all(int(v.split(b"c")[1]) % 3 == p for p, v in events), "each event under its record's partition"
+
+    second = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: kafka.caught_up(group, src), 120, message="the restarted app committed everything")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        output, _ = second.communicate(timeout=60)
+    assert "already committed in the database but not in Kafka" in output, output[-3000:]
+    rows = _rows(pg_engine, table)
+    assert set(rows) == set(values) - {poison} and max(rows.values()) == 1
+    assert Counter(kafka.values(out)) == Counter(b"event:" + v.encode() for v in values if v != poison)
+    dead = kafka.read(src + "-dlt")
+    assert [d.value for d in dead] == [poison.encode()], "the poison dead-lettered once"
+
+
+# -- Declaring -----------------------------------------------------------------------------------------
+
+
+def test_db_in_a_handler_of_a_listener_without_a_database_says_what_is_missing(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    kafka.produce(src, [b"x"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+    errors: list[BaseException] = []
+    app.on(RecordRecovered)(lambda e: errors.append(e.exception))
+
+    @app.listener(src, max_attempts=1, dlq=lambda record, exc: None)
+    def save(record: Record) -> None:
+        db()
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
+    [error] = errors
+    assert type(error).__name__ == "NotInTransactionError"
+    assert "listener declared with database=" in str(error) and "app.transaction(database=" in str(error)
+
+
+def test_database_declarations_that_cannot_work_are_refused_when_declared(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers)
+    with pytest.raises(InvalidConfigurationError, match="in-memory SQLite"):
+        app.listener("t1", database="sqlite://")(lambda r: None)
+    with pytest.raises(InvalidConfigurationError, match="in-memory SQLite"):
+        app.listener("t1", database=sa.create_engine("sqlite:///:memory:"))(lambda r: None)
+    with pytest.raises(InvalidConfigurationError, match=r"sessionmaker.*engine"):
+        app.listener("t1", database=sessionmaker(sa.create_engine(f"sqlite:///{tmp_path / 'x.db'}")))(lambda r: None)
+    sqlite_file = lambda: sqlite3.connect(tmp_path / "ok.db")  # noqa: E731
+    app.listener("t2", database=sqlite_file)(lambda r: None)  # a factory is fine
+
+
+def test_a_handler_that_swallows_a_database_error_gets_a_clear_failure_not_a_stopped_container(
+    kafka: KafkaTestKit, pg_engine: sa.Engine
+) -> None:
+    """PostgreSQL aborts the whole transaction on an error: a handler that catches its IntegrityError and
+    returns (the usual "ignore duplicates" idiom) leaves the unit's transaction unusable. That record fails
+    with a message that says so and names the way out (a savepoint); its batch-mates commit; the container
+    goes on (it used to stop, blaming kafkatx's table rights)."""
+    table = _table(pg_engine, "UNIQUE")
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"b", b"a", b"c"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+    recovered: list[RecordRecovered] = []
+    app.on(RecordRecovered)(recovered.append)
+
+    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True)
+    def save(record: Record) -> bytes:
+        try:
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        except sa.exc.IntegrityError:
+            pass  # "already saved": but PostgreSQL has aborted the transaction
+        return record.value  # type: ignore[return-value]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    assert _rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
+    assert sorted(kafka.values(out)) == [b"a", b"b", b"c"]  # type: ignore[type-var]
+    assert [(r.record.offset, type(r.exception).__name__) for r in recovered] == [(2, "RuntimeError")]
+    assert "begin_nested" in str(recovered[0].exception)
+
+
+def test_a_savepoint_lets_a_handler_carry_on_after_a_database_error(kafka: KafkaTestKit, pg_engine: sa.Engine) -> None:
+    """The way out the message names: db().begin_nested() around the statement that may fail."""
+    table = _table(pg_engine, "UNIQUE")
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"b", b"a", b"c"])
+    app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True)
+    def save(record: Record) -> bytes:
+        try:
+            with db().begin_nested():
+                db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+        except sa.exc.IntegrityError:
+            return b"duplicate:" + record.value  # type: ignore[operator]
+        return record.value  # type: ignore[return-value]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    assert _rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
+    assert sorted(kafka.values(out)) == [b"a", b"b", b"c", b"duplicate:a"]  # type: ignore[type-var]
+    assert kafka.read(src + "-dlt", timeout=2) == []
+
+
+# -- A zombie: fenced after its database commit ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fencing", ["partition", "group"])
+def test_a_zombie_fenced_after_its_database_commit_is_finished_by_the_new_owner_from_the_outbox(
+    kafka: KafkaTestKit, pg_engine: sa.Engine, fencing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalls between its database commit and its Kafka commit; B, the same instance restarted (same
+    group.instance.id and transactional.id), takes the partitions over and fences A's producer. B finds the
+    database ahead of Kafka and produces A's stored records instead of running the handler; A's late Kafka
+    commit fails. Every record's handler ran once, rows and events exactly once."""
+    from kafkatx.database.session import DatabaseSession
+
+    table = _table(pg_engine)
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    values = [f"z{i}" for i in range(600)]
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 2} for i, v in enumerate(values)])
+    group = unique_name("zombie")
+    stalled, resume = threading.Event(), threading.Event()
+    original = DatabaseSession.commit
+
+    def commit_then_stall(self: DatabaseSession, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if threading.current_thread().name.startswith("kafkatx-") and not stalled.is_set() and self.listener == "a":
+            stalled.set()
+            resume.wait(60)  # the database has committed; the Kafka commit waits
+
+    monkeypatch.setattr(DatabaseSession, "commit", commit_then_stall)
+    calls: Counter[str] = Counter()
+
+    def make(name: str) -> App:
+        app = App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id="same", group_id=group)
+
+        @app.listener(src, output=out, database=pg_engine, fencing=fencing, max_batch_records=100, name=name,
+                      consumer_config={"group.instance.id": "same-member"})  # fmt: skip
+        def save(record: Record) -> bytes:
+            calls[record.value.decode()] += 1  # type: ignore[union-attr]
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+            return record.value  # type: ignore[return-value]
+
+        return app
+
+    a, b = make("a"), make("b")
+    a.start()
+    try:
+        wait_for(stalled.is_set, 60, message="A committed its first unit to the database")
+        with running(b):
+            wait_for(lambda: kafka.caught_up(group, src), 90, message="B committed everything")
+            resume.set()  # A wakes up: its Kafka commit must not go through
+            wait_for(lambda: not any(c.alive and c.assignment for c in a.containers), 60, message="A gave up")
+    finally:
+        resume.set()
+        try:
+            a.stop(timeout=30)
+        except Exception:  # noqa: BLE001 - A was fenced: its container may well have stopped with an error
+            pass
+    rows = _rows(pg_engine, table)
+    assert set(rows) == set(values) and max(rows.values()) == 1
+    assert Counter(kafka.values(out)) == Counter(v.encode() for v in values), "events exactly once"
+    assert set(calls) == set(values) and max(calls.values()) == 1, "no handler ran twice"
+
+
+def test_sqlite_units_longer_than_its_busy_timeout_wait_for_each_other_instead_of_failing(
+    kafka: KafkaTestKit, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite has one write lock per database file, and a unit holds it from its start to its commit (the
+    position is locked first). With concurrency=2 the second container waits for the first's unit; units of
+    ~6 s (slow handlers: the default transaction budget is 10 s) outlast sqlite3's 5 s busy timeout, which used
+    to end the wait as "database is locked", logged as an outage, with a growing back-off."""
+    import time
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'slow.db'}")
+    try:
+        table = _table(engine)
+        src = kafka.topic(partitions=2)
+        kafka.produce(src, [{"value": f"s{i}".encode(), "partition": i % 2} for i in range(80)])
+        app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+        @app.listener(src, database=engine, concurrency=2, fencing="partition", max_attempts=1)
+        def save(record: Record) -> None:
+            time.sleep(0.15)
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+
+        with running(app):
+            wait_for(lambda: kafka.caught_up(app.group_id, src), 90, message="all committed")
+        rows = _rows(engine, table)
+        assert set(rows) == {f"s{i}" for i in range(80)} and max(rows.values()) == 1
+        assert "database is locked" not in caplog.text
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("statements", ["one statement", "portable"])
+def test_a_second_owner_reads_the_position_only_once_it_holds_the_lock(postgres: LocalPostgres, statements: str) -> None:
+    """The position is locked and read in one statement on PostgreSQL and SQLite (INSERT ... ON CONFLICT ...
+    RETURNING); elsewhere (MySQL, ...) in separate statements, which must lock before they read: a SELECT
+    before the lock returns the position as it was before the first owner's commit, and the zombie would
+    run the handler again for records whose rows are committed."""
+    from kafkatx.database._backend import backend_for
+    from kafkatx.database._store import Store
+
+    engine = sa.create_engine(postgres.url)
+    backend = backend_for(engine)
+    group = unique_name("lockread")
+    store = Store(backend, group)
+    store._returning = statements == "one statement"
+    new_owner, zombie = backend.connect(), backend.connect()
+    try:
+        backend.begin(new_owner)
+        store.create_tables(new_owner)
+        assert store.lock_position(new_owner, ("t", 0)) == -1  # the row exists from an earlier unit
+        store.advance(new_owner, ("t", 0), 5, [])
+        backend.commit(new_owner)
+        backend.begin(new_owner)
+        assert store.lock_position(new_owner, ("t", 0)) == 5
+        seen: list[int] = []
+        backend.begin(zombie)
+        waiter = threading.Thread(target=lambda: seen.append(store.lock_position(zombie, ("t", 0))))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive(), "the second owner waits for the first's unit"
+        store.advance(new_owner, ("t", 0), 10, [])
+        backend.commit(new_owner)
+        waiter.join(10)
+        assert seen == [10], "the second owner sees the first's committed position"
+        backend.rollback(zombie)
+    finally:
+        backend.close(new_owner)
+        backend.close(zombie)
+        engine.dispose()
+
+
+def test_a_database_from_another_cluster_or_an_earlier_topic_is_refused_not_trusted(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """The positions kafkatx keeps belong with the Kafka log they were written for. The topic deleted and
+    created again (or a new cluster, a temporary local broker) starts at offset 0 while the database says
+    the partition is done up to 10: trusting it would skip the new records without running the handler and
+    publish the old unit's stored events. The container stops instead, saying what to delete."""
+    from kafkatx.testing.helpers import delete_topics
+
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    engine = sa.create_engine(url)
+    table = _table(engine)
+    src = unique_name("recreated")
+    group = unique_name("db")
+
+    def app_with_records(values: list[bytes]) -> App:
+        kafka.topic(name=src)
+        kafka.produce(src, values)
+        app = App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id="t", static_membership=False)
+
+        @app.listener(src, database=url)
+        def save(record: Record) -> None:
+            db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
+
+        return app
+
+    first = app_with_records([f"old{i}".encode() for i in range(10)])
+    with running(first):
+        wait_for(lambda: kafka.caught_up(group, src), 30, message="the first topic committed")
+    delete_topics(kafka.bootstrap_servers, [src])
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 0})
+    for future in admin.delete_consumer_groups([group], request_timeout=10).values():
+        future.result(timeout=15)
+    wait_for(lambda: src not in admin.list_topics(timeout=5).topics, 15, message="the topic deleted")
+    del admin, future
+
+    second = app_with_records([b"new0", b"new1", b"new2"])
+    with pytest.raises(InvalidConfigurationError, match=r"kafkatx_offsets.*delete"):
+        with running(second):
+            wait_for(lambda: not any(c.alive for c in second.containers), 30, message="the container stopped")
+    assert set(_rows(engine, table)) == {f"old{i}" for i in range(10)}, "nothing of the new topic skipped as done"
+    engine.dispose()
