@@ -47,7 +47,7 @@ class ProducerOutbox:
         self.key = (producer.transactional_id, 0)
         self.store = Store(backend, _GROUP)
         self.marker_group = f"kafkatx-outbox.{producer.transactional_id}"
-        self._client_config = {k: v for k, v in client_config.items() if k not in ("logger",)}
+        self._client_config = dict(client_config)  # (its logger sends librdkafka's lines through logging)
         self._group_metadata: Any = None
         self._committed: int | None = None  # the sequence Kafka is known to have committed
         self._tables_ready = False
