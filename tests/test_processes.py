@@ -10,6 +10,7 @@ The dead transaction never commits.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,3 +131,82 @@ def test_two_processes_one_stops_or_dies_mid_stream(
     check_exactly_once(kafka, out, n)
     if how == "sigkill":
         assert len(kafka.values(out, isolation="read_uncommitted")) >= n, "read_uncommitted may show the aborted attempt"
+
+
+HUNG_APP = textwrap.dedent(
+    """
+    import os, time
+    from kafkatx import App, Record
+
+    app = App(os.environ["APP_NAME"], shutdown_timeout=float(os.environ["SHUTDOWN_TIMEOUT"]),
+              consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=50, fencing=os.environ["FENCING"])
+    def handle(record: Record) -> bytes:
+        time.sleep(0.002)
+        return b"out-" + record.value
+    """
+)
+
+
+@pytest.mark.local_broker_only
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fencing", ["group", "partition"])
+def test_a_worker_stuck_in_a_client_call_stops_within_shutdown_timeout_and_recovers_on_restart(
+    tmp_path: Path, fencing: str
+) -> None:
+    """Issue 17, item 3: the broker stops answering mid-copy (SIGSTOP: connections open, no replies), so the
+    worker's transactional calls block. SIGTERM: the worker exits 1 within shutdown_timeout, naming the call it
+    is stuck in. The broker comes back and the worker is restarted under its id: its predecessor's open
+    transaction is aborted, and the output equals the input, nothing lost or twice."""
+    from kafkatx.local import LocalBroker
+
+    broker = LocalBroker(data_dir=tmp_path / "broker").start()  # its own broker: this one gets frozen
+    kafka = KafkaTestKit(broker.bootstrap_servers)
+    (tmp_path / "hung_app.py").write_text(HUNG_APP)
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    name = unique_name("hung")
+    shutdown_timeout = 3.0
+    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "FENCING": fencing, "PYTHONUNBUFFERED": "1",
+           "SHUTDOWN_TIMEOUT": str(shutdown_timeout)}  # fmt: skip
+    n = 6000
+    kafka.produce(src, [{"value": b"%d" % i, "partition": i % 2} for i in range(n)])
+
+    def worker() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "hung_app:app", "--instance-id", "w",
+                                 "--no-status", "--bootstrap-servers", broker.bootstrap_servers],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    proc = worker()
+    frozen = False
+    try:
+        wait_for(lambda: sum(kafka.committed(name, src).values()) > 500, 60, interval=0.2, message="copying")
+        assert broker.pid is not None
+        os.kill(broker.pid, signal.SIGSTOP)
+        frozen = True
+        time.sleep(3)  # the batch in hand is handled; its commit now waits for a broker that does not answer
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert proc.returncode == 1, output[-3000:]
+        assert took < shutdown_timeout + 7, f"stopped {took:.1f}s after SIGTERM (shutdown_timeout={shutdown_timeout:g}s)"
+        assert f"did not stop within shutdown_timeout={shutdown_timeout:g}s" in output, output[-3000:]
+        stuck = re.search(r"is blocked in (\w+) \(blocked for", output)
+        assert stuck, f"the message names the call the worker is stuck in:\n{output[-3000:]}"
+        print(f"stopped {took:.1f}s after SIGTERM, blocked in {stuck.group(1)}")
+        os.kill(broker.pid, signal.SIGCONT)
+        frozen = False
+        proc = worker()
+        wait_for(lambda: kafka.caught_up(name, src), 90, interval=0.5, message="everything copied after the restart")
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output[-3000:]
+        check_exactly_once(kafka, out, n)
+    finally:
+        if frozen and broker.pid is not None:
+            os.kill(broker.pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        broker.stop()

@@ -28,8 +28,10 @@ APP = textwrap.dedent(
     app = App(os.environ["APP_NAME"], consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
 
     @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=50,
-                  max_attempts=int(os.environ.get("MAX_ATTEMPTS", "3")))
+                  max_attempts=int(os.environ.get("MAX_ATTEMPTS", "3")), dlq=os.environ.get("DLQ") == "1")
     def handle(record):
+        if record.value == b"poison":
+            os._exit(17)  # as a segfault or the OOM killer would end it: no exception, no cleanup
         return b"out-" + record.value
     """
 )
@@ -91,3 +93,34 @@ def test_a_configuration_error_is_not_restarted(kafka: KafkaTestKit, tmp_path: P
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 78, out
     assert "configuration error" in out and "not restarting" in out
+
+
+@pytest.mark.timeout(180)
+def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_restarts(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    """Issue 13: the supervisor restarts the worker the poison record kills, under its id; the crash guard counts
+    the crashes with the committed offsets; after max_attempts counted crashes the record is dead-lettered and the
+    partition moves on, before the supervisor's crash-loop limit (5 within 60 s) gives up."""
+    from kafkatx.dlq.headers import parse_dead_letter_headers
+
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    name = unique_name("poison")
+    values = [b"v%d" % i for i in range(60)]
+    values[33] = b"poison"  # partition 1, offset 16
+    kafka.produce(src, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
+    env = {"APP_NAME": name, "SRC": src, "OUT": out, "DLQ": "1"}
+    proc = supervisor(tmp_path, env, "--workers", "1", "--instance-id", "poison",
+                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    try:
+        wait_for(lambda: kafka.caught_up(name, src), 120, interval=0.5, message="the poison record's offset committed")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    # One crash inside a batch (not counted: which record was it?), then max_attempts=3 counted ones.
+    assert output.count("worker poison-0 exited with code 17; restarting it under the same id") == 4, output
+    assert "giving up" not in output
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in values if v != b"poison"), "the rest exactly once"
+    dead = kafka.read(src + "-dlt")
+    assert [d.value for d in dead] == [b"poison"]
+    info = parse_dead_letter_headers(dead[0].headers)
+    assert info.exception_fqcn == "kafkatx.listener.crash_guard.ProcessCrashedError" and info.attempts == 3
