@@ -112,7 +112,7 @@ def test_a_record_that_kills_the_process_is_dead_lettered_after_max_attempts_cra
     dead = kafka.read(src + "-dlt")
     assert [d.value for d in dead] == [b"poison"]
     info = parse_dead_letter_headers(dead[0].headers)
-    assert info.exception_fqcn == "kafkatx.listener.crash_guard.ProcessCrashedError"
+    assert info.exception_fqcn == "kafkatx.errors.ProcessCrashedError"
     assert "died 3 time(s)" in (info.exception_message or "")
     assert info.original_partition == 1 and info.attempts == 3
 

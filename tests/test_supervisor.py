@@ -123,4 +123,4 @@ def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_rest
     dead = kafka.read(src + "-dlt")
     assert [d.value for d in dead] == [b"poison"]
     info = parse_dead_letter_headers(dead[0].headers)
-    assert info.exception_fqcn == "kafkatx.listener.crash_guard.ProcessCrashedError" and info.attempts == 3
+    assert info.exception_fqcn == "kafkatx.errors.ProcessCrashedError" and info.attempts == 3

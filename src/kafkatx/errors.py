@@ -20,6 +20,7 @@
     ├── DeserializationError (ValueError) raise it when a record's bytes cannot be decoded
     ├── RecoveryError                     a recoverer failed; the record is kept
     ├── DeadLetterPublishError            the dead-letter record could not be written
+    ├── ProcessCrashedError               a record killed the process max_attempts times (dead letters name it)
     ├── DatabaseUnavailableError          database= could not be reached (kafkatx.database)
     └── NotInTransactionError             send() outside a handler or transaction
 
@@ -65,6 +66,7 @@ __all__ = [
     "DeserializationError",
     "RecoveryError",
     "DeadLetterPublishError",
+    "ProcessCrashedError",
     "NotInTransactionError",
 ]
 
@@ -282,6 +284,18 @@ class RecoveryError(KafkaTxError):
 
 class DeadLetterPublishError(KafkaTxError, RuntimeError):
     """The dead-letter record could not be written; the original record is kept."""
+
+
+class ProcessCrashedError(KafkaTxError):
+    """The process died while handling this record, ``crashes`` time(s): the exception a dead letter names
+    when kafkatx recovers such a record without calling the handler again (see ``count_crashes``)."""
+
+    def __init__(self, record: str, crashes: int) -> None:
+        super().__init__(
+            f"the process died {crashes} time(s) while handling {record} (a crash, os._exit, the OOM killer, "
+            "a native library fault); kafkatx recovered it without calling the handler again"
+        )
+        self.crashes = crashes
 
 
 class NotInTransactionError(KafkaTxError, RuntimeError):

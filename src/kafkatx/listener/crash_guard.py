@@ -26,31 +26,20 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
-from kafkatx.errors import KafkaClientError, KafkaTxError, RecoveryError
+from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
 from kafkatx.events import RecordRecovered
 from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed
-from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight
+from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight, process_token
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer, Runner
 
-__all__ = ["CrashGuard", "ProcessCrashedError"]
+__all__ = ["CrashGuard"]
 
 log = logging.getLogger("kafkatx.container")
-
-
-class ProcessCrashedError(KafkaTxError):
-    """The process died while handling this record, ``crashes`` time(s) (the dead-letter record's exception)."""
-
-    def __init__(self, record: str, crashes: int) -> None:
-        super().__init__(
-            f"the process died {crashes} time(s) while handling {record} (a crash, os._exit, the OOM killer, "
-            "a native library fault); kafkatx recovered it without calling the handler again"
-        )
-        self.crashes = crashes
 
 
 class CrashGuard:
@@ -59,6 +48,7 @@ class CrashGuard:
     def __init__(self, container: ListenerContainer) -> None:
         self._c = container
         self.enabled = container.spec.count_crashes
+        self._owner = process_token()  # written into in-flight claims: our own claim found again is no crash
         self._careful: dict[TP, int] = {}  # partition -> careful_until (exclusive)
         self._pending: dict[TP, int] = {}  # partitions whose last commit claimed `offset` in flight
         self._marked: set[TP] = set()  # careful partitions whose next record is already marked in flight
@@ -85,9 +75,9 @@ class CrashGuard:
                 log.info("listener %s: %s[%d] handled past the crash range; batches again", self._c.name, *tp)
             state = tracker.state_at(tp[0], tp[1], offset)
             if state is None and until is None:
-                out[tp] = encode_inflight(offset)  # the usual claim, once per partition and transaction
+                out[tp] = encode_inflight(offset, self._owner)  # the usual claim, once per partition and transaction
             else:
-                out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until))
+                out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until, self._owner))
         return out
 
     def committed(self, offsets: Mapping[TP, int]) -> None:
@@ -113,7 +103,12 @@ class CrashGuard:
             if state is None:
                 continue
             key, failures, until = (tp.topic, tp.partition), state.failures, state.careful_until
-            if state.inflight and self.enabled:
+            if state.inflight and self.enabled and state.owner == self._owner:
+                # Our own claim, from before this process lost the partition (a rebalance, a broker restart):
+                # whatever was in flight was aborted or fenced, not a crash. Careful mode goes on where it was.
+                log.debug("listener %s: %s[%d] comes back with this process's own claim at %d: no crash",
+                          c.name, *key, tp.offset)  # fmt: skip
+            elif state.inflight and self.enabled:
                 if until is not None and tp.offset < until:
                     failures += 1  # one record was in flight: it is the one that died
                     log.warning("listener %s: the previous owner of %s[%d] died while handling offset %d "
@@ -252,7 +247,7 @@ class CrashGuard:
         if failures >= c.spec.policy.max_attempts:
             return self._recover(msg, failures)
         if tp not in self._marked:  # nothing committed yet marks this record in flight: do it now
-            marker = encode(PartitionState(offset, failures, True, self._careful.get(tp)))
+            marker = encode(PartitionState(offset, failures, True, self._careful.get(tp), self._owner))
             unit = TransactionUnit(c, producer, [])
             try:
                 if not unit.transact(lambda: unit.send_offsets({tp: offset}, {tp: marker}), records=0, what="marker"):

@@ -10,7 +10,10 @@ offset:
   to the handler and is not finished. A normal commit sets it for the next
   batch, which is about to start; a clean stop clears it again;
 - ``careful_until``: records below this offset are handled one per
-  transaction, each committed before the next one starts (crash isolation).
+  transaction, each committed before the next one starts (crash isolation);
+- ``owner``: the process that wrote an ``inflight`` claim (a token made at
+  its start). A claim found by the same, living process is its own, left
+  when it lost the partition (a rebalance, a broker restart): no crash.
 
 Whoever owns the partition next (after a restart, a rebalance, in another
 process) reads it back with the committed offset. An ``inflight`` flag still
@@ -31,11 +34,23 @@ is ignored.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import dataclass
 
-__all__ = ["PartitionState", "encode", "encode_inflight", "decode"]
+__all__ = ["PartitionState", "encode", "encode_inflight", "decode", "process_token"]
 
 _PREFIX = "kafkatx:"
+_token: tuple[int, str] = (-1, "")
+
+
+def process_token() -> str:
+    """A token of this process (made again after a fork): who wrote an in-flight claim."""
+    global _token
+    pid = os.getpid()
+    if _token[0] != pid:
+        _token = (pid, uuid.uuid4().hex[:12])
+    return _token[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +61,13 @@ class PartitionState:
     failures: int = 0
     inflight: bool = False
     careful_until: int | None = None
+    owner: str | None = None
 
 
-def encode_inflight(offset: int) -> str:
-    """``encode(PartitionState(offset, inflight=True))``, the claim of almost every commit, without json.dumps."""
-    return f'{_PREFIX}{{"offset":{int(offset)},"inflight":true}}'
+def encode_inflight(offset: int, owner: str) -> str:
+    """``encode(PartitionState(offset, inflight=True, owner=owner))``, the claim of almost every commit,
+    without json.dumps (``owner`` is a hex token)."""
+    return f'{_PREFIX}{{"offset":{int(offset)},"inflight":true,"owner":"{owner}"}}'
 
 
 def encode(state: PartitionState) -> str:
@@ -61,6 +78,8 @@ def encode(state: PartitionState) -> str:
         data["inflight"] = True
     if state.careful_until is not None:
         data["careful_until"] = state.careful_until
+    if state.owner is not None:
+        data["owner"] = state.owner
     return _PREFIX + json.dumps(data, separators=(",", ":"))
 
 
@@ -73,6 +92,7 @@ def decode(metadata: str | None, offset: int) -> PartitionState | None:
         state = PartitionState(
             int(data["offset"]), int(data.get("failures", 0)), bool(data.get("inflight", False)),
             None if data.get("careful_until") is None else int(data["careful_until"]),
+            None if data.get("owner") is None else str(data["owner"]),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
