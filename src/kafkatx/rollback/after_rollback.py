@@ -41,7 +41,6 @@ log = logging.getLogger("kafkatx.rollback")
 TP = tuple[str, int]
 #: Runs the handler for one record and returns its encoded outputs (raising what the handler raised).
 Replay = Callable[[Record], Sequence[PendingOutput]]
-_NEVER = 2**63  # an offset no record reaches
 
 
 class HandlerFailure(Exception):
@@ -178,6 +177,9 @@ class RollbackScope:
         self._held: dict[TP, Record] = {}
         self._pauses: dict[TP, float] = {}
         self.committed_records = 0
+        #: What this transaction commits is the usual: the records before the failed one, and maybe the
+        #: failed one itself (then apply() needs no pass over the records).
+        self._usual = failure.index == 0
 
     @functools.cached_property
     def records(self) -> list[Record]:
@@ -209,12 +211,15 @@ class RollbackScope:
                 raise failure
             self._offsets[(record.topic, record.partition)] = record.offset + 1
             self.committed_records += 1
+        self._usual = True
 
     def recover(self, recoverer: Recoverer, record: Record, exception: BaseException) -> None:
         self.unit.recover(recoverer, record, exception)
 
     def commit_offset(self, record: Record) -> None:
         tp = (record.topic, record.partition)
+        if record.offset != self.failed.offset or tp != (self.failed.topic, self.failed.partition):
+            self._usual = False
         self._offsets[tp] = max(self._offsets.get(tp, -1), record.offset + 1)
         self._held.pop(tp, None)
         self.committed_records += 1
@@ -247,35 +252,37 @@ class RollbackScope:
         """After the commit: rewind every partition to its first record not committed, and pause.
 
         With ``keep_in_memory``, partitions not held for a back-off are not
-        rewound: their uncommitted records are returned, to be handled next.
+        rewound: their uncommitted records are returned, to be handled next
+        (and those of held partitions handed to the container until the
+        back-off ends). One pass over the unit's records: after each failure
+        of a big batch, this runs over all of what is left of it.
         """
-        last: dict[TP, int] = {}
+        offsets, pauses = self._offsets, self._pauses
+        if keep_in_memory and not pauses and self._usual:
+            # The records before the failed one committed, those after it did not: no need to look.
+            failed = self.failed
+            if failed.offset < offsets.get((failed.topic, failed.partition), -1):
+                return self._msgs[self._index + 1 :]
+            return self._msgs[self._index :]
+        rest: list[ConsumedMessage] = []
+        held: dict[TP, list[ConsumedMessage]] = {}
+        rewind: dict[TP, int] = {}
         for m in self._msgs:
-            last[(m.topic(), m.partition())] = m.offset()
-        kept: dict[TP, int] = {}
-        deferred: dict[TP, int] = {}
-        for tp, first in _first_offsets(self._msgs).items():
-            target = max(self._offsets.get(tp, first), first)
-            if last[tp] >= target:  # some of this partition's records were not committed
-                if keep_in_memory:
-                    (deferred if tp in self._pauses else kept)[tp] = target
-                else:
-                    self.unit.seek(tp, target)
-        for tp, seconds in self._pauses.items():
-            if tp in deferred:  # handled from memory when the back-off ends
-                self.unit.defer(self._uncommitted(tp, deferred[tp]), seconds)
+            tp = (m.topic(), m.partition())
+            offset = m.offset()
+            if offset < offsets.get(tp, -1):
+                continue  # committed by this transaction
+            if not keep_in_memory:
+                rewind.setdefault(tp, offset)  # a partition's records are in offset order
+            elif tp in pauses:
+                held.setdefault(tp, []).append(m)
+            else:
+                rest.append(m)
+        for tp, offset in rewind.items():
+            self.unit.seek(tp, offset)
+        for tp, seconds in pauses.items():
+            if tp in held:  # handled from memory when the back-off ends
+                self.unit.defer(held[tp], seconds)
             else:
                 self.unit.pause(tp, seconds)
-        if not kept:
-            return []
-        return [m for m in self._msgs if m.offset() >= kept.get((m.topic(), m.partition()), _NEVER)]
-
-    def _uncommitted(self, tp: TP, target: int) -> list[ConsumedMessage]:
-        return [m for m in self._msgs if m.partition() == tp[1] and m.topic() == tp[0] and m.offset() >= target]
-
-
-def _first_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
-    first: dict[TP, int] = {}
-    for m in msgs:
-        first.setdefault((m.topic(), m.partition()), m.offset())
-    return first
+        return rest
