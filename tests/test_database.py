@@ -29,6 +29,8 @@ from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
 
+from database_helpers import table_rows
+
 
 class Poison(Exception):
     pass
@@ -39,18 +41,6 @@ def _fresh_table(engine: sa.Engine, name: str, unique: bool = False) -> None:
         conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}"))
         constraint = " UNIQUE" if unique else ""
         conn.execute(sa.text(f"CREATE TABLE {name} (k VARCHAR(64){constraint}, v VARCHAR(64))"))
-
-
-def _rows(engine: sa.Engine, table: str) -> Counter[str]:
-    with engine.connect() as conn:
-        return Counter(r[0] for r in conn.execute(sa.text(f"SELECT k FROM {table}")))
-
-
-@pytest.fixture
-def pg_engine(postgres: LocalPostgres) -> Any:
-    engine = sa.create_engine(postgres.url, pool_size=4)
-    yield engine
-    engine.dispose()
 
 
 @pytest.mark.parametrize("fencing", ["auto", "group"])
@@ -76,7 +66,7 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 180, message="all 10,000 records committed")
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     good = set(values) - poison
     assert set(rows) == good, (len(rows), len(good))
     assert max(rows.values()) == 1, "a row was written twice"
@@ -174,7 +164,7 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
     env = {**os.environ, "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS": "3"}
     first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    rows_at_crash = sum(_rows(pg_engine, table).values())
+    rows_at_crash = sum(table_rows(pg_engine, table).values())
     assert rows_at_crash > 0, "the database committed before the crash"
     committed = sum(max(0, o) for o in kafka.committed(group, src).values())
     assert committed < rows_at_crash, "the crash came before the Kafka commit of the last database commit"
@@ -193,7 +183,7 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
         second.send_signal(signal.SIGTERM)
         output, _ = second.communicate(timeout=60)
     assert "already committed in the database but not in Kafka" in output, output[-3000:]
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     assert set(rows) == set(values) and max(rows.values()) == 1, "a row was written twice (or lost)"
     events = Counter(kafka.values(out))
     assert set(events) == {b"event:" + v.encode() for v in values} and max(events.values()) == 1
@@ -217,7 +207,7 @@ def test_a_constraint_violation_is_not_retried_and_dead_lettered_with_a_clear_ca
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
-    assert _rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
+    assert table_rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
     assert sorted(kafka.values(out)) == [b"a", b"b", b"c"]  # type: ignore[type-var]
     [dead] = kafka.read(src + "-dlt")
     headers = parse_dead_letter_headers(dead.headers)
@@ -255,7 +245,7 @@ def test_the_database_going_down_loses_nothing_and_counts_against_no_record(
             server.start()
             wait_for(lambda: kafka.caught_up(app.group_id, src), 90, message="everything committed after the outage")
         expected = {f"before{i}" for i in range(50)} | {f"during{i}" for i in range(50)}
-        rows = _rows(engine, table)
+        rows = table_rows(engine, table)
         assert set(rows) == expected and max(rows.values()) == 1
         assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
         assert recovered == [], "an outage dead-lettered records"
@@ -277,7 +267,7 @@ def test_a_producer_initiated_transaction_commits_or_rolls_back_both(kafka: Kafk
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('dropped', 'x')"))
         send(out, b"dropped")
         raise Poison("no")
-    assert _rows(pg_engine, table) == Counter({"kept": 1})
+    assert table_rows(pg_engine, table) == Counter({"kept": 1})
     assert kafka.values(out) == [b"kept"]
 
 
@@ -396,12 +386,12 @@ def test_a_producer_initiated_unit_killed_between_its_commits_is_finished_by_the
     env = {**os.environ, "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS": "3"}
     first = subprocess.run([*base, "0", "5"], env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    assert sum(_rows(pg_engine, table).values()) == 3
+    assert sum(table_rows(pg_engine, table).values()) == 3
     assert sorted(kafka.values(out)) == [b"u0-a", b"u0-b", b"u1-a", b"u1-b"]  # type: ignore[type-var]
     second = subprocess.run([*base, "3", "5"], env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "committed in the database but not in Kafka" in second.stderr
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     assert set(rows) == {f"u{i}" for i in range(5)} and max(rows.values()) == 1
     assert kafka.values(out) == [f"u{i}-{x}".encode() for i in range(5) for x in "ab"], "exactly once, in order"
 

@@ -29,6 +29,8 @@ from kafkatx.events import HandlerFailed, RecordRecovered, TransactionCommitted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
 
+from database_helpers import table_rows
+
 
 class Poison(Exception):
     pass
@@ -39,18 +41,6 @@ def _table(engine: sa.Engine, unique: str = "") -> str:
     with engine.begin() as conn:
         conn.execute(sa.text(f"CREATE TABLE {name} (k VARCHAR(64) {unique}, v VARCHAR(64))"))
     return name
-
-
-def _rows(engine: sa.Engine, table: str) -> Counter[str]:
-    with engine.connect() as conn:
-        return Counter(r[0] for r in conn.execute(sa.text(f"SELECT k FROM {table}")))
-
-
-@pytest.fixture
-def pg_engine(postgres: LocalPostgres) -> Any:
-    engine = sa.create_engine(postgres.url, pool_size=4)
-    yield engine
-    engine.dispose()
 
 
 # -- Batches stay batches --------------------------------------------------------------------------------
@@ -88,7 +78,7 @@ def test_one_database_transaction_per_kafka_transaction(
         assert len(units) <= 4000 / 100, "batches stayed batches"
         if fencing == "group":
             assert len(units) < 4000 / 1000 * 4, "a unit spans the partitions of a poll"
-        assert sum(_rows(engine, table).values()) == 4000
+        assert sum(table_rows(engine, table).values()) == 4000
     finally:
         engine.dispose()
 
@@ -120,7 +110,7 @@ def test_a_sqlalchemy_handler_cannot_end_the_units_transaction(
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
     assert len(errors) == 1 and f"db().{call}() is not allowed" in str(errors[0])
-    assert _rows(engine, table) == Counter({"y": 1}), "the refused record left no row"
+    assert table_rows(engine, table) == Counter({"y": 1}), "the refused record left no row"
     engine.dispose()
 
 
@@ -144,7 +134,7 @@ def test_the_orm_session_on_db_commits_with_the_unit(kafka: KafkaTestKit, tmp_pa
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
-    assert _rows(engine, table) == Counter({"a": 1, "b": 1})
+    assert table_rows(engine, table) == Counter({"a": 1, "b": 1})
     engine.dispose()
 
 
@@ -166,7 +156,7 @@ def test_a_producer_initiated_unit_whose_database_commit_fails_leaves_no_kafka_t
     with app.transaction(database=pg_engine):
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('next', 'x')"))
         send(out, b"next")
-    assert _rows(pg_engine, table) == Counter({"next": 1})
+    assert table_rows(pg_engine, table) == Counter({"next": 1})
     assert kafka.values(out) == [b"next"]
 
 
@@ -197,7 +187,7 @@ def test_a_deferred_constraint_violation_dead_letters_the_record_that_caused_it_
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
     good = [v for v in values if v != "taken"]
-    assert _rows(pg_engine, table) == Counter(good + ["taken"])
+    assert table_rows(pg_engine, table) == Counter(good + ["taken"])
     assert Counter(kafka.values(out)) == Counter(v.encode() for v in good)
     dead = kafka.read(src + "-dlt")
     assert [(d.value, parse_dead_letter_headers(d.headers).original_offset) for d in dead] == [(b"taken", 12)]
@@ -252,7 +242,7 @@ def test_a_connection_killed_under_a_handler_is_an_outage_not_the_records_failur
     assert killed.is_set()
     assert recovered == [] and failed == [], "an outage counted against a record"
     expected = {f"r{i}" for i in range(30)}
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     assert set(rows) == expected and max(rows.values()) == 1
     assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
     assert "retrying in" in caplog.text
@@ -293,7 +283,7 @@ def test_the_server_stopped_in_the_middle_of_a_unit_and_started_again(
             server.start()
             wait_for(lambda: kafka.caught_up(app.group_id, src), 120, message="everything committed after the outage")
         expected = {f"m{i}" for i in range(400)}
-        rows = _rows(engine, table)
+        rows = table_rows(engine, table)
         assert set(rows) == expected and max(rows.values()) == 1
         with engine.connect() as conn:
             assert conn.execute(sa.text(f"SELECT COUNT(*) FROM {table} WHERE v <> 'second'")).scalar() == 0
@@ -331,7 +321,7 @@ def test_concurrent_containers_share_the_database_exactly_once(
         with running(app):
             wait_for(lambda: kafka.caught_up(app.group_id, src), 120, message="all committed")
         expected = {f"c{i}" for i in range(3000)}
-        rows = _rows(engine, table)
+        rows = table_rows(engine, table)
         assert set(rows) == expected and max(rows.values()) == 1
         assert Counter(kafka.values(out)) == Counter(v.encode() for v in expected)
         assert recovered == []
@@ -453,7 +443,7 @@ def test_a_crash_after_the_database_commit_of_a_unit_with_dead_letters_repeats_n
         second.send_signal(signal.SIGTERM)
         output, _ = second.communicate(timeout=60)
     assert "already committed in the database but not in Kafka" in output, output[-3000:]
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     assert set(rows) == set(values) - {poison} and max(rows.values()) == 1
     assert Counter(kafka.values(out)) == Counter(b"event:" + v.encode() for v in values if v != poison)
     dead = kafka.read(src + "-dlt")
@@ -519,7 +509,7 @@ def test_a_handler_that_swallows_a_database_error_gets_a_clear_failure_not_a_sto
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
-    assert _rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
+    assert table_rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
     assert sorted(kafka.values(out)) == [b"a", b"b", b"c"]  # type: ignore[type-var]
     assert [(r.record.offset, type(r.exception).__name__) for r in recovered] == [(2, "RuntimeError")]
     assert "begin_nested" in str(recovered[0].exception)
@@ -543,7 +533,7 @@ def test_a_savepoint_lets_a_handler_carry_on_after_a_database_error(kafka: Kafka
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
-    assert _rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
+    assert table_rows(pg_engine, table) == Counter({"a": 1, "b": 1, "c": 1})
     assert sorted(kafka.values(out)) == [b"a", b"b", b"c", b"duplicate:a"]  # type: ignore[type-var]
     assert kafka.read(src + "-dlt", timeout=2) == []
 
@@ -604,7 +594,7 @@ def test_a_zombie_fenced_after_its_database_commit_is_finished_by_the_new_owner_
             a.stop(timeout=30)
         except Exception:  # noqa: BLE001 - A was fenced: its container may well have stopped with an error
             pass
-    rows = _rows(pg_engine, table)
+    rows = table_rows(pg_engine, table)
     assert set(rows) == set(values) and max(rows.values()) == 1
     assert Counter(kafka.values(out)) == Counter(v.encode() for v in values), "events exactly once"
     assert set(calls) == set(values) and max(calls.values()) == 1, "no handler ran twice"
@@ -633,7 +623,7 @@ def test_sqlite_units_longer_than_its_busy_timeout_wait_for_each_other_instead_o
 
         with running(app):
             wait_for(lambda: kafka.caught_up(app.group_id, src), 90, message="all committed")
-        rows = _rows(engine, table)
+        rows = table_rows(engine, table)
         assert set(rows) == {f"s{i}" for i in range(80)} and max(rows.values()) == 1
         assert "database is locked" not in caplog.text
     finally:
@@ -720,5 +710,5 @@ def test_a_database_from_another_cluster_or_an_earlier_topic_is_refused_not_trus
     with pytest.raises(InvalidConfigurationError, match=r"kafkatx_offsets.*delete"):
         with running(second):
             wait_for(lambda: not any(c.alive for c in second.containers), 30, message="the container stopped")
-    assert set(_rows(engine, table)) == {f"old{i}" for i in range(10)}, "nothing of the new topic skipped as done"
+    assert set(table_rows(engine, table)) == {f"old{i}" for i in range(10)}, "nothing of the new topic skipped as done"
     engine.dispose()
