@@ -369,6 +369,25 @@ def test_refresh_retriable_init_error_refreshes_metadata_and_retries(mc: MockClu
 
 
 
+def test_an_init_that_runs_out_of_retries_fails_with_one_error_and_no_warning(mc: MockCluster) -> None:
+    """The init's own error says what happened; closing the half-initialised producer must not add a
+    RuntimeWarning about an abort that cannot be (confluent-kafka's, printed to a user's stderr at startup)."""
+    import warnings
+
+    from kafkatx.errors import RetriableError
+    from kafkatx.producer import TransactionalProducer
+
+    mc.push_request_errors(ApiKey.INIT_PRODUCER_ID, *[E.NOT_COORDINATOR] * 200)  # longer than the retry budget
+    producer = TransactionalProducer({"bootstrap.servers": mc.bootstrap_servers, **_QUIET}, unique_name("init"),
+                                     retry_timeout=2.0)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RetriableError, match="init_transactions still failed with NOT_COORDINATOR"):
+            producer.ensure()
+    assert [str(w.message) for w in caught] == []
+    assert not producer.ready
+
+
 def test_slow_end_txn_times_out_and_the_commit_is_resumed_not_restarted(
     mc: MockCluster, probe: ClientProbe
 ) -> None:

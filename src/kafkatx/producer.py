@@ -87,7 +87,11 @@ class TransactionalProducer:
             except BaseException:
                 if not self._caller.abandoned:  # a stuck handle is left alone (see _bounded.py)
                     try:
-                        producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
+                        with warnings.catch_warnings():
+                            # confluent-kafka warns that close() cannot abort while librdkafka still runs the
+                            # init that timed out: there is no transaction to abort, and the error above says why.
+                            warnings.simplefilter("ignore", RuntimeWarning)
+                            producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
                     except Exception:
                         log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
                 self._caller.close()
