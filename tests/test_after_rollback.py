@@ -341,6 +341,33 @@ def test_custom_after_rollback_processor_is_used(kafka: KafkaTestKit) -> None:
     assert kafka.values(out) == [b"a", b"b"]
 
 
+def test_a_custom_processor_may_commit_records_before_replaying_the_processed_ones(kafka: KafkaTestKit) -> None:
+    """The order of a processor's calls does not matter: skipping the failed record and the one after it,
+    then re-running the batch-mates before it, commits all of that; neither skipped record runs again."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"poison", b"skipped", b"c"])
+    app = make_app(kafka)
+    calls: Counter[bytes] = Counter()
+
+    class SkipTwoThenReplay:
+        def process(self, context: RollbackContext) -> None:
+            for record in context.records[:2]:
+                context.commit_offset(record)
+            context.replay_processed()
+
+    @app.listener(src, output=out, after_rollback=SkipTwoThenReplay(), max_batch_records=10, max_batch_ms=300)
+    def handler(record: Record) -> bytes | None:
+        calls[record.value or b""] += 1
+        if record.value == b"poison":
+            raise PoisonError("x")
+        return record.value
+
+    with running(app):
+        wait_for(lambda: all_committed(kafka, app, src), 30)
+    assert kafka.values(out) == [b"a", b"c"]
+    assert calls[b"poison"] == 1 and calls[b"skipped"] == 0, calls
+
+
 def test_default_after_rollback_processor_can_be_configured_directly(kafka: KafkaTestKit) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"poison"])

@@ -177,9 +177,11 @@ class RollbackScope:
         self._held: dict[TP, Record] = {}
         self._pauses: dict[TP, float] = {}
         self.committed_records = 0
-        #: What this transaction commits is the usual: the records before the failed one, and maybe the
-        #: failed one itself (then apply() needs no pass over the records).
-        self._usual = failure.index == 0
+        #: The usual outcome, in any order of the processor's calls: the records before the failed one are
+        #: committed (there are none, or they were re-run), and no other record but the failed one is;
+        #: apply() then needs no pass over the records.
+        self._replayed = failure.index == 0
+        self._committed_other = False
 
     @functools.cached_property
     def records(self) -> list[Record]:
@@ -209,9 +211,10 @@ class RollbackScope:
                 failure = HandlerFailure(i, exc, record)
             if failure is not None:
                 raise failure
-            self._offsets[(record.topic, record.partition)] = record.offset + 1
+            tp = (record.topic, record.partition)
+            self._offsets[tp] = max(self._offsets.get(tp, -1), record.offset + 1)
             self.committed_records += 1
-        self._usual = True
+        self._replayed = True
 
     def recover(self, recoverer: Recoverer, record: Record, exception: BaseException) -> None:
         self.unit.recover(recoverer, record, exception)
@@ -219,7 +222,7 @@ class RollbackScope:
     def commit_offset(self, record: Record) -> None:
         tp = (record.topic, record.partition)
         if record.offset != self.failed.offset or tp != (self.failed.topic, self.failed.partition):
-            self._usual = False
+            self._committed_other = True
         self._offsets[tp] = max(self._offsets.get(tp, -1), record.offset + 1)
         self._held.pop(tp, None)
         self.committed_records += 1
@@ -258,7 +261,7 @@ class RollbackScope:
         of a big batch, this runs over all of what is left of it.
         """
         offsets, pauses = self._offsets, self._pauses
-        if keep_in_memory and not pauses and self._usual:
+        if keep_in_memory and not pauses and self._replayed and not self._committed_other:
             # The records before the failed one committed, those after it did not: no need to look.
             failed = self.failed
             if failed.offset < offsets.get((failed.topic, failed.partition), -1):
