@@ -21,3 +21,25 @@ def pg_engine(postgres: Any) -> Iterator[Any]:
     engine = sa.create_engine(postgres.url, pool_size=4)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put the root logger and kafkatx's loggers back as they were, for tests that configure logging.
+
+    The root's handlers are taken off meanwhile, so that a configure() does not close pytest's capture
+    handlers."""
+    root = logging.getLogger()
+    names = ("kafkatx", "kafkatx.librdkafka", "kafkatx.dlq.librdkafka")
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in names})
+    for handler in saved[1]:
+        root.removeHandler(handler)
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(saved[0])
+    for handler in saved[1]:
+        root.addHandler(handler)
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+    logging.captureWarnings(False)

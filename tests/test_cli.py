@@ -16,6 +16,8 @@ import pytest
 
 from kafkatx.testing import produce, read_topic, wait_for
 
+from process_helpers import read_until
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,21 +26,6 @@ def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
     return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", *args, "--no-status"], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-
-
-def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60) -> re.Match[str]:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen[-30:])}")
 
 
 @pytest.mark.local_broker_only
@@ -318,26 +305,6 @@ def test_workers_with_a_bad_target_say_so_once_and_start_nothing() -> None:
     ], result.stderr
     assert "embedded broker" not in result.stdout and "supervising" not in result.stdout
     assert time.monotonic() - started < 20, "no worker was started and restarted"
-
-
-@pytest.fixture
-def restore_logging() -> Any:
-    import logging
-
-    root = logging.getLogger()
-    names = ("kafkatx", "kafkatx.librdkafka", "kafkatx.dlq.librdkafka")
-    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in names})
-    for handler in saved[1]:
-        root.removeHandler(handler)
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.setLevel(saved[0])
-    for handler in saved[1]:
-        root.addHandler(handler)
-    for name, level in saved[2].items():
-        logging.getLogger(name).setLevel(level)
-    logging.captureWarnings(False)
 
 
 def test_v_shows_kafkatx_debug_lines_and_vv_librdkafkas_too_before_or_after_the_command(restore_logging: None) -> None:

@@ -29,7 +29,7 @@ from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
 
-from database_helpers import table_rows
+from database_helpers import restart_until_caught_up, table_rows
 
 
 class Poison(Exception):
@@ -176,12 +176,7 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
     if fencing == "group":
         assert len({p for p, _ in stored}) > 1, "the crashed unit spanned several partitions"
 
-    second = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: kafka.caught_up(group, src), 90, message="the restarted app committed everything")
-    finally:
-        second.send_signal(signal.SIGTERM)
-        output, _ = second.communicate(timeout=60)
+    output = restart_until_caught_up(args, kafka, group, src, 90)
     assert "already committed in the database but not in Kafka" in output, output[-3000:]
     rows = table_rows(pg_engine, table)
     assert set(rows) == set(values) and max(rows.values()) == 1, "a row was written twice (or lost)"

@@ -29,7 +29,7 @@ from kafkatx.events import HandlerFailed, RecordRecovered, TransactionCommitted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
 
-from database_helpers import table_rows
+from database_helpers import restart_until_caught_up, table_rows
 
 
 class Poison(Exception):
@@ -436,12 +436,7 @@ def test_a_crash_after_the_database_commit_of_a_unit_with_dead_letters_repeats_n
     assert events and len({p for p, _ in outputs}) > 1, "the crashed transaction spans partitions"
     assert all(int(v.split(b"c")[1]) % 3 == p for p, v in events), "each event under its record's partition"
 
-    second = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: kafka.caught_up(group, src), 120, message="the restarted app committed everything")
-    finally:
-        second.send_signal(signal.SIGTERM)
-        output, _ = second.communicate(timeout=60)
+    output = restart_until_caught_up(args, kafka, group, src, 120)
     assert "already committed in the database but not in Kafka" in output, output[-3000:]
     rows = table_rows(pg_engine, table)
     assert set(rows) == set(values) - {poison} and max(rows.values()) == 1

@@ -21,6 +21,8 @@ import pytest
 
 from kafkatx.testing import KafkaTestKit, produce, read_topic, wait_for
 
+from process_helpers import read_until
+
 ROOT = Path(__file__).resolve().parent.parent
 #: README.md and docs/*.md, but the benchmark report and two documents other sessions own.
 DOCS = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md"))
@@ -32,20 +34,6 @@ def _run_local(target: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
     return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-
-
-def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 120) -> re.Match[str]:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen[-30:])}")
 
 
 def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
@@ -87,8 +75,8 @@ def test_the_people_example_runs_under_local_and_leaves_no_database_behind(tmp_p
     before = set(glob.glob(pattern))
     proc, seen = _run_local("examples.people:app", cwd=tmp_path), []
     try:
-        bootstrap = _read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", seen).group(1)
-        _read_until(proc, r"assigned people-in\[", seen)
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned people-in\[", 120, seen)
         produce(bootstrap, "people-in", [(b"1", b'{"id": 1, "name": "Ada"}'), (b"2", b'{"id": 2}')])
         wait_for(lambda: len(read_topic(bootstrap, "people-in-dlt")) == 1, 60, message="the nameless person dead-lettered")
         events = [json.loads(r.value or b"{}") for r in read_topic(bootstrap, "people-saved")]
@@ -108,8 +96,8 @@ def test_the_spark_wordcount_example_runs_under_local() -> None:
     pytest.importorskip("pyspark")
     proc, seen = _run_local("examples.spark_wordcount:app"), []
     try:
-        bootstrap = _read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", seen).group(1)
-        _read_until(proc, r"assigned lines\[", seen, timeout=170)
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned lines\[", 170, seen)
         produce(bootstrap, "lines", [b"the cat and the hat", b"The end"])
 
         def totals() -> dict[str, int]:

@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -94,22 +93,7 @@ def test_kafkatxs_other_threads_are_not_taken_for_listeners() -> None:
     assert ["listener" in json.loads(line) for line in lines] == [False, False]
 
 
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    saved = (root.level, list(root.handlers))
-    for h in saved[1]:
-        root.removeHandler(h)  # so configure() does not close pytest's capture handlers
-    yield
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    root.setLevel(saved[0])
-    for h in saved[1]:
-        root.addHandler(h)
-    logging.captureWarnings(False)
-
-
-def test_configure_json_replaces_handlers_and_sets_level(root_logging: None) -> None:
+def test_configure_json_replaces_handlers_and_sets_level(restore_logging: None) -> None:
     stream = io.StringIO()
     configure("debug", json=False, stream=io.StringIO())
     configure("INFO", json=True, stream=stream)  # a second call replaces, never duplicates
@@ -122,12 +106,12 @@ def test_configure_json_replaces_handlers_and_sets_level(root_logging: None) -> 
     assert json.loads(lines[0])["offset"] == 42
 
 
-def test_configure_rejects_an_unknown_level(root_logging: None) -> None:
+def test_configure_rejects_an_unknown_level(restore_logging: None) -> None:
     with pytest.raises(ValueError, match="unknown log level 'LOUD'"):
         configure("LOUD")
 
 
-def test_configure_sends_python_warnings_through_the_formatter(root_logging: None) -> None:
+def test_configure_sends_python_warnings_through_the_formatter(restore_logging: None) -> None:
     """confluent-kafka warns (RuntimeWarning) when a failed producer is closed: with ``--log-format json``
     that line must be JSON too, not Python's raw two-line warning on stderr."""
     import warnings
