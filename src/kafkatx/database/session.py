@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kafkatx._offsets import first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
 from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store
 from kafkatx.errors import ContainerError, KafkaTxError
@@ -190,9 +191,7 @@ class DatabaseSession:
         :class:`DatabaseUnavailableError` if the database cannot be used.
         """
         self.rollback()
-        first: dict[TP, int] = {}
-        for m in messages:
-            first.setdefault((m.topic(), m.partition()), m.offset())
+        first = first_offsets(messages)
         try:
             conn = self._connection()
             self._txn = self.backend.begin(conn)

@@ -41,7 +41,8 @@ from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
-from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
+from kafkatx._offsets import first_offsets
+from kafkatx.listener.unit import TP, TransactionUnit
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 

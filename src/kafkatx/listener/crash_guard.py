@@ -28,7 +28,8 @@ from confluent_kafka import TopicPartition
 
 from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
 from kafkatx.events import RecordRecovered
-from kafkatx.listener.unit import TP, TransactionUnit, first_offsets
+from kafkatx._offsets import first_offsets
+from kafkatx.listener.unit import TP, TransactionUnit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed

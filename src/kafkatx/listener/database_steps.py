@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
+from kafkatx._offsets import first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
 
@@ -24,7 +25,6 @@ __all__ = ["isolate", "redeliver_stored", "wait_for_database"]
 log = logging.getLogger("kafkatx.container")
 
 TP = tuple[str, int]
-
 
 
 def redeliver_stored(unit: TransactionUnit, stored: Mapping[TP, tuple[int, int]]) -> None:
@@ -62,7 +62,7 @@ def redeliver_stored(unit: TransactionUnit, stored: Mapping[TP, tuple[int, int]]
     if replay:
         unit.send_offsets(replay)
     unit.commit()
-    for tp, offset in _first_offsets(unit).items():
+    for tp, offset in first_offsets(unit.messages).items():
         if tp in stored:
             known = unit._c.committed_offset(tp)
             unit._c.seek(tp, max(stored[tp][1], known if known is not None else -1))
@@ -93,7 +93,7 @@ def isolate(unit: TransactionUnit, exc: BaseException, records: int) -> None:
     that record alone; its batch-mates commit.
     """
     unit.abort(records, f"database commit failed: {type(exc).__name__}")
-    first, until = _first_offsets(unit), unit.next_offsets()
+    first, until = first_offsets(unit.messages), unit.next_offsets()
     log.warning(
         "listener %s: the database commit of a unit of %d records failed (%s: %s), which does not say which "
         "record caused it: handling %s one record per transaction to find it",
@@ -114,11 +114,3 @@ def wait_for_database(unit: TransactionUnit, exc: DatabaseUnavailableError, reco
     delay = min(30.0, 0.5 * 2 ** min(database.unavailable - 1, 6))
     log.warning("%s; nothing was committed, retrying in %.3gs", exc, delay)
     unit.wait(delay)
-
-
-
-def _first_offsets(unit: TransactionUnit) -> dict[TP, int]:
-    first: dict[TP, int] = {}
-    for m in unit.messages:
-        first.setdefault((m.topic(), m.partition()), m.offset())
-    return first

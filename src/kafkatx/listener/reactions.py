@@ -36,7 +36,7 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
-from kafkatx.listener.unit import first_offsets
+from kafkatx._offsets import first_offsets
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:

@@ -43,6 +43,7 @@ from kafkatx.errors import (
     RecoveryError,
     TransactionAbortableError,
 )
+from kafkatx._offsets import first_offsets, next_offsets
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import isolate, redeliver_stored, wait_for_database
 from kafkatx.outputs import PendingOutput
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["TransactionUnit", "TP", "first_offsets", "next_offsets"]
+__all__ = ["TransactionUnit", "TP"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -383,23 +384,4 @@ class _DirectSink:
     def deliver_unconfirmed(self, output: PendingOutput) -> str | None:
         self.add(output)
         return None
-
-
-def first_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
-    """The first offset of each partition in ``msgs``."""
-    first: dict[TP, int] = {}
-    for m in msgs:
-        first.setdefault((m.topic(), m.partition()), m.offset())
-    return first
-
-
-def next_offsets(msgs: Sequence[ConsumedMessage]) -> dict[TP, int]:
-    """The offset after the last record of each partition in ``msgs``."""
-    offsets: dict[TP, int] = {}
-    for m in msgs:
-        tp = (m.topic(), m.partition())
-        offset = m.offset() + 1
-        if offset > offsets.get(tp, -1):
-            offsets[tp] = offset
-    return offsets
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from kafkatx._offsets import first_offsets
 from kafkatx.context import bind_sink
 from kafkatx.errors import (
     ApplicationRecoverableError,
@@ -444,9 +445,7 @@ class SparkUnitRunner:
         if not self._known and not self._recovery_failures:
             return
         assigned = tx.assignment
-        first: dict[TP, int] = {}
-        for m in tx.messages:
-            first.setdefault((m.topic(), m.partition()), m.offset())
+        first = first_offsets(tx.messages)
         for table in (self._known, self._recovery_failures):
             for key in list(table):
                 tp = (key[0], key[1])
