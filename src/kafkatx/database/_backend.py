@@ -116,9 +116,9 @@ class _SqlAlchemyBackend(Backend):
         return bool(conn.invalidated or conn.closed)
 
     def unusable(self, conn: Any, token: Any) -> str | None:
-        if conn.invalidated or conn.closed:
+        if self.broken(conn):
             return LOST_UNDER_HANDLER
-        if token is not None and not token.is_active:
+        if not self.still_open(conn, token):
             return ENDED_BY_HANDLER
         if self.dialect == "postgresql" and _pg_failed(conn.connection.dbapi_connection):
             return ABORTED_BY_HANDLER
