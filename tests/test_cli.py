@@ -125,6 +125,7 @@ def test_a_misspelt_listener_option_is_one_line_and_exit_78(tmp_path: Path) -> N
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out
     assert "unknown option 'max_attempt'" in lines[0] and "did you mean 'max_attempts'?" in lines[0], out
+    assert lines[0].startswith("kafkatx run: configuration error: typo_app.py:3: "), "the line of the App to fix"
 
 
 def _one_line_app(tmp_path: Path, name: str, app_args: str) -> None:

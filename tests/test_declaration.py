@@ -25,6 +25,16 @@ def test_a_misspelt_option_suggests_the_closest_name() -> None:
         app().add_listener(handle, "in", zzz=1)  # type: ignore[call-arg]
 
 
+def test_a_misspelt_app_option_suggests_the_closest_name_like_a_listener_option() -> None:
+    """From Python too, not only under `kafkatx run`: Python's own TypeError named neither."""
+    with pytest.raises(InvalidConfigurationError, match=r"App\(\) got an unknown option 'bootstrap_server'; "
+                       r"did you mean 'bootstrap_servers'\?"):  # fmt: skip
+        App("decl", bootstrap_server="127.0.0.1:9")  # type: ignore[call-arg]
+    with pytest.raises(InvalidConfigurationError, match=r"unknown option 'zzz'; valid options: .*create_topics"):
+        App("decl", zzz=1)  # type: ignore[call-arg]
+    assert App(name="decl", create_topics=True).create_topics, "every real option, the name too, is still taken"
+
+
 def test_every_error_raised_at_declaration_is_a_kafkatx_error() -> None:
     with pytest.raises(KafkaTxError):
         app().listener("in", fencing="nope")(handle)  # type: ignore[arg-type]

@@ -83,7 +83,8 @@ def _import(module_name: str) -> Any:
 
 
 def _misspelt_keyword(exc: TypeError) -> str | None:
-    """One line for ``App(create_topic=True)`` and the like: a kafkatx class given an unknown keyword.
+    """One line for ``Output(vaule=...)`` and the like: a kafkatx class given an unknown keyword (App checks
+    its own options and raises InvalidConfigurationError, with the closest name).
 
     Python's own TypeError names neither the file nor the closest option;
     other TypeErrors (the App's code) are left alone, traceback and all.
@@ -98,10 +99,16 @@ def _misspelt_keyword(exc: TypeError) -> str | None:
         return None
     known = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
     close = difflib.get_close_matches(match.group(2), known, n=1)
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
     hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(known)}"
-    return f"{where}{match.group(1)}() got an unknown option {match.group(2)!r}{hint}"
+    return f"{_where(exc)}{match.group(1)}() got an unknown option {match.group(2)!r}{hint}"
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line: `` of the App's own line that led to ``exc`` (the last frame outside kafkatx and importlib)."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(package)]  # fmt: skip
+    return f"{os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
 
 
 def load_app(target: str) -> Any:
@@ -226,8 +233,8 @@ def _run(args: argparse.Namespace) -> int:
         return _supervise(args)
     try:
         app = load_app(args.target)
-    except InvalidConfigurationError as exc:  # raised while the module declared its listeners
-        print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+    except InvalidConfigurationError as exc:  # raised while the module made its App and declared its listeners
+        print(f"kafkatx run: configuration error: {_where(exc)}{exc}", file=sys.stderr)
         return EX_CONFIG
     except MissingDependencyError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ run its listeners.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from kafkatx.listener.options import (
     LISTENER_DEFAULTS,
     ListenerOptions,
     SparkListenerOptions,
+    check_option_names,
     signature_with_options,
 )
 from kafkatx.listener.spec import ListenerSpec, build_spec
@@ -78,6 +80,12 @@ class App:
     ``rebalance="cooperative"`` uses incremental rebalancing (partitions that
     do not move keep flowing during a rebalance).
     """
+
+    def __new__(cls, *args: Any, **options: Any) -> App:
+        # Python's TypeError for App(create_topic=True) names neither the closest option nor kafkatx's error
+        # class; checked here, before __init__ is called (type checkers still see __init__'s signature).
+        check_option_names(options, _APP_OPTIONS, "App()")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -441,3 +449,7 @@ App.add_listener.__signature__ = signature_with_options(App.add_listener, Listen
 App.spark_listener.__signature__ = signature_with_options(  # type: ignore[attr-defined]
     App.spark_listener, SparkListenerOptions, {**LISTENER_DEFAULTS, "max_batch_records": 50_000, "max_batch_ms": 2_000, "max_bisect_jobs": 128}
 )
+
+
+#: Every keyword App() takes.
+_APP_OPTIONS = tuple(name for name in inspect.signature(App.__init__).parameters if name != "self")
