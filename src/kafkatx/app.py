@@ -451,5 +451,8 @@ App.spark_listener.__signature__ = signature_with_options(  # type: ignore[attr-
 )
 
 
+_init_parameters = list(inspect.signature(App.__init__).parameters.values())[1:]  # without self
 #: Every keyword App() takes.
-_APP_OPTIONS = tuple(name for name in inspect.signature(App.__init__).parameters if name != "self")
+_APP_OPTIONS = tuple(p.name for p in _init_parameters)
+# help(App), IDEs and inspect.signature(App) show __init__'s options, not __new__'s (*args, **options).
+App.__signature__ = inspect.Signature(_init_parameters)  # type: ignore[attr-defined]
