@@ -417,6 +417,12 @@ def summarize(reps: list[dict[str, Any]], busy_limit: float = 0.25) -> dict[str,
         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
         "cpu_us_per_record": statistics.median(r["result"]["thread_cpu_s"] / r["result"]["records"] * 1e6 for r in ok),
         "process_cpu_us_per_record": statistics.median(r["process_cpu_s"] / r["result"]["records"] * 1e6 for r in ok),
+        # Every thread of the run's process (librdkafka's too) while it processed: on a machine the broker
+        # shares, CPU any thread spends is CPU the broker does not get.
+        "window_process_cpu_us_per_record": statistics.median(
+            r["result"].get("process_cpu_s", float("nan")) / r["result"]["records"] * 1e6 for r in ok
+        ),
+        "broker_cores": statistics.median(r.get("broker_cores", float("nan")) for r in ok),
         "other_cores_max": max((r.get("other_cores", 0.0) for r in ok), default=0.0),
         "txns_committed": res["txns_committed"],
         "txns_aborted": res["txns_aborted"],
@@ -545,7 +551,9 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
             out.append(f"run {k} vs {twin}: records/s x{d['ratio_vs_twin']:.3f} (k rec/s {spread} vs {twin_spread}), "
                        f"from process start x{d['process_ratio_vs_twin']:.3f}, processing-thread CPU per record "
                        f"x{d['cpu_ratio_vs_twin']:.2f} ({summary[k]['cpu_us_per_record']:.2f} vs "
-                       f"{summary[twin]['cpu_us_per_record']:.2f} us)")  # fmt: skip
+                       f"{summary[twin]['cpu_us_per_record']:.2f} us), whole-process CPU per record "
+                       f"{summary[k]['window_process_cpu_us_per_record']:.2f} vs {summary[twin]['window_process_cpu_us_per_record']:.2f} us, "
+                       f"broker {summary[k]['broker_cores']:.2f} vs {summary[twin]['broker_cores']:.2f} cores")  # fmt: skip
     for k in ("3",):
         if "ratio_vs_3b" in derived.get(k, {}):
             out.append(f"run 3 vs 3b: {derived[k]['ratio_vs_3b']:.3f}")

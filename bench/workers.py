@@ -42,6 +42,8 @@ from typing import Any
 from kafkatx.local import LocalBroker
 
 perf = time.perf_counter
+#: BENCH_CONSUMER_CONFIG (JSON): extra consumer properties for every runner, for experiments.
+EXTRA_CONSUMER_CONFIG: dict[str, Any] = json.loads(os.environ.get("BENCH_CONSUMER_CONFIG") or "{}")
 
 
 class Tracker:
@@ -59,10 +61,17 @@ class Tracker:
         self.t_last: float | None = None
         self.cpu_first = 0.0  # CPU time of the processing thread (contention-proof cost)
         self.cpu_last = 0.0
+        self.proc_first = 0.0  # CPU time of the whole process (every thread, librdkafka's too)
+        self.proc_last = 0.0
+        self.threads_first: dict[str, float] = {}
+        self.threads_last: dict[str, float] = {}
+        self.records = int(cfg.get("records", 0))  # when reached, committed() takes the per-thread CPU
 
     def start(self) -> None:
         """Called on the processing thread when the first record is handed to the transform."""
         self.cpu_first = time.thread_time()
+        self.proc_first = time.process_time()
+        self.threads_first = thread_cpu()
         self.t_first = perf()
 
     def seen(self, partition: int, offset: int) -> None:
@@ -83,6 +92,9 @@ class Tracker:
         self.pending.clear()
         self.t_last = now
         self.cpu_last = time.thread_time()
+        self.proc_last = time.process_time()
+        if self.records and self.committed_records >= self.records and not self.threads_last:
+            self.threads_last = thread_cpu()
 
     def aborted(self) -> None:
         self.aborted_txns += 1
@@ -114,7 +126,25 @@ class Tracker:
             "latency_p99_ms": pct(0.99),
             "latency_max_ms": lat[-1] * 1000.0 if lat else None,
             "thread_cpu_s": self.cpu_last - self.cpu_first,
+            "process_cpu_s": self.proc_last - self.proc_first,
+            # per thread (name/tid), from the first record to the last commit; 10 ms resolution
+            "threads_cpu_s": {k: round(v - self.threads_first.get(k, 0.0), 3) for k, v in self.threads_last.items()},
         }
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads, by thread name (librdkafka names its own ``rdk:...``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = f'{stat[stat.index("(") + 1 : stat.rindex(")")]}/{task.name}'
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def peak_rss_mib() -> float | None:
@@ -143,6 +173,7 @@ def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         # noida-db sometimes ignores fetch.max.bytes; every runner gets the same raised limit
         # (quix_worker.py repeats it), so --records can go past 100 MB of input.
         **LocalBroker.client_config,
+        **EXTRA_CONSUMER_CONFIG,
     }
 
 
@@ -389,7 +420,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finished = threading.Event()
     debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
     app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
-              consumer_config=dict(LocalBroker.client_config), producer_config={"debug": debug} if debug else None)  # fmt: skip
+              consumer_config={**LocalBroker.client_config, **EXTRA_CONSUMER_CONFIG}, producer_config={"debug": debug} if debug else None)  # fmt: skip
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None

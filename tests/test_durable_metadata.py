@@ -66,3 +66,22 @@ def test_a_claim_another_process_left_means_it_died_while_handling() -> None:
     assert dict(guard.careful) == {("t", 0): 540, ("t", 1): 9}, "a batch in flight: its records one by one"
     state = tracker.state_at("t", 1, 7)
     assert state is not None and state.failures == 2, "the one record in flight died once more"
+
+
+def test_the_first_batch_claim_finds_each_unclaimed_partitions_first_offset_in_any_batch_order() -> None:
+    from confluent_kafka import Message
+
+    from kafkatx.listener.crash_guard import first_unclaimed
+
+    def m(topic: str, partition: int, offset: int) -> Message:
+        return Message(topic=topic, partition=partition, offset=offset)
+
+    batch = [
+        m("a", 0, 5), m("a", 0, 6), m("b", 0, 9), m("b", 0, 10),  # same partition number, another topic: a new run
+        m("a", 1, 3), m("a", 0, 7), m("a", 2, 1), m("a", 2, 2),   # a partition's records in two runs
+    ]  # fmt: skip
+    unclaimed = {("a", 0), ("b", 0), ("a", 1), ("c", 0)}
+    assert first_unclaimed(batch, unclaimed, careful={("a", 1): 10}) == {("a", 0): 5, ("b", 0): 9}
+    assert first_unclaimed(batch, unclaimed, careful={}) == {("a", 0): 5, ("b", 0): 9, ("a", 1): 3}
+    assert first_unclaimed(batch, set(), careful={}) == {}
+    assert first_unclaimed([m("a", 2, 1), m("a", 0, 4), m("a", 2, 0)], {("a", 2)}, {}) == {("a", 2): 1}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
@@ -182,11 +182,7 @@ class CrashGuard:
         False if a claim did not commit: the batch must not be handed over (its
         partitions may not be this consumer's any more); it is rewound.
         """
-        first: dict[TP, int] = {}
-        for msg in batch:
-            tp = (msg.topic(), msg.partition())
-            if tp in self.unclaimed and tp not in first and tp not in self._careful:
-                first[tp] = msg.offset()
+        first = first_unclaimed(batch, self.unclaimed, self._careful)
         if not first:
             return True
         c = self._c
@@ -284,6 +280,27 @@ class CrashGuard:
             return False
         c.publish(RecordRecovered(c.name, c.worker, record, exc, c.spec.policy.recoverer.name))
         return True
+
+
+def first_unclaimed(batch: Sequence[ConsumedMessage], unclaimed: Set[TP], careful: Mapping[TP, int]) -> dict[TP, int]:
+    """The first offset in ``batch`` of each partition in ``unclaimed`` (and not in ``careful``).
+
+    Called for every poll until each assigned partition has delivered its
+    first batch (a backlog is often read partition by partition, so that can
+    be most of it): it looks at the head of each run of one partition's
+    records only, not at every record.
+    """
+    first: dict[TP, int] = {}
+    run_topic, run_partition = None, -1
+    for msg in batch:
+        partition, topic = msg.partition(), msg.topic()
+        if partition == run_partition and topic == run_topic:
+            continue
+        run_topic, run_partition = topic, partition
+        tp = (topic, partition)
+        if tp in unclaimed and tp not in first and tp not in careful:
+            first[tp] = msg.offset()
+    return first
 
 
 def _no_replay(record: Record) -> Sequence[PendingOutput]:
