@@ -378,13 +378,16 @@ def test_an_init_that_runs_out_of_retries_fails_with_one_error_and_no_warning(mc
     from kafkatx.producer import TransactionalProducer
 
     mc.push_request_errors(ApiKey.INIT_PRODUCER_ID, *[E.NOT_COORDINATOR] * 200)  # longer than the retry budget
-    producer = TransactionalProducer({"bootstrap.servers": mc.bootstrap_servers, **_QUIET}, unique_name("init"),
+    txn_id = unique_name("init")
+    producer = TransactionalProducer({"bootstrap.servers": mc.bootstrap_servers, **_QUIET}, txn_id,
                                      retry_timeout=2.0)  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(RetriableError, match="init_transactions still failed with NOT_COORDINATOR"):
+        with pytest.raises(RetriableError, match="init_transactions .* still failed with NOT_COORDINATOR") as failed:
             producer.ensure()
     assert [str(w.message) for w in caught] == []
+    # Which cluster did not answer, and for which id: at startup that is what the user has to go on.
+    assert f"transactional.id {txn_id!r}, bootstrap.servers {mc.bootstrap_servers}" in str(failed.value)
     assert not producer.ready
 
 

@@ -36,6 +36,7 @@ def retry_call(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     first_failure: KafkaException | None = None,
+    where: str | None = None,
 ) -> T:
     """Call ``fn()``, retrying retriable Kafka errors for up to ``timeout`` seconds.
 
@@ -54,6 +55,10 @@ def retry_call(
     error is raised as :class:`ApplicationRecoverableError`. The kafkatx
     error is chained from the last Kafka exception. Handler failures (any
     non-Kafka exception, and (de)serialization errors) propagate unchanged.
+
+    ``where`` (e.g. the producer's transactional.id and bootstrap servers)
+    goes into the message of retries that ran out: at startup, it is what
+    tells a user which cluster did not answer.
 
     ``sleep`` and ``clock`` are injectable so that tests need not wait.
     ``first_failure`` is how a first attempt made elsewhere failed (the
@@ -124,15 +129,20 @@ def retry_call(
             raise
         if not error_class.retriable:
             raise KafkaTxError.from_kafka(exc, operation=operation, path=path) from exc
-        raise _exhausted(exc, operation, path, timeout, attempts) from exc
+        raise _exhausted(exc, operation, path, timeout, attempts, where) from exc
 
 
-def _exhausted(exc: KafkaException, operation: str, path: ErrorPath, timeout: float, attempts: int) -> KafkaClientError:
+def _exhausted(
+    exc: KafkaException, operation: str, path: ErrorPath, timeout: float, attempts: int, where: str | None = None
+) -> KafkaClientError:
     """The error for a retriable Kafka error whose retries ran out."""
     kafka_error = kafka_error_of(exc)
     name = kafka_error.name() if kafka_error is not None else type(exc).__name__
     reason = kafka_error.str() if kafka_error is not None else str(exc)
-    summary = f"{operation} still failed with {name} ({reason}) after {attempts} attempt(s) in {timeout:g} s."
+    summary = (
+        f"{operation}{f' ({where})' if where else ''} still failed with {name} ({reason}) "
+        f"after {attempts} attempt(s) in {timeout:g} s."
+    )
     check = (
         "Check broker availability and the transaction coordinator's logs; kafkatx retries a call for half "
         "the App's transaction_timeout_ms."

@@ -358,6 +358,7 @@ class TransactionalProducer:
                 refresh=refresh or self._refresh,
                 on_retry=self._on_retry,
                 first_failure=first_failure,
+                where=f"transactional.id {self.transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}",
             )
         except KafkaClientError as exc:
             err = exc.error
