@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 __all__ = ["add_parsers"]
@@ -70,25 +69,11 @@ def _user_topics(meta: Any) -> dict[str, int]:
     return {name: len(t.partitions) for name, t in meta.topics.items() if not name.startswith("__") and t.error is None}
 
 
-def _wait_until_listed(admin: Any, name: str, timeout: float = 10.0) -> None:
-    from confluent_kafka import KafkaException
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            topic = admin.list_topics(name, timeout=2).topics.get(name)
-        except KafkaException:
-            topic = None
-        if topic is not None and topic.error is None and topic.partitions:
-            return
-        time.sleep(0.05)
-
-
 def _topics(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
 
+    from kafkatx._topics import create_topic
     from kafkatx.dlq.tools import DlqToolError
 
     if args.action == "create" and not args.names:
@@ -120,14 +105,11 @@ def _topics(args: argparse.Namespace) -> int:
             print(f"kafkatx topics: cannot create {name!r}: it already exists ({existing[name]} partition(s))",
                   file=sys.stderr)  # fmt: skip
             return 1
-        future = admin.create_topics([NewTopic(name, num_partitions=args.partitions, replication_factor=-1)],
-                                     operation_timeout=15)[name]  # fmt: skip
         try:
-            future.result(30)
+            create_topic(admin, name, args.partitions)  # returns once listed: a produce right after finds it
         except KafkaException as exc:
             print(f"kafkatx topics: cannot create {name!r}: {_reason(exc)}", file=sys.stderr)
             return 1
-        _wait_until_listed(admin, name)  # so that a produce right after finds it
         print(f"created {name} ({args.partitions} partition(s))")
     return 0
 

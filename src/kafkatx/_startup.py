@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
+from kafkatx._topics import create_topic
 from kafkatx.errors import (
     ClusterUnreachableError,
     InvalidConfigurationError,
@@ -131,20 +130,13 @@ class _SetupContext:
         self.create_topic(topic, self._app.topic_partitions, why=what)
 
     def create_topic(self, topic: str, partitions: int, *, why: str) -> None:
-        fut = self._admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
         try:
-            fut.result(15)
+            create_topic(self._admin, topic, partitions, exist_ok=True)  # exists: someone else won the race
         except KafkaException as exc:
             err = exc.args[0]
-            if err.code() != 36:  # TOPIC_ALREADY_EXISTS: someone else won the race
-                raise InvalidConfigurationError(
-                    f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
-                    "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
-                ) from exc  # fmt: skip
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            self._meta = self._admin.list_topics(timeout=5)
-            if self.partitions(topic) == partitions:
-                break
-            time.sleep(0.05)
+            raise InvalidConfigurationError(
+                f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
+                "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
+            ) from exc  # fmt: skip
+        self._meta = self._admin.list_topics(timeout=5)
         log.info("created %s %r with %d partition(s)", why, topic, partitions)

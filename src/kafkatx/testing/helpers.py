@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from kafkatx._client_log import client_log
+from kafkatx._topics import create_topic as _create_topic
 from kafkatx.record import Record
 
 __all__ = [
@@ -66,16 +66,8 @@ def create_topic(
     """Create a topic (unique name by default) and wait until metadata shows it."""
     name = name or unique_name()
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **_QUIET})
-    fut = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))],
-        operation_timeout=timeout,
-    )[name]
-    fut.result(timeout)
-    wait_for(
-        lambda: len(admin.list_topics(name, timeout=5).topics[name].partitions) == partitions,
-        timeout,
-        message=f"topic {name} to show {partitions} partitions",
-    )
+    if not _create_topic(admin, name, partitions, replication_factor=1, config=config, timeout=timeout):
+        raise AssertionError(f"timed out after {timeout:.1f}s waiting for topic {name} to show {partitions} partitions")
     return name
 
 
