@@ -42,6 +42,7 @@ def main() -> None:
             state["txns"] += 1
             state["t_last"] = now
             state["cpu_last"] = time.thread_time()
+            state["proc_last"] = time.process_time()
             for key in pending:
                 t = first.pop(key, None)
                 if t is not None:
@@ -79,6 +80,7 @@ def main() -> None:
     def upper(value: bytes) -> bytes:
         if state["t_first"] is None:
             state["cpu_first"] = time.thread_time()
+            state["proc_first"] = time.process_time()
             state["t_first"] = perf()
         state["seen"] += 1
         i = state["seen"]
@@ -112,6 +114,7 @@ def main() -> None:
         "latency_p99_ms": pct(0.99),
         "latency_max_ms": lat[-1] * 1000.0 if lat else None,
         "thread_cpu_s": state["cpu_last"] - state["cpu_first"],
+        "process_cpu_s": state.get("proc_last", 0.0) - state.get("proc_first", 0.0),
         "quixstreams_commit_interval_s": app._config.commit_interval,
     }
     try:  # VmHWM, not ru_maxrss: see workers.peak_rss_mib

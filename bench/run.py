@@ -72,7 +72,9 @@ RUNS: dict[str, dict[str, Any]] = {
           "options": {**G, "max_attempts": 3}, "input": "main", "poison": True},
     "4b": {"label": "kafkatx, 1% poison, retry='in_place' (max_attempts=3, dlq)", "kind": "kafkatx",
            "options": {**G, "max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
-    "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main"},
+    # quixstreams' to_topic() keeps each record's key: its output is the keyed shape's, and 1k its twin.
+    "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main", "shape": "keyed",
+          "twin": "1k"},
 }  # fmt: skip
 ORDER = ["1", "2", "2b", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j", "3", "3b", "4", "4b", "5"]
 SHAPE_RUNS = ["1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j"]
