@@ -689,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
                     "sample_every": args.sample_every, "timeout": args.timeout, "batch": run.get("batch", 1000),
                     "options": dict(run.get("options", {})), "poison": bool(run.get("poison")),
                     "poison_every": args.poison_every, "shape": run.get("shape", "bytes"),
+                    # every runner's consumers (workers.py does not import kafkatx for the hand-written loop)
+                    "client_config": dict(LocalBroker.client_config),
                 }  # fmt: skip
                 if dlt_topic:
                     cfg["options"]["dlq"] = dlt_topic

@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kafkatx.local import LocalBroker
 
 perf = time.perf_counter
 #: BENCH_CONSUMER_CONFIG (JSON): extra consumer properties for every runner, for experiments.
@@ -172,7 +171,7 @@ def _consumer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "isolation.level": "read_committed",
         # noida-db sometimes ignores fetch.max.bytes; every runner gets the same raised limit
         # (quix_worker.py repeats it), so --records can go past 100 MB of input.
-        **LocalBroker.client_config,
+        **cfg["client_config"],
         **EXTRA_CONSUMER_CONFIG,
     }
 
@@ -420,7 +419,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     finished = threading.Event()
     debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
     app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
-              consumer_config={**LocalBroker.client_config, **EXTRA_CONSUMER_CONFIG}, producer_config={"debug": debug} if debug else None)  # fmt: skip
+              consumer_config={**cfg["client_config"], **EXTRA_CONSUMER_CONFIG}, producer_config={"debug": debug} if debug else None)  # fmt: skip
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None
