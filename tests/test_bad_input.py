@@ -35,6 +35,28 @@ def test_create_topics_option_creates_missing_ones(kafka: KafkaTestKit) -> None:
         assert len(kafka.end_offsets(src + "-dlt")) == 3, "the DLT gets the source topic's partition count"
 
 
+def test_creating_a_topic_waits_until_it_is_listed_and_a_racing_creator_is_no_error(kafka: KafkaTestKit) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from kafkatx._topics import create_topic
+
+    # Quiet, and no traceback keeps it alive: a client outliving the test logs into later tests' output.
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 2})
+    name = unique_name("created")
+    assert create_topic(admin, name, 2)
+    assert len(kafka.end_offsets(name)) == 2, "listed with every partition once create_topic returns"
+    # App startup: two Apps creating the same missing topic, the second finds it made.
+    assert create_topic(admin, name, 2, exist_ok=True)
+    code = None
+    try:  # kafkatx topics create: an existing topic is an error
+        create_topic(admin, name, 2)
+    except KafkaException as exc:
+        code = exc.args[0].code()
+    del admin
+    assert code == KafkaError.TOPIC_ALREADY_EXISTS
+
+
 @pytest.mark.parametrize(
     ("bad", "fqcn", "message"),
     [
