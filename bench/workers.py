@@ -68,9 +68,9 @@ class Tracker:
 
     def start(self) -> None:
         """Called on the processing thread when the first record is handed to the transform."""
+        self.threads_first = thread_cpu()  # first: reading /proc is not the run's own CPU
         self.cpu_first = time.thread_time()
         self.proc_first = time.process_time()
-        self.threads_first = thread_cpu()
         self.t_first = perf()
 
     def seen(self, partition: int, offset: int) -> None:

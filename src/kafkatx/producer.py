@@ -64,6 +64,8 @@ class TransactionalProducer:
         #: When set (a listener with ``database=``), every produced record is appended here for the outbox.
         self.recorder: list[PendingOutput] | None = None
         self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see _bounded.py
+        #: Named by an error whose retries ran out (which cluster did not answer, for which id).
+        self._where = f"transactional.id {transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}"
         #: send_offsets_to_transaction calls not made yet: they go with the commit (see commit()).
         self._pending_offsets: list[tuple[list[TopicPartition], Any]] = []
 
@@ -358,7 +360,7 @@ class TransactionalProducer:
                 refresh=refresh or self._refresh,
                 on_retry=self._on_retry,
                 first_failure=first_failure,
-                where=f"transactional.id {self.transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}",
+                where=self._where,
             )
         except KafkaClientError as exc:
             err = exc.error

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kafkatx._offsets import first_offsets
+from kafkatx._offsets import TP, first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
 from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store
 from kafkatx.errors import ContainerError, KafkaTxError
@@ -33,7 +33,6 @@ __all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db"]
 
 log = logging.getLogger("kafkatx.database")
 
-TP = tuple[str, int]
 
 #: Test hook: SIGKILL this process right after its Nth database commit (before the Kafka commit).
 CRASH_AFTER_DB_COMMITS_ENV = "KAFKATX_TEST_CRASH_AFTER_DB_COMMITS"

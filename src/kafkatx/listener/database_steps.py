@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
-from kafkatx._offsets import first_offsets
+from kafkatx._offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
 
@@ -24,7 +24,6 @@ __all__ = ["isolate", "redeliver_stored", "wait_for_database"]
 
 log = logging.getLogger("kafkatx.container")
 
-TP = tuple[str, int]
 
 
 def redeliver_stored(unit: TransactionUnit, stored: Mapping[TP, tuple[int, int]]) -> None:

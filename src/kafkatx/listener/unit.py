@@ -43,7 +43,7 @@ from kafkatx.errors import (
     RecoveryError,
     TransactionAbortableError,
 )
-from kafkatx._offsets import first_offsets, next_offsets
+from kafkatx._offsets import TP, first_offsets, next_offsets
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import isolate, redeliver_stored, wait_for_database
 from kafkatx.outputs import PendingOutput
@@ -62,7 +62,6 @@ __all__ = ["TransactionUnit", "TP"]
 
 log = logging.getLogger("kafkatx.container")
 
-TP = tuple[str, int]
 _KAFKA_REACTIONS = (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged)
 
 

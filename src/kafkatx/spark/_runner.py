@@ -60,7 +60,6 @@ __all__ = ["SparkUnitRunner", "SparkSessionError"]
 
 log = logging.getLogger("kafkatx.spark")
 
-TP = tuple[str, int]
 Coords = tuple[str, int, int]
 
 
