@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from sys import getrefcount
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from kafkatx.outputs import (
     serializer_failure,
     to_pending,
 )
-from kafkatx.record import ConsumedMessage, Record, to_record, _MessageRecord
+from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Output, Record, _MessageRecord, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, after_rollback, recovery_failed
 from kafkatx.rollback.policy import Action
 
@@ -183,16 +184,19 @@ class RecordRunner:
         buf.clear()
         produce = unit._producer.produce
         offsets: dict[TP, int] = {}
-        run_topic, run_partition, run_next = None, -1, -1  # the current run of one partition's records
+        run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = 0
         started = time.perf_counter()
         deadline = started + self._c.transaction_budget
         check_at = 1
         new_record = object.__new__
+        unshared = UNSHARED_REFCOUNT
+        record: Any = new_record(_MessageRecord)
         direct = unit.direct(default_topic) if default_topic is not None else None
         directs: dict[str, Any] = {} if default_topic is None else {default_topic: direct}
         stream = direct if not in_place else None  # produce a generator's items as they come
         kinds = self._kinds
+        output_cls = Output
         target: Any = None  # an Output's topic
         buf.produced = 0
         buf.stream = directs if not in_place else None
@@ -209,7 +213,10 @@ class RecordRunner:
                 topic = msg.topic()
                 partition = msg.partition()
                 offset = msg.offset()
-                record = new_record(_MessageRecord)  # record.message_record(), inlined (hot path)
+                # record.message_record(), inlined (hot path). The last record is refilled unless something still
+                # holds it (the handler kept it, an event or a traceback refers to it): see UNSHARED_REFCOUNT.
+                if getrefcount(record) > unshared:
+                    record = new_record(_MessageRecord)
                 record._msg = msg
                 record.topic = topic
                 record.partition = partition
@@ -249,15 +256,19 @@ class RecordRunner:
                             else:
                                 buf.append(to_pending(result, default_topic, serializer, name))
                         else:
-                            kind = kinds.get(cls)
+                            kind = OUTPUT if cls is output_cls else kinds.get(cls)
                             if kind is None:
                                 kind = kinds[cls] = result_kind(cls, serializer)
                             if kind == OUTPUT:
-                                target = result.topic or default_topic
+                                target = result.topic
+                                fast: Any
+                                if not target:  # the listener's output topic, looked up already
+                                    target, fast = default_topic, direct
+                                else:
+                                    fast = directs.get(target, _UNKNOWN)
+                                    if fast is _UNKNOWN:
+                                        fast = directs[target] = unit.direct(target)
                                 value, key, headers = result.value, result.key, result.headers
-                                fast: Any = directs.get(target, _UNKNOWN) if target is not None else None
-                                if fast is _UNKNOWN:
-                                    fast = directs[target] = unit.direct(target)
                                 if (
                                     fast is not None and not buf and result.partition is None
                                     and (type(value) is bytes or value is None) and (type(key) is bytes or key is None)
@@ -276,7 +287,10 @@ class RecordRunner:
                                         refused = True
                                     if not refused:
                                         try:
-                                            fast(target, value, key, headers=headers)
+                                            if headers is None:
+                                                fast(target, value, key)
+                                            else:
+                                                fast(target, value, key, headers=headers)
                                             outputs += 1
                                         except (BufferError, KafkaException, TypeError, ValueError):
                                             refused = True
@@ -360,11 +374,11 @@ class RecordRunner:
                     buf.clear()
                 if partition != run_partition or topic != run_topic:
                     if run_topic is not None:
-                        offsets[(run_topic, run_partition)] = run_next
+                        offsets[(run_topic, run_partition)] = run_last + 1
                     run_topic, run_partition = topic, partition
-                run_next = offset + 1
+                run_last = offset
             if run_topic is not None:
-                offsets[(run_topic, run_partition)] = run_next
+                offsets[(run_topic, run_partition)] = run_last + 1
             unit.outputs += outputs + buf.produced
             unit.send_offsets(offsets)
         finally:
