@@ -75,3 +75,20 @@ def test_no_module_grows_past_about_460_lines_without_a_reason() -> None:
     assert not too_big, f"split these along a natural seam (docs/ARCHITECTURE.md), or say in _LARGE why not: {too_big}"
     stale = [name for name in _LARGE if sizes.get(name, 0) <= 460]
     assert not stale, f"no longer large, drop from _LARGE: {stale}"
+
+
+def test_importing_kafkatx_leaves_the_dead_letter_tools_for_their_first_use() -> None:
+    # An application that only publishes dead letters does not import the inspect/replay tools at start-up
+    # (about 10 ms); their public names still resolve from kafkatx.dlq.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kafkatx, kafkatx.dlq as dlq\n"
+        "assert 'kafkatx.dlq.tools' not in sys.modules, 'tools imported with kafkatx'\n"
+        "from kafkatx.dlq import DlqToolError, inspect_dlq, replay_dlq\n"
+        "assert inspect_dlq.__name__ == 'inspect_dlq' and issubclass(DlqToolError, Exception)\n"
+        "try:\n    dlq.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "module 'kafkatx.dlq' has no attribute 'no_such_name'"
