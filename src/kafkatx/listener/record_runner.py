@@ -188,7 +188,11 @@ class RecordRunner:
         outputs = 0
         started = time.perf_counter()
         deadline = started + self._c.transaction_budget
-        check_at = 1
+        # The time budget is checked at record index next_check, counting down to it: an index per record would
+        # allocate an int per record past 256 (enumerate's), where the countdown's small ints are preallocated.
+        next_check = left = 1
+        # A listener of one topic gets that topic's records only: no need to ask each Message.
+        only_topic = spec.topics[0] if len(spec.topics) == 1 else None
         new_record = object.__new__
         unshared = UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
@@ -202,15 +206,17 @@ class RecordRunner:
         buf.stream = directs if not in_place else None
         previous = bind_sink(buf)
         try:
-            for i, msg in enumerate(msgs):
-                if i == check_at:  # the transaction's time budget, checked often enough, cheaply
+            for msg in msgs:
+                if not left:  # the transaction's time budget, checked often enough, cheaply
                     now = time.perf_counter()
                     if now >= deadline:
-                        self._stopped_at = i
+                        self._stopped_at = next_check
                         break
-                    per_record = (now - started) / i
-                    check_at = i + max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
-                topic = msg.topic()
+                    per_record = (now - started) / next_check
+                    left = max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
+                    next_check += left
+                left -= 1  # this record's index is next_check - left - 1
+                topic = msg.topic() if only_topic is None else only_topic
                 partition = msg.partition()
                 offset = msg.offset()
                 # record.message_record(), inlined (hot path). The last record is refilled unless something still
@@ -224,7 +230,7 @@ class RecordRunner:
                 if failing:
                     state = tracker.state_at(topic, partition, offset)
                     if state is not None and state.pending_recovery:  # its recovery failed: retry that, not the handler
-                        raise HandlerFailure(i, state.last_exception or RuntimeError("recovery pending"),
+                        raise HandlerFailure(next_check - left - 1, state.last_exception or RuntimeError("recovery pending"),
                                              to_record(msg, state.failures))  # fmt: skip
                     record.attempt = 1 if state is None else state.failures + 1
                 else:
@@ -345,8 +351,8 @@ class RecordRunner:
                     error = exc
                 if error is not None:
                     if not in_place:
-                        raise HandlerFailure(i, error, record)
-                    self._retry_in_place(unit, record, error, i)  # outside the except block: no chained context
+                        raise HandlerFailure(next_check - left - 1, error, record)
+                    self._retry_in_place(unit, record, error, next_check - left - 1)  # outside the except block: no chained context
                 if buf:
                     output_error = None
                     try:
@@ -369,7 +375,7 @@ class RecordRunner:
                     except OutputError as exc:
                         output_error = exc
                     if output_error is not None:
-                        raise HandlerFailure(i, output_error, record)
+                        raise HandlerFailure(next_check - left - 1, output_error, record)
                     outputs += len(buf)
                     buf.clear()
                 if partition != run_partition or topic != run_topic:
