@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from sys import getrefcount
 from collections.abc import Sequence
 from dataclasses import replace
+from sys import getrefcount
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
