@@ -129,7 +129,7 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
     """rebalance="cooperative": when a second process joins, the first gives up only the partitions that
     move (no stop-the-world revoke), the newcomer gets them within seconds, and the copy stays exactly once.
     The embedded broker answers a cooperative join only after max.poll.interval.ms and with overlapping
-    assignments (docs/BROKERS.md): a strict expected failure there, a check against Apache Kafka."""
+    assignments (docs/BROKERS.md): an expected failure there (not strict, see below), a check against Apache Kafka."""
     from collections import Counter
 
     from kafkatx.events import PartitionsAssigned, PartitionsRevoked
