@@ -101,6 +101,8 @@ class RecordRunner:
         self.processor = processor
         self._buffer = _RecordBuffer(self.spec.serializer)
         self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
+        # A listener of one topic gets that topic's records only: the hot path need not ask each Message.
+        self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
         self._stopped_at = -1
 
     def __call__(self, unit: TransactionUnit) -> None:
@@ -191,8 +193,7 @@ class RecordRunner:
         # The time budget is checked at record index next_check, counting down to it: an index per record would
         # allocate an int per record past 256 (enumerate's), where the countdown's small ints are preallocated.
         next_check = left = 1
-        # A listener of one topic gets that topic's records only: no need to ask each Message.
-        only_topic = spec.topics[0] if len(spec.topics) == 1 else None
+        only_topic = self._only_topic
         new_record = object.__new__
         unshared = UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
