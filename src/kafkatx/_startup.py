@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from kafkatx._embedded import is_embedded_broker
 from kafkatx._topics import create_topic
 from kafkatx.errors import (
     ClusterUnreachableError,
     InvalidConfigurationError,
     KafkaTxError,
 )
-from kafkatx.local import is_embedded_broker
 
 if TYPE_CHECKING:
     from kafkatx.app import App

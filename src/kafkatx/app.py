@@ -14,12 +14,12 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal, TypeVar, Unpack
 
 from kafkatx._client_log import client_log
+from kafkatx._embedded import warn_about_chained_listeners
 from kafkatx._producer_transactions import ProducerTransactions, Transaction
 from kafkatx._startup import check_client_config, prepare_topics
 from kafkatx.errors import (
@@ -36,7 +36,6 @@ from kafkatx.listener.options import (
     signature_with_options,
 )
 from kafkatx.listener.spec import ListenerSpec, build_spec
-from kafkatx.local import warn_about_chained_listeners
 
 __all__ = ["App", "Transaction"]
 
@@ -222,7 +221,7 @@ class App:
                 self._instance_id = env
             else:
                 self._random_id = True
-                self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         return self._instance_id
 
     @instance_id.setter

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass
 
 __all__ = ["PartitionState", "encode", "encode_inflight", "decode", "process_token"]
@@ -49,7 +48,7 @@ def process_token() -> str:
     global _token
     pid = os.getpid()
     if _token[0] != pid:
-        _token = (pid, uuid.uuid4().hex[:12])
+        _token = (pid, os.urandom(6).hex())
     return _token[1]
 
 
