@@ -77,6 +77,25 @@ def test_no_module_grows_past_about_460_lines_without_a_reason() -> None:
     assert not stale, f"no longer large, drop from _LARGE: {stale}"
 
 
+def test_an_app_for_a_real_cluster_does_not_load_the_embedded_broker_module() -> None:
+    # kafkatx.local manages the embedded broker's process (ctypes, tempfile, shutil, pathlib: ~12 ms of
+    # imports). An App asks at start whether it runs on that broker; the answer needs none of it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kafkatx\n"
+        "app = kafkatx.App('orders', bootstrap_servers='kafka.example:9092')\n"
+        "@app.listener('in', output='out')\n"
+        "def handle(record):\n    return record.value\n"
+        "from kafkatx._embedded import is_embedded_broker, warn_about_chained_listeners\n"
+        "assert not is_embedded_broker('kafka.example:9092') and not warn_about_chained_listeners(app.listeners, 'x:1')\n"
+        "print(sorted(m for m in ('kafkatx.local', 'ctypes', 'tempfile', 'uuid') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_importing_kafkatx_leaves_the_dead_letter_tools_for_their_first_use() -> None:
     # An application that only publishes dead letters does not import the inspect/replay tools at start-up
     # (about 10 ms); their public names still resolve from kafkatx.dlq.
