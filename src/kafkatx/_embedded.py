@@ -26,7 +26,7 @@ __all__ = [
     "warn_about_chained_listeners",
 ]
 
-log = logging.getLogger("kafkatx.local")
+log = logging.getLogger("kafkatx.local")  # the logger these warnings always had, for logging configs that name it
 
 #: The running LocalBrokers of this process (LocalBroker adds and removes itself).
 _LIVE: weakref.WeakSet[LocalBroker] = weakref.WeakSet()
