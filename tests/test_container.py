@@ -161,6 +161,32 @@ def test_graceful_stop_never_commits_half_a_batch(kafka: KafkaTestKit) -> None:
     assert not aborted
 
 
+def test_wait_returns_once_every_container_thread_has_ended(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A container reports that it stopped as its thread's last step; wait() used to return right then,
+    # while the thread still ran (seen as a flaky `alive` check on CPython 3.13). The thread's tail is
+    # made slow here so that the race is certain.
+    src = kafka.topic()
+    app = make_app(kafka)
+    exited = App.container_exited
+
+    def slow_exit(self: App, container: object) -> None:
+        exited(self, container)  # type: ignore[arg-type]
+        time.sleep(0.5)
+
+    monkeypatch.setattr(App, "container_exited", slow_exit)
+
+    @app.listener(src, concurrency=2)
+    def handle(record: Record) -> None:
+        return None
+
+    app.start()
+    assert wait_for(lambda: all(c.started.is_set() for c in app.containers), 30, message="containers started")
+    app.stop(wait=False)
+    assert app.wait(10)
+    assert [c.alive for c in app.containers] == [False, False]
+    assert app.wait(0), "once the threads have ended, wait() answers at once"
+
+
 def test_producer_initiated_transaction_commits_or_aborts(kafka: KafkaTestKit) -> None:
     out = kafka.topic()
     app = make_app(kafka)

@@ -353,7 +353,7 @@ class App:
         transaction and closes its clients; nothing half-done is committed."""
         for c in list(self.containers):
             c.stop()
-        if wait and threading.current_thread() not in {getattr(c, "_thread", None) for c in self.containers}:
+        if wait and threading.current_thread() not in {c.thread for c in self.containers}:
             deadline = time.monotonic() + (self.shutdown_timeout if timeout is None else timeout)
             for c in list(self.containers):
                 if not c.join(max(0.0, deadline - time.monotonic())):
@@ -367,8 +367,20 @@ class App:
                     self._run_shutdown_hooks()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every container has stopped; True if they have."""
-        return self._stopped.wait(timeout)
+        """Block until every container has stopped and its thread has ended; True if they have.
+
+        A container reports that it stopped as its thread's last step, so the thread is joined too:
+        once this returns True, no container thread is running (from a container's own thread,
+        for example in an event callback, that thread is not waited for).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._stopped.wait(timeout):
+            return False
+        current = threading.current_thread()
+        for c in list(self.containers):
+            if c.thread is not current and not c.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     @property
     def failure(self) -> BaseException | None:

@@ -121,6 +121,11 @@ class ListenerContainer:
         return True
 
     @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this container runs on, once started."""
+        return self._thread
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
