@@ -86,15 +86,22 @@ def test_two_containers_exiting_together_both_count_as_stopped() -> None:
     class Exiting:
         failure = None
         alive = True  # both threads are still inside their exit path
+        thread = None
 
         def __init__(self, name: str) -> None:
             self.name = name
+
+        def join(self, timeout: float | None = None) -> bool:
+            return not self.alive
 
     a = app()
     first, second = Exiting("a"), Exiting("b")
     a.containers = [first, second]  # type: ignore[list-item]
     a._exited = set()
     a.container_exited(first)  # type: ignore[arg-type]
-    assert not a.wait(0), "one of two has stopped"
+    assert not a._stopped.is_set(), "one of two has stopped"
     a.container_exited(second)  # type: ignore[arg-type]
-    assert a.wait(0), "both have stopped, though their threads have not ended yet"
+    assert a._stopped.is_set(), "both have stopped, though their threads have not ended yet (what run() waits for)"
+    assert not a.wait(0), "wait() also waits for the threads to end"
+    first.alive = second.alive = False
+    assert a.wait(0)

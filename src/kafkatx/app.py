@@ -325,12 +325,8 @@ class App:
             self._warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()
-            self.containers = []
-            index = 0
-            for spec in self.listeners:
-                for worker in range(spec.concurrency):
-                    self.containers.append(ListenerContainer(spec, self, worker, index))
-                    index += 1
+            workers = [(spec, worker) for spec in self.listeners for worker in range(spec.concurrency)]
+            self.containers = [ListenerContainer(spec, self, worker, index) for index, (spec, worker) in enumerate(workers)]
             self._running = True
             for c in self.containers:
                 c.start()
@@ -367,20 +363,12 @@ class App:
                     self._run_shutdown_hooks()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every container has stopped and its thread has ended; True if they have.
-
-        A container reports that it stopped as its thread's last step, so the thread is joined too:
-        once this returns True, no container thread is running (from a container's own thread,
-        for example in an event callback, that thread is not waited for).
-        """
+        """Block until every container has stopped and its thread has ended (but the caller's own); True if so."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._stopped.wait(timeout):
-            return False
-        current = threading.current_thread()
-        for c in list(self.containers):
-            if c.thread is not current and not c.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        me = threading.current_thread()  # _stopped is set as each thread's last step: join the threads too
+        return self._stopped.wait(timeout) and all(
+            c.thread is me or c.join(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in list(self.containers)
+        )
 
     @property
     def failure(self) -> BaseException | None:
