@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import ast
 import collections
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "kafkatx"
+
+
+def _in_a_fresh_interpreter(code: str) -> str:
+    """What ``code`` prints when run by a new Python process (nothing of kafkatx imported yet)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _runtime_imports(path: Path) -> list[str]:
@@ -80,9 +87,6 @@ def test_no_module_grows_past_about_460_lines_without_a_reason() -> None:
 def test_an_app_for_a_real_cluster_does_not_load_the_embedded_broker_module() -> None:
     # kafkatx.local manages the embedded broker's process (ctypes, tempfile, shutil, pathlib: ~12 ms of
     # imports). An App asks at start whether it runs on that broker; the answer needs none of it.
-    import subprocess
-    import sys
-
     code = (
         "import sys, kafkatx\n"
         "app = kafkatx.App('orders', bootstrap_servers='kafka.example:9092')\n"
@@ -92,16 +96,12 @@ def test_an_app_for_a_real_cluster_does_not_load_the_embedded_broker_module() ->
         "assert not is_embedded_broker('kafka.example:9092') and not warn_about_chained_listeners(app.listeners, 'x:1')\n"
         "print(sorted(m for m in ('kafkatx.local', 'ctypes', 'tempfile', 'uuid') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert _in_a_fresh_interpreter(code) == "[]"
 
 
 def test_importing_kafkatx_leaves_the_dead_letter_tools_for_their_first_use() -> None:
     # An application that only publishes dead letters does not import the inspect/replay tools at start-up
     # (about 10 ms); their public names still resolve from kafkatx.dlq.
-    import subprocess
-    import sys
-
     code = (
         "import sys, kafkatx, kafkatx.dlq as dlq\n"
         "assert 'kafkatx.dlq.tools' not in sys.modules, 'tools imported with kafkatx'\n"
@@ -109,5 +109,4 @@ def test_importing_kafkatx_leaves_the_dead_letter_tools_for_their_first_use() ->
         "assert inspect_dlq.__name__ == 'inspect_dlq' and issubclass(DlqToolError, Exception)\n"
         "try:\n    dlq.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "module 'kafkatx.dlq' has no attribute 'no_such_name'"
+    assert _in_a_fresh_interpreter(code) == "module 'kafkatx.dlq' has no attribute 'no_such_name'"
