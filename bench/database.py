@@ -24,7 +24,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -63,8 +62,15 @@ def hand_written(bootstrap: str, engine: sa.Engine, src: str, out: str, n: int) 
     insert = sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, :v)")
     group = f"raw-{uuid.uuid4().hex[:8]}"
     started, cpu = time.perf_counter(), time.process_time()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": group, "linger.ms": 5})
     producer.init_transactions()
     consumer.subscribe([src])
@@ -147,8 +153,10 @@ def main() -> None:
             "sqlite": lambda: sa.create_engine(f"sqlite:///{tmp / 'bench.db'}"),
             "postgresql": lambda: sa.create_engine(postgres.url if postgres else ""),
         }
-        print(f"{args.records} records of ~100 B, {PARTITIONS} partitions, <= {BATCH} per transaction, "
-              "a row and an output record each")  # fmt: skip
+        print(
+            f"{args.records} records of ~100 B, {PARTITIONS} partitions, <= {BATCH} per transaction, "
+            "a row and an output record each"
+        )
         for backend in args.backends.split(","):
             engine = engines[backend]()
             raw: list[Result] = []
@@ -160,8 +168,10 @@ def main() -> None:
                 ktx.append(with_kafkatx(broker.bootstrap_servers, engine, src, out, args.records, kit))
             for i, what, unit in ((0, "processing", "rec/s"), (1, "wall clock", "rec/s"), (2, "CPU", "us/rec")):
                 r, k = statistics.median(x[i] for x in raw), statistics.median(x[i] for x in ktx)
-                print(f"{backend:>10} {what:>10}: hand-written {r:7.0f} {unit} (runs {', '.join(f'{x[i]:.0f}' for x in raw)}); "
-                      f"kafkatx {k:7.0f} {unit} (runs {', '.join(f'{x[i]:.0f}' for x in ktx)}); ratio {k / r:.2f}")  # fmt: skip
+                print(
+                    f"{backend:>10} {what:>10}: hand-written {r:7.0f} {unit} (runs {', '.join(f'{x[i]:.0f}' for x in raw)}); "
+                    f"kafkatx {k:7.0f} {unit} (runs {', '.join(f'{x[i]:.0f}' for x in ktx)}); ratio {k / r:.2f}"
+                )
             engine.dispose()
     finally:
         if postgres is not None:

@@ -53,7 +53,9 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
 
-def handlers(shape: str) -> tuple[Callable[[Any], Any], dict[str, Any], Callable[[Callable[..., Any], list[Any]], None]]:
+def handlers(
+    shape: str,
+) -> tuple[Callable[[Any], Any], dict[str, Any], Callable[[Callable[..., Any], list[Any]], None]]:
     """(kafkatx handler, listener options, the hand-written loop body producing the same records)."""
     from kafkatx import Output, send
 
@@ -173,7 +175,13 @@ def messages(n: int, partitions: int = 8) -> list[Any]:
     for i in range(n):
         p = i % partitions
         by_partition[p].append(
-            Message(topic="micro-in", partition=p, offset=i // partitions, key=make_key(i), value=make_value(i, 100, 0, partitions))
+            Message(
+                topic="micro-in",
+                partition=p,
+                offset=i // partitions,
+                key=make_key(i),
+                value=make_value(i, 100, 0, partitions),
+            )
         )
     return [m for part in by_partition for m in part]
 
@@ -187,7 +195,9 @@ def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]]
 
     handler, options, raw_body = handlers(shape)
     app = App("micro", bootstrap_servers="127.0.0.1:1", instance_id="micro")
-    spec = app.add_listener(handler, "micro-in", name=f"micro-{shape}", fencing="group", max_batch_records=1000, **options)
+    spec = app.add_listener(
+        handler, "micro-in", name=f"micro-{shape}", fencing="group", max_batch_records=1000, **options
+    )
     container = ListenerContainer(spec, app, 0, 0)
     container.consumer = StubConsumer()  # type: ignore[assignment]
     producer = TransactionalProducer(app.producer_config(spec, "micro-tx"), "micro-tx", retry_timeout=5.0)
@@ -204,7 +214,9 @@ def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]]
     def raw_batch(msgs: list[Any]) -> None:
         stub.begin_transaction()
         raw_body(stub.produce, msgs)
-        stub.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+        stub.send_offsets_to_transaction(
+            consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+        )
         stub.commit_transaction(30)
 
     return kafkatx_batch, raw_batch
@@ -255,10 +267,22 @@ def run_callgrind(args: argparse.Namespace, shapes: list[str]) -> dict[str, dict
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     tmp = Path(tempfile.mkdtemp(prefix="kafkatx-callgrind-"))
     cmd = [
-        "valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=builtin_sorted",
-        "--dump-after=builtin_sorted", f"--callgrind-out-file={tmp}/cg.%p", sys.executable, __file__, "--inner-callgrind",
-        "--shapes", ",".join(shapes), "--batch", str(args.batch), "--iterations", str(args.cg_iterations),
-    ]  # fmt: skip
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        "--toggle-collect=builtin_sorted",
+        "--dump-after=builtin_sorted",
+        f"--callgrind-out-file={tmp}/cg.%p",
+        sys.executable,
+        __file__,
+        "--inner-callgrind",
+        "--shapes",
+        ",".join(shapes),
+        "--batch",
+        str(args.batch),
+        "--iterations",
+        str(args.cg_iterations),
+    ]
     env = {**os.environ, "PYTHONMALLOC": "malloc"} if args.malloc else dict(os.environ)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     plan_line = [line for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
@@ -270,7 +294,7 @@ def run_callgrind(args: argparse.Namespace, shapes: list[str]) -> dict[str, dict
     for path in dumps:
         m = re.search(r"^(?:summary|totals): (\d+)", path.read_text(errors="replace"), re.M)
         totals.append(int(m.group(1)) if m else 0)
-    totals = totals[-len(plan):]
+    totals = totals[-len(plan) :]
     shutil.rmtree(tmp, ignore_errors=True)
     out: dict[str, dict[str, float]] = {}
     per = args.cg_iterations * args.batch
@@ -310,7 +334,9 @@ def main() -> None:
     print(f"{'shape':11s} {'hand-written':>12s} {'kafkatx':>10s} {'overhead':>10s} {'ratio':>6s}   {unit}")
     for shape, row in res.items():
         raw, ktx = row["raw"], row["kafkatx"]
-        print(f"{shape:11s} {fmt.format(raw):>12s} {fmt.format(ktx)} {fmt.format(ktx - raw)} {ktx / raw:6.2f}   {SHAPE_HELP[shape]}")
+        print(
+            f"{shape:11s} {fmt.format(raw):>12s} {fmt.format(ktx)} {fmt.format(ktx - raw)} {ktx / raw:6.2f}   {SHAPE_HELP[shape]}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"unit": unit, "batch": args.batch, "shapes": res}, indent=2) + "\n")
 

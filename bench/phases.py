@@ -39,7 +39,13 @@ HERE = Path(__file__).resolve().parent
 perf = time.perf_counter
 Calls = dict[str, list[tuple[float, float]]]  # call name -> (started at, seconds)
 
-PRODUCER_CALLS = ("begin_transaction", "send_offsets_to_transaction", "commit_transaction", "abort_transaction", "flush")
+PRODUCER_CALLS = (
+    "begin_transaction",
+    "send_offsets_to_transaction",
+    "commit_transaction",
+    "abort_transaction",
+    "flush",
+)
 CONSUMER_CALLS = ("consume", "poll", "position", "assignment", "consumer_group_metadata", "seek", "pause", "resume")
 
 
@@ -68,7 +74,11 @@ def report(calls: Calls, n: int, first: float, last: float) -> dict[str, Any]:
     for name, timings in sorted(calls.items()):
         inside = [s for (t, s) in timings if first - 0.001 <= t <= last]
         if inside:
-            out["calls"][name] = {"n": len(inside), "median_ms": statistics.median(inside) * 1e3, "total_s": sum(inside)}
+            out["calls"][name] = {
+                "n": len(inside),
+                "median_ms": statistics.median(inside) * 1e3,
+                "total_s": sum(inside),
+            }
     return out
 
 
@@ -76,12 +86,25 @@ def hand_written(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run 1's loop (bench/workers.py run_raw, bytes shape), without latency sampling."""
     calls: Calls = defaultdict(list)
     producer_cls, consumer_cls = timed_clients(calls)
-    producer = producer_cls({"bootstrap.servers": cfg["bootstrap"], "transactional.id": cfg["group"] + "-txn",
-                             "linger.ms": 5, "delivery.report.only.error": True})  # fmt: skip
+    producer = producer_cls(
+        {
+            "bootstrap.servers": cfg["bootstrap"],
+            "transactional.id": cfg["group"] + "-txn",
+            "linger.ms": 5,
+            "delivery.report.only.error": True,
+        }
+    )
     producer.init_transactions(30)
-    consumer = consumer_cls({"bootstrap.servers": cfg["bootstrap"], "group.id": cfg["group"],
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                             "isolation.level": "read_committed", **cfg["client_config"]})  # fmt: skip
+    consumer = consumer_cls(
+        {
+            "bootstrap.servers": cfg["bootstrap"],
+            "group.id": cfg["group"],
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            **cfg["client_config"],
+        }
+    )
     consumer.subscribe([cfg["input"]])
     produce, out, n = producer.produce, cfg["output"], cfg["records"]
     done, first = 0, 0.0
@@ -94,7 +117,9 @@ def hand_written(cfg: dict[str, Any]) -> dict[str, Any]:
         producer.begin_transaction()
         for m in msgs:
             produce(out, m.value().upper())
-        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+        producer.send_offsets_to_transaction(
+            consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+        )
         producer.commit_transaction(30)
         done += len(msgs)
     last = perf()
@@ -118,7 +143,9 @@ def with_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     times = {"first": 0.0, "last": 0.0}
     committed = [0]
     finished = threading.Event()
-    app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench", consumer_config=cfg["client_config"])
+    app = App(
+        cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench", consumer_config=cfg["client_config"]
+    )
 
     def handler(record: Any) -> Any:
         if not times["first"]:
@@ -170,11 +197,22 @@ def main() -> int:
         preload(bs, topic, args.records, args.partitions, 100, 0)
         for pair in range(args.pairs):
             for kind in ("hand-written", "kafkatx"):
-                cfg = {"bootstrap": bs, "input": topic, "output": create_topic(bs, f"phases-out-{pair}-{kind}", args.partitions),
-                       "group": f"phases-{pair}-{kind}-{uuid.uuid4().hex[:6]}", "records": args.records,
-                       "timeout": args.timeout, "client_config": dict(LocalBroker.client_config)}  # fmt: skip
-                proc = subprocess.run([sys.executable, __file__, kind, json.dumps(cfg)], capture_output=True, text=True, check=False,
-                                      timeout=args.timeout + 60)  # fmt: skip
+                cfg = {
+                    "bootstrap": bs,
+                    "input": topic,
+                    "output": create_topic(bs, f"phases-out-{pair}-{kind}", args.partitions),
+                    "group": f"phases-{pair}-{kind}-{uuid.uuid4().hex[:6]}",
+                    "records": args.records,
+                    "timeout": args.timeout,
+                    "client_config": dict(LocalBroker.client_config),
+                }
+                proc = subprocess.run(
+                    [sys.executable, __file__, kind, json.dumps(cfg)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=args.timeout + 60,
+                )
                 lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
                 if not lines:
                     print(f"{kind} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -182,10 +220,15 @@ def main() -> int:
                 result = json.loads(lines[-1][len("RESULT ") :])
                 rows.append((pair, kind, result))
                 calls = result["calls"]
-                shown = "  ".join(f"{name} {c['median_ms']:.3f} ms x{c['n']} = {c['total_s'] * 1e3:.0f} ms"
-                                  for name, c in calls.items() if name != "poll")  # fmt: skip
-                print(f"pair {pair + 1} {kind:>12}: {result['records_per_s'] / 1e3:5.0f}k rec/s in {result['window_s']:.3f} s; {shown}",
-                      flush=True)  # fmt: skip
+                shown = "  ".join(
+                    f"{name} {c['median_ms']:.3f} ms x{c['n']} = {c['total_s'] * 1e3:.0f} ms"
+                    for name, c in calls.items()
+                    if name != "poll"
+                )
+                print(
+                    f"pair {pair + 1} {kind:>12}: {result['records_per_s'] / 1e3:5.0f}k rec/s in {result['window_s']:.3f} s; {shown}",
+                    flush=True,
+                )
     return 0
 
 

@@ -42,14 +42,20 @@ from run import preload, wait_for_quiet_broker  # noqa: E402
 
 def raw_round(bs: str, src: str, out: str, n: int, shape: str = "bytes") -> tuple[float, float]:
     from confluent_kafka import Consumer, Producer
-
     from workers import raw_batch
 
     g = f"prof-raw-{uuid.uuid4().hex[:6]}"
     p = Producer({"bootstrap.servers": bs, "transactional.id": g, "linger.ms": 5, "delivery.report.only.error": True})
     p.init_transactions(30)
-    c = Consumer({"bootstrap.servers": bs, "group.id": g, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bs,
+            "group.id": g,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     c.subscribe([src])
     body = raw_batch(shape)
     done, cpu0, t0 = 0, None, 0.0
@@ -74,14 +80,20 @@ class PoisonError(RuntimeError):
 
 
 def kafkatx_round(
-    bs: str, src: str, out: str, n: int, profiler: cProfile.Profile | None = None, scenario: str = "batch",
-    dlt: str | None = None, shape: str = "bytes",
+    bs: str,
+    src: str,
+    out: str,
+    n: int,
+    profiler: cProfile.Profile | None = None,
+    scenario: str = "batch",
+    dlt: str | None = None,
+    shape: str = "bytes",
 ) -> tuple[float, float]:
+    from workers import Tracker, kafkatx_handler
+
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
     from kafkatx.listener.container import ListenerContainer
-
-    from workers import Tracker, kafkatx_handler
 
     g = f"prof-ktx-{uuid.uuid4().hex[:6]}"
     app = App(g, bootstrap_servers=bs, instance_id="prof")
@@ -150,10 +162,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="CPU-per-record rounds of each runner")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--shape", default="bytes", help="what the handler returns (bench/workers.py SHAPES; batch scenario)")
-    ap.add_argument("--scenario", choices=["batch", "record", "rollback", "inplace"], default="batch",
-                    help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
-                         "path, or 1%% poison with retry='in_place'")  # fmt: skip
+    ap.add_argument(
+        "--shape", default="bytes", help="what the handler returns (bench/workers.py SHAPES; batch scenario)"
+    )
+    ap.add_argument(
+        "--scenario",
+        choices=["batch", "record", "rollback", "inplace"],
+        default="batch",
+        help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
+        "path, or 1%% poison with retry='in_place'",
+    )
     args = ap.parse_args()
 
     import kafkatx
@@ -183,8 +201,10 @@ def main() -> None:
             us = [cpu / n * 1e6 for cpu, _ in rows]
             rates = [n / wall for _, wall in rows]
             med[name] = statistics.median(us)
-            print(f"  {name:8s} {med[name]:6.2f} us/record [{min(us):.2f}..{max(us):.2f}]   "
-                  f"{statistics.median(rates):,.0f} rec/s [{min(rates):,.0f}..{max(rates):,.0f}]")  # fmt: skip
+            print(
+                f"  {name:8s} {med[name]:6.2f} us/record [{min(us):.2f}..{max(us):.2f}]   "
+                f"{statistics.median(rates):,.0f} rec/s [{min(rates):,.0f}..{max(rates):,.0f}]"
+            )
         if med:
             print(f"  kafkatx overhead: {med['kafkatx'] - med['raw']:.2f} us/record of processing-thread CPU")
         if args.no_profile:
@@ -196,8 +216,10 @@ def main() -> None:
         cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt, args.shape)
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime")
-        print(f"\ncProfile of the container thread, scenario {args.scenario}, {n:,} records "
-              f"({wall:.1f}s, thread CPU {cpu:.1f}s under the profiler), by own time:")
+        print(
+            f"\ncProfile of the container thread, scenario {args.scenario}, {n:,} records "
+            f"({wall:.1f}s, thread CPU {cpu:.1f}s under the profiler), by own time:"
+        )
         stats.print_stats(args.top)
         stats.sort_stats("cumulative")
         stats.print_callees("_handle")

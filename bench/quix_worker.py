@@ -26,7 +26,15 @@ def main() -> None:
     from quixstreams.checkpointing import checkpoint as ckpt
 
     n, every = cfg["records"], cfg["sample_every"]
-    state: dict[str, Any] = {"t_first": None, "t_last": None, "seen": 0, "txns": 0, "aborts": 0, "cpu_first": 0.0, "cpu_last": 0.0}
+    state: dict[str, Any] = {
+        "t_first": None,
+        "t_last": None,
+        "seen": 0,
+        "txns": 0,
+        "aborts": 0,
+        "cpu_first": 0.0,
+        "cpu_last": 0.0,
+    }
     first: dict[int, float] = {}
     pending: list[int] = []
     lat: list[float] = []
@@ -68,7 +76,9 @@ def main() -> None:
         "auto_create_topics": False,
         "use_changelog_topics": False,
         "state_dir": cfg["state_dir"],
-        "consumer_extra_config": {"receive.message.max.bytes": 1_000_000_000},  # LocalBroker.client_config (no kafkatx here)
+        "consumer_extra_config": {
+            "receive.message.max.bytes": 1_000_000_000
+        },  # LocalBroker.client_config (no kafkatx here)
     }
     if cfg.get("commit_interval") is not None:
         app_kwargs["commit_interval"] = float(cfg["commit_interval"])

@@ -42,40 +42,126 @@ G = {"fencing": "group"}  # fencing="auto" picks per-partition producers on the 
 K = {**G, "max_batch_records": 1000}  # run 1's transaction size: the ratio to the twin is kafkatx's own cost
 RUNS: dict[str, dict[str, Any]] = {
     "1": {"label": "hand-written EOS loop, <=1000 rec/txn (baseline)", "kind": "raw", "batch": 1000, "input": "main"},
-    "2": {"label": "kafkatx, default batch transactions", "kind": "kafkatx", "options": G, "input": "main", "twin": "1"},
-    "2b": {"label": "kafkatx, <=1000 rec/txn like run 1 (max_batch_records=1000)", "kind": "kafkatx",
-           "options": K, "input": "main", "twin": "1"},
-    "1k": {"label": "hand-written, produce(out, value.upper(), key)", "kind": "raw", "batch": 1000, "input": "main",
-           "shape": "keyed"},
-    "2k": {"label": "kafkatx, return (record.key, value.upper())", "kind": "kafkatx", "options": K, "input": "main",
-           "shape": "keyed", "twin": "1k"},
-    "1h": {"label": "hand-written, produce(out, value.upper(), key, headers=h)", "kind": "raw", "batch": 1000,
-           "input": "main", "shape": "output"},
-    "2h": {"label": "kafkatx, return Output(value.upper(), key=key, headers=h)", "kind": "kafkatx", "options": K,
-           "input": "main", "shape": "output", "twin": "1h"},
-    "1g": {"label": "hand-written, two produce() per record", "kind": "raw", "batch": 1000, "input": "main",
-           "shape": "generator"},
-    "2g": {"label": "kafkatx, a generator yielding two (key, value)", "kind": "kafkatx", "options": K,
-           "input": "main", "shape": "generator", "twin": "1g"},
-    "1s": {"label": "hand-written, produce(out, value.upper(), key) (send twin)", "kind": "raw", "batch": 1000,
-           "input": "main", "shape": "send"},
-    "2s": {"label": "kafkatx, send(out, value.upper(), key)", "kind": "kafkatx", "options": K, "input": "main",
-           "shape": "send", "twin": "1s"},
-    "1j": {"label": "hand-written, produce(out, json.dumps(obj).encode())", "kind": "raw", "batch": 1000,
-           "input": "main", "shape": "serializer"},
-    "2j": {"label": "kafkatx, return obj with serializer=json", "kind": "kafkatx", "options": K, "input": "main",
-           "shape": "serializer", "twin": "1j"},
-    "3": {"label": "kafkatx, 1 txn per record (max_batch_records=1)", "kind": "kafkatx",
-          "options": {**G, "max_batch_records": 1}, "input": "small", "twin": "3b"},
+    "2": {
+        "label": "kafkatx, default batch transactions",
+        "kind": "kafkatx",
+        "options": G,
+        "input": "main",
+        "twin": "1",
+    },
+    "2b": {
+        "label": "kafkatx, <=1000 rec/txn like run 1 (max_batch_records=1000)",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "twin": "1",
+    },
+    "1k": {
+        "label": "hand-written, produce(out, value.upper(), key)",
+        "kind": "raw",
+        "batch": 1000,
+        "input": "main",
+        "shape": "keyed",
+    },
+    "2k": {
+        "label": "kafkatx, return (record.key, value.upper())",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "shape": "keyed",
+        "twin": "1k",
+    },
+    "1h": {
+        "label": "hand-written, produce(out, value.upper(), key, headers=h)",
+        "kind": "raw",
+        "batch": 1000,
+        "input": "main",
+        "shape": "output",
+    },
+    "2h": {
+        "label": "kafkatx, return Output(value.upper(), key=key, headers=h)",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "shape": "output",
+        "twin": "1h",
+    },
+    "1g": {
+        "label": "hand-written, two produce() per record",
+        "kind": "raw",
+        "batch": 1000,
+        "input": "main",
+        "shape": "generator",
+    },
+    "2g": {
+        "label": "kafkatx, a generator yielding two (key, value)",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "shape": "generator",
+        "twin": "1g",
+    },
+    "1s": {
+        "label": "hand-written, produce(out, value.upper(), key) (send twin)",
+        "kind": "raw",
+        "batch": 1000,
+        "input": "main",
+        "shape": "send",
+    },
+    "2s": {
+        "label": "kafkatx, send(out, value.upper(), key)",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "shape": "send",
+        "twin": "1s",
+    },
+    "1j": {
+        "label": "hand-written, produce(out, json.dumps(obj).encode())",
+        "kind": "raw",
+        "batch": 1000,
+        "input": "main",
+        "shape": "serializer",
+    },
+    "2j": {
+        "label": "kafkatx, return obj with serializer=json",
+        "kind": "kafkatx",
+        "options": K,
+        "input": "main",
+        "shape": "serializer",
+        "twin": "1j",
+    },
+    "3": {
+        "label": "kafkatx, 1 txn per record (max_batch_records=1)",
+        "kind": "kafkatx",
+        "options": {**G, "max_batch_records": 1},
+        "input": "small",
+        "twin": "3b",
+    },
     "3b": {"label": "hand-written loop, 1 txn per record", "kind": "raw", "batch": 1, "input": "small"},
-    "4": {"label": "kafkatx, 1% poison, rollback path (max_attempts=3, dlq)", "kind": "kafkatx",
-          "options": {**G, "max_attempts": 3}, "input": "main", "poison": True},
-    "4b": {"label": "kafkatx, 1% poison, retry='in_place' (max_attempts=3, dlq)", "kind": "kafkatx",
-           "options": {**G, "max_attempts": 3, "retry": "in_place"}, "input": "main", "poison": True},
+    "4": {
+        "label": "kafkatx, 1% poison, rollback path (max_attempts=3, dlq)",
+        "kind": "kafkatx",
+        "options": {**G, "max_attempts": 3},
+        "input": "main",
+        "poison": True,
+    },
+    "4b": {
+        "label": "kafkatx, 1% poison, retry='in_place' (max_attempts=3, dlq)",
+        "kind": "kafkatx",
+        "options": {**G, "max_attempts": 3, "retry": "in_place"},
+        "input": "main",
+        "poison": True,
+    },
     # quixstreams' to_topic() keeps each record's key: its output is the keyed shape's, and 1k its twin.
-    "5": {"label": f"quixstreams {QUIX_VERSION}, exactly-once", "kind": "quix", "input": "main", "shape": "keyed",
-          "twin": "1k"},
-}  # fmt: skip
+    "5": {
+        "label": f"quixstreams {QUIX_VERSION}, exactly-once",
+        "kind": "quix",
+        "input": "main",
+        "shape": "keyed",
+        "twin": "1k",
+    },
+}
 ORDER = ["1", "2", "2b", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j", "3", "3b", "4", "4b", "5"]
 SHAPE_RUNS = ["1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j"]
 
@@ -112,8 +198,10 @@ def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, pois
     produce(
         bootstrap,
         topic,
-        ({"key": make_key(i), "value": make_value(i, size, poison_every, partitions), "partition": i % partitions}
-         for i in range(n)),
+        (
+            {"key": make_key(i), "value": make_value(i, size, poison_every, partitions), "partition": i % partitions}
+            for i in range(n)
+        ),
         config={"linger.ms": 20, "batch.num.messages": 10000, "enable.idempotence": True},
     )
     return time.perf_counter() - started
@@ -138,7 +226,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for_quiet_broker(broker: Any, *, idle_share: float = 0.03, timeout: float = 60.0, others_max: float | None = None) -> dict[str, float]:
+def wait_for_quiet_broker(
+    broker: Any, *, idle_share: float = 0.03, timeout: float = 60.0, others_max: float | None = None
+) -> dict[str, float]:
     """Wait until the broker has finished its snapshots (noida writes kafka.json 1-2 s after
     each change, which costs CPU and stalls requests): its CPU use stays under ``idle_share``
     of a core for 1 s and the snapshot file is 2 s old. With ``others_max``, also wait until
@@ -283,13 +373,16 @@ def run_worker(
     return result, proc.returncode, rss_mib, error, cpu_s
 
 
-def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str | None, n: int, args: Any) -> dict[str, Any]:
+def verify(
+    bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str | None, n: int, args: Any
+) -> dict[str, Any]:
     """Read outputs under read_committed: every expected record (key, value, headers) exactly once, DLT == poison records."""
     from collections import Counter
 
+    from workers import expected_outputs
+
     from kafkatx.local import LocalBroker
     from kafkatx.testing import read_topic
-    from workers import expected_outputs
 
     loaded = args.poison_every if run["input"] == "main" else 0  # how the input was preloaded
     poison_every = loaded if run.get("poison") else 0
@@ -297,7 +390,9 @@ def verify(bootstrap: str, run: dict[str, Any], out_topic: str, dlt_topic: str |
     expected: Counter[tuple[Any, ...]] = Counter()
     for i in range(n):
         if not is_poison(i, poison_every, parts):
-            for key, value, headers in expected_outputs(shape, make_key(i), make_value(i, args.size, loaded, parts), i // parts):
+            for key, value, headers in expected_outputs(
+                shape, make_key(i), make_value(i, args.size, loaded, parts), i // parts
+            ):
                 expected[(key, value, tuple(headers or ()))] += 1
     got: Counter[tuple[Any, ...]] = Counter(
         (r.key, r.value, tuple(r.headers or ()))
@@ -334,11 +429,21 @@ def ensure_quix_venv() -> tuple[Path | None, str]:
     if r.returncode != 0 or not (QUIX_VENV / "bin" / "pip").exists():
         return None, f"run 5 skipped: could not create a virtualenv with pip ({(r.stderr or r.stdout).strip()[-200:]})"
     r = subprocess.run(
-        [str(QUIX_VENV / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", f"quixstreams=={QUIX_VERSION}"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(QUIX_VENV / "bin" / "pip"),
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            f"quixstreams=={QUIX_VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
-        return None, f"run 5 skipped: pip install quixstreams=={QUIX_VERSION} failed: {(r.stderr or r.stdout).strip()[-300:]}"
+        return (
+            None,
+            f"run 5 skipped: pip install quixstreams=={QUIX_VERSION} failed: {(r.stderr or r.stdout).strip()[-300:]}",
+        )
     r = subprocess.run(probe, capture_output=True, text=True)
     if r.returncode != 0:
         return None, f"run 5 skipped: quixstreams does not import in {QUIX_VENV}: {r.stderr.strip()[-300:]}"
@@ -409,7 +514,9 @@ def summarize(reps: list[dict[str, Any]], busy_limit: float = 0.25) -> dict[str,
         "process_records_per_s": statistics.median(
             r["result"]["records"] / (r["result"].get("process_wall_s") or r["result"]["wall_s"]) for r in ok
         ),
-        "process_records_per_s_all": [r["result"]["records"] / (r["result"].get("process_wall_s") or r["result"]["wall_s"]) for r in ok],
+        "process_records_per_s_all": [
+            r["result"]["records"] / (r["result"].get("process_wall_s") or r["result"]["wall_s"]) for r in ok
+        ],
         "cpu_us_per_record_all": [r["result"]["thread_cpu_s"] / r["result"]["records"] * 1e6 for r in ok],
         "processing_s": res["processing_s"],
         "wall_s": res["wall_s"],
@@ -433,8 +540,15 @@ def summarize(reps: list[dict[str, Any]], busy_limit: float = 0.25) -> dict[str,
         "reps_with_broker_snapshot": sum(1 for r in done if r.get("broker_snapshots")),
         "disturbed": not quiet,
     }
-    for key in ("handler_failures", "handler_calls", "max_calls_per_good_record", "good_records_reprocessed",
-                "extra_good_calls", "calls_per_poison_record", "quixstreams_commit_interval_s"):  # fmt: skip
+    for key in (
+        "handler_failures",
+        "handler_calls",
+        "max_calls_per_good_record",
+        "good_records_reprocessed",
+        "extra_good_calls",
+        "calls_per_poison_record",
+        "quixstreams_commit_interval_s",
+    ):
         if key in res:
             s[key] = res[key]
     return s
@@ -489,23 +603,39 @@ def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, 
 
     target("run 2 / run 1", derived.get("2", {}).get("ratio_vs_1"), 0.9, "kafkatx batch >= 0.9 x hand-written loop")
     for k in ("2b", "2k", "2h", "2g", "2s", "2j"):
-        target(f"run {k} / run {RUNS[k]['twin']}", derived.get(k, {}).get("ratio_vs_twin"), 0.95,
-               f"{RUNS[k]['label']} >= 0.95 x its hand-written twin")  # fmt: skip
-    target("run 3 / run 3b", derived.get("3", {}).get("ratio_vs_3b"), 0.9, "kafkatx per-record txn >= 0.9 x hand-written")
+        target(
+            f"run {k} / run {RUNS[k]['twin']}",
+            derived.get(k, {}).get("ratio_vs_twin"),
+            0.95,
+            f"{RUNS[k]['label']} >= 0.95 x its hand-written twin",
+        )
+    target(
+        "run 3 / run 3b", derived.get("3", {}).get("ratio_vs_3b"), 0.9, "kafkatx per-record txn >= 0.9 x hand-written"
+    )
     target("run 4b / run 2", derived.get("4b", {}).get("ratio_vs_2"), 0.6, "in-place retry >= 0.6 x clean batch run")
     if "4" in summary and summary["4"]:
         mx = summary["4"].get("max_calls_per_good_record")
         if mx is not None:
-            targets.append({
-                "target": "run 4 batch-mate re-runs", "value": mx, "goal": 2, "met": mx <= 2,
-                "text": "no good record handled more than twice (once, plus one replay after the failure it shared a txn with)",
-            })  # fmt: skip
+            targets.append(
+                {
+                    "target": "run 4 batch-mate re-runs",
+                    "value": mx,
+                    "goal": 2,
+                    "met": mx <= 2,
+                    "text": "no good record handled more than twice (once, plus one replay after the failure it shared a txn with)",
+                }
+            )
         if "4" in derived and "extra_txns_per_poison" in derived["4"]:
             v = derived["4"]["extra_txns_per_poison"]
-            targets.append({
-                "target": "run 4 txns per poison", "value": v, "goal": 6.0, "met": v <= 6.5,
-                "text": "rollback path: ~2 transactions (abort + after-rollback commit) per failed attempt, 3 attempts",
-            })  # fmt: skip
+            targets.append(
+                {
+                    "target": "run 4 txns per poison",
+                    "value": v,
+                    "goal": 6.0,
+                    "met": v <= 6.5,
+                    "text": "rollback path: ~2 transactions (abort + after-rollback commit) per failed attempt, 3 attempts",
+                }
+            )
     return derived, targets
 
 
@@ -514,8 +644,22 @@ def fmt(v: Any, spec: str = ".0f", none: str = "-") -> str:
 
 
 def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: list[str], markdown: bool = False) -> str:
-    head = ["run", "what", "records", "rec/s", "vs 1", "vs twin", "wall rec/s", "from start rec/s", "p50 ms", "p99 ms",
-            "peak RSS MiB", "CPU us/rec", "txns ok/abort", "exactly-once"]
+    head = [
+        "run",
+        "what",
+        "records",
+        "rec/s",
+        "vs 1",
+        "vs twin",
+        "wall rec/s",
+        "from start rec/s",
+        "p50 ms",
+        "p99 ms",
+        "peak RSS MiB",
+        "CPU us/rec",
+        "txns ok/abort",
+        "exactly-once",
+    ]
     rows = []
     for k in order:
         s = summary.get(k)
@@ -523,13 +667,24 @@ def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: li
             rows.append([k, RUNS[k]["label"], "-", "failed/skipped", "", "", "", "", "", "", "", "", "", "no"])
             continue
         d = derived.get(k, {})
-        rows.append([
-            k, RUNS[k]["label"], f"{s['records']:,}", f"{s['records_per_s']:,.0f}" + ("*" if s.get("disturbed") else ""),
-            fmt(d.get("ratio_vs_1"), ".3f"), fmt(d.get("ratio_vs_twin"), ".3f"),
-            f"{s['wall_records_per_s']:,.0f}", f"{s['process_records_per_s']:,.0f}", fmt(s["latency_p50_ms"], ".1f"), fmt(s["latency_p99_ms"], ".1f"),
-            f"{s['peak_rss_mib']:.0f}", f"{s['cpu_us_per_record']:.1f}", f"{s['txns_committed']:,}/{s['txns_aborted']:,}",
-            "yes" if s["verified"] else "NO",
-        ])  # fmt: skip
+        rows.append(
+            [
+                k,
+                RUNS[k]["label"],
+                f"{s['records']:,}",
+                f"{s['records_per_s']:,.0f}" + ("*" if s.get("disturbed") else ""),
+                fmt(d.get("ratio_vs_1"), ".3f"),
+                fmt(d.get("ratio_vs_twin"), ".3f"),
+                f"{s['wall_records_per_s']:,.0f}",
+                f"{s['process_records_per_s']:,.0f}",
+                fmt(s["latency_p50_ms"], ".1f"),
+                fmt(s["latency_p99_ms"], ".1f"),
+                f"{s['peak_rss_mib']:.0f}",
+                f"{s['cpu_us_per_record']:.1f}",
+                f"{s['txns_committed']:,}/{s['txns_aborted']:,}",
+                "yes" if s["verified"] else "NO",
+            ]
+        )
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -550,12 +705,14 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
             twin = RUNS[k]["twin"]
             spread = "/".join(f"{r / 1000:.0f}" for r in summary[k]["records_per_s_all"])
             twin_spread = "/".join(f"{r / 1000:.0f}" for r in summary[twin]["records_per_s_all"])
-            out.append(f"run {k} vs {twin}: records/s x{d['ratio_vs_twin']:.3f} (k rec/s {spread} vs {twin_spread}), "
-                       f"from process start x{d['process_ratio_vs_twin']:.3f}, processing-thread CPU per record "
-                       f"x{d['cpu_ratio_vs_twin']:.2f} ({summary[k]['cpu_us_per_record']:.2f} vs "
-                       f"{summary[twin]['cpu_us_per_record']:.2f} us), whole-process CPU per record "
-                       f"{summary[k]['window_process_cpu_us_per_record']:.2f} vs {summary[twin]['window_process_cpu_us_per_record']:.2f} us, "
-                       f"broker {summary[k]['broker_cores']:.2f} vs {summary[twin]['broker_cores']:.2f} cores")  # fmt: skip
+            out.append(
+                f"run {k} vs {twin}: records/s x{d['ratio_vs_twin']:.3f} (k rec/s {spread} vs {twin_spread}), "
+                f"from process start x{d['process_ratio_vs_twin']:.3f}, processing-thread CPU per record "
+                f"x{d['cpu_ratio_vs_twin']:.2f} ({summary[k]['cpu_us_per_record']:.2f} vs "
+                f"{summary[twin]['cpu_us_per_record']:.2f} us), whole-process CPU per record "
+                f"{summary[k]['window_process_cpu_us_per_record']:.2f} vs {summary[twin]['window_process_cpu_us_per_record']:.2f} us, "
+                f"broker {summary[k]['broker_cores']:.2f} vs {summary[twin]['broker_cores']:.2f} cores"
+            )
     for k in ("3",):
         if "ratio_vs_3b" in derived.get(k, {}):
             out.append(f"run 3 vs 3b: {derived[k]['ratio_vs_3b']:.3f}")
@@ -574,8 +731,10 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
         if "ratio_vs_base" in d:
             extra = f", 4b'/2' {d['ratio_vs_2']:.3f}" if "ratio_vs_2" in d else ""
             extra += f", 3'/3b {d['ratio_vs_3b']:.3f}" if "ratio_vs_3b" in d else ""
-            out.append(f"run {k} vs {k[:-1]}: records/s x{d['ratio_vs_base']:.3f}, processing-thread CPU "
-                       f"{d.get('cpu_us_per_record_delta', 0):+.2f} us/record{extra}")  # fmt: skip
+            out.append(
+                f"run {k} vs {k[:-1]}: records/s x{d['ratio_vs_base']:.3f}, processing-thread CPU "
+                f"{d.get('cpu_us_per_record_delta', 0):+.2f} us/record{extra}"
+            )
     if summary.get("5", {}).get("quixstreams_commit_interval_s") is not None:
         out.append(f"run 5: quixstreams commit_interval = {summary['5']['quixstreams_commit_interval_s']} s")
     return out
@@ -592,31 +751,63 @@ def reps_of(run: str, args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--records", type=int, default=200_000, help="records for every run but 3, 3b (default 200000)")
-    p.add_argument("--small-records", type=int, default=5_000, help="records for the per-record-transaction runs 3, 3b (default 5000)")
+    p.add_argument(
+        "--small-records",
+        type=int,
+        default=5_000,
+        help="records for the per-record-transaction runs 3, 3b (default 5000)",
+    )
     p.add_argument("--partitions", type=int, default=8, help="partitions of every topic (default 8)")
     p.add_argument("--size", type=int, default=100, help="record value size in bytes (default 100)")
     p.add_argument("--runs", default=",".join(ORDER), help=f"comma-separated runs to do (default {','.join(ORDER)})")
-    p.add_argument("--repeat", type=int, default=None,
-                   help="repetitions of each run, interleaved; the median is reported (default: 5 for the short "
-                        "runs 1, 2, 2b, the shape pairs, 4b and 5, whose ~1 s of processing a single broker snapshot "
-                        "stall can halve; 1 for 3, 3b, 4)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="repetitions of each run, interleaved; the median is reported (default: 5 for the short "
+        "runs 1, 2, 2b, the shape pairs, 4b and 5, whose ~1 s of processing a single broker snapshot "
+        "stall can halve; 1 for 3, 3b, 4)",
+    )
     p.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON results")
     p.add_argument("--quick", action="store_true", help="small smoke run: 4000 records, 200 for runs 3/3b")
-    p.add_argument("--poison-every", type=int, default=100, help="runs 4/4b: one poison record per N (default 100 = 1%%)")
-    p.add_argument("--sample-every", type=int, default=10, help="latency sample: records whose offset is a multiple of N")
-    p.add_argument("--quix-commit-interval", type=float, default=None, help="run 5: quixstreams commit_interval (default: its own, 5 s)")
+    p.add_argument(
+        "--poison-every", type=int, default=100, help="runs 4/4b: one poison record per N (default 100 = 1%%)"
+    )
+    p.add_argument(
+        "--sample-every", type=int, default=10, help="latency sample: records whose offset is a multiple of N"
+    )
+    p.add_argument(
+        "--quix-commit-interval",
+        type=float,
+        default=None,
+        help="run 5: quixstreams commit_interval (default: its own, 5 s)",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown (for docs/BENCHMARKS.md)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
-    p.add_argument("--busy-limit", type=float, default=0.25,
-                   help="before each run, wait until other processes use at most this many cores (default 0.25)")
+    p.add_argument(
+        "--busy-limit",
+        type=float,
+        default=0.25,
+        help="before each run, wait until other processes use at most this many cores (default 0.25)",
+    )
     p.add_argument("--quiet-timeout", type=float, default=60.0, help="how long to wait for that (default 60 s)")
-    p.add_argument("--src", type=Path, default=None,
-                   help="benchmark the kafkatx package under this src dir (e.g. a patched copy) instead of the installed one")
-    p.add_argument("--compare-src", type=Path, default=None,
-                   help="A/B: also do each kafkatx run (2, 3, 4, 4b) with the package under this src dir, interleaved; "
-                        "shown as 2', 3', ... with their ratio to the unprimed run")
+    p.add_argument(
+        "--src",
+        type=Path,
+        default=None,
+        help="benchmark the kafkatx package under this src dir (e.g. a patched copy) instead of the installed one",
+    )
+    p.add_argument(
+        "--compare-src",
+        type=Path,
+        default=None,
+        help="A/B: also do each kafkatx run (2, 3, 4, 4b) with the package under this src dir, interleaved; "
+        "shown as 2', 3', ... with their ratio to the unprimed run",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.records, args.small_records = 4_000, 200
@@ -673,7 +864,9 @@ def main(argv: list[str] | None = None) -> int:
             print("# " + note, flush=True)
             args.runs = [r for r in args.runs if r != "5"]
 
-    compiled = byte_compile(sorted({(ROOT / "src").resolve(), *(Path(d).resolve() for d in (args.src, args.compare_src) if d)}))
+    compiled = byte_compile(
+        sorted({(ROOT / "src").resolve(), *(Path(d).resolve() for d in (args.src, args.compare_src) if d)})
+    )
     notes.append(f"bytecode written before the runs (as pip does on install) for: {', '.join(compiled) or 'nothing'}")
     machine = machine_info()
     n_main, n_small, parts = args.records, args.small_records, args.partitions
@@ -684,8 +877,11 @@ def main(argv: list[str] | None = None) -> int:
     with LocalBroker() as broker:
         bs = broker.bootstrap_servers
         snapshots = SnapshotWatcher(broker.data_dir / "kafka.json")
-        print(f"# broker {bs} (pid {broker.pid}); {n_main:,} records of {args.size} B, {parts} partitions; "
-              f"runs {', '.join(f'{k} x{reps_of(k, args)}' for k in args.runs)}", flush=True)  # fmt: skip
+        print(
+            f"# broker {bs} (pid {broker.pid}); {n_main:,} records of {args.size} B, {parts} partitions; "
+            f"runs {', '.join(f'{k} x{reps_of(k, args)}' for k in args.runs)}",
+            flush=True,
+        )
         inputs: dict[str, tuple[str, int]] = {}
         if any(RUNS[k]["input"] == "main" for k in args.runs):
             inputs["main"] = (create_topic(bs, "bench-in", parts), n_main)
@@ -705,14 +901,23 @@ def main(argv: list[str] | None = None) -> int:
                 out_topic = create_topic(bs, f"bench-out-{tag}", parts)
                 dlt_topic = create_topic(bs, f"bench-dlt-{tag}", parts) if run.get("poison") else None
                 cfg: dict[str, Any] = {
-                    "kind": run["kind"], "bootstrap": bs, "input": topic, "output": out_topic,
-                    "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}", "records": n, "partitions": parts,
-                    "sample_every": args.sample_every, "timeout": args.timeout, "batch": run.get("batch", 1000),
-                    "options": dict(run.get("options", {})), "poison": bool(run.get("poison")),
-                    "poison_every": args.poison_every, "shape": run.get("shape", "bytes"),
+                    "kind": run["kind"],
+                    "bootstrap": bs,
+                    "input": topic,
+                    "output": out_topic,
+                    "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}",
+                    "records": n,
+                    "partitions": parts,
+                    "sample_every": args.sample_every,
+                    "timeout": args.timeout,
+                    "batch": run.get("batch", 1000),
+                    "options": dict(run.get("options", {})),
+                    "poison": bool(run.get("poison")),
+                    "poison_every": args.poison_every,
+                    "shape": run.get("shape", "bytes"),
                     # every runner's consumers (workers.py does not import kafkatx for the hand-written loop)
                     "client_config": dict(LocalBroker.client_config),
-                }  # fmt: skip
+                }
                 if dlt_topic:
                     cfg["options"]["dlq"] = dlt_topic
                 if run["kind"] == "quix":
@@ -725,15 +930,25 @@ def main(argv: list[str] | None = None) -> int:
                 pythonpath = str(Path(src_dir).resolve()) if src_dir is not None and run["kind"] == "kafkatx" else None
                 quiet = wait_for_quiet_broker(broker, others_max=args.busy_limit, timeout=args.quiet_timeout)
                 if quiet["others_cores"] > args.busy_limit:
-                    print(f"# machine busy: other processes use {quiet['others_cores']:.2f} cores "
-                          f"(waited {quiet['waited_s']:.0f}s); measuring anyway, figures will be low", flush=True)  # fmt: skip
+                    print(
+                        f"# machine busy: other processes use {quiet['others_cores']:.2f} cores "
+                        f"(waited {quiet['waited_s']:.0f}s); measuring anyway, figures will be low",
+                        flush=True,
+                    )
                 print(f"# run {k:>2} (rep {rep + 1}/{reps_of(k, args)}): {run['label']} ...", end="", flush=True)
                 meter = LoadMeter(broker.pid)
-                result, code, rss, error, cpu_s = run_worker(cmd, logs / f"run-{tag}.log", args.timeout + 60, pythonpath)
+                result, code, rss, error, cpu_s = run_worker(
+                    cmd, logs / f"run-{tag}.log", args.timeout + 60, pythonpath
+                )
                 load = meter.stop(cpu_s)
                 entry: dict[str, Any] = {
-                    "rep": rep, "result": result, "exit_code": code, "peak_rss_mib": rss, "process_cpu_s": cpu_s, **load,
-                }  # fmt: skip
+                    "rep": rep,
+                    "result": result,
+                    "exit_code": code,
+                    "peak_rss_mib": rss,
+                    "process_cpu_s": cpu_s,
+                    **load,
+                }
                 if result is None:
                     entry["error"] = error
                     entry["check"] = {"ok": False}
@@ -743,10 +958,12 @@ def main(argv: list[str] | None = None) -> int:
                     entry["check"] = verify(bs, run, out_topic, dlt_topic, n, args)
                     rate = result["records"] / result["processing_s"]
                     busy = load.get("other_cores", 0.0)
-                    print(f" {rate:,.0f} rec/s, {rss:.0f} MiB, exactly-once {'ok' if entry['check']['ok'] else 'FAILED'}"
-                          + (f"  [machine busy: other processes used {busy:.2f} cores]" if busy > 0.15 else "")
-                          + (f"  [broker snapshot x{entry['broker_snapshots']}]" if entry["broker_snapshots"] else ""),
-                          flush=True)  # fmt: skip
+                    print(
+                        f" {rate:,.0f} rec/s, {rss:.0f} MiB, exactly-once {'ok' if entry['check']['ok'] else 'FAILED'}"
+                        + (f"  [machine busy: other processes used {busy:.2f} cores]" if busy > 0.15 else "")
+                        + (f"  [broker snapshot x{entry['broker_snapshots']}]" if entry["broker_snapshots"] else ""),
+                        flush=True,
+                    )
                     if not entry["check"]["ok"]:
                         print(f"  check: {entry['check']}", flush=True)
                 reps[k].append(entry)
@@ -761,10 +978,14 @@ def main(argv: list[str] | None = None) -> int:
     for line in details(summary, derived):
         print(line)
     if any(s.get("disturbed") for s in summary.values() if s):
-        print("* every repetition of this run had other processes using more than "
-              f"{args.busy_limit} cores: its records/s, ratios and latencies are low; compare CPU us/rec instead")
+        print(
+            "* every repetition of this run had other processes using more than "
+            f"{args.busy_limit} cores: its records/s, ratios and latencies are low; compare CPU us/rec instead"
+        )
     for t in targets:
-        print(f"target {t['target']}: {t['value']:.3f} (goal {t['goal']}) {'MET' if t['met'] else 'NOT MET'} - {t['text']}")
+        print(
+            f"target {t['target']}: {t['value']:.3f} (goal {t['goal']}) {'MET' if t['met'] else 'NOT MET'} - {t['text']}"
+        )
     for note in notes:
         print("note: " + note)
     if args.markdown:
@@ -775,11 +996,20 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),
         "machine": machine,
         "config": {
-            "records": n_main, "small_records": n_small, "partitions": parts, "size": args.size,
-            "repeat": {k: reps_of(k, args) for k in args.runs}, "poison_every": args.poison_every, "poison_records": poisons,
-            "sample_every": args.sample_every, "runs": args.runs,
-        },  # fmt: skip
-        "runs": {k: {"label": RUNS[k]["label"], "summary": summary[k], "derived": derived.get(k, {}), "reps": reps[k]} for k in order},
+            "records": n_main,
+            "small_records": n_small,
+            "partitions": parts,
+            "size": args.size,
+            "repeat": {k: reps_of(k, args) for k in args.runs},
+            "poison_every": args.poison_every,
+            "poison_records": poisons,
+            "sample_every": args.sample_every,
+            "runs": args.runs,
+        },
+        "runs": {
+            k: {"label": RUNS[k]["label"], "summary": summary[k], "derived": derived.get(k, {}), "reps": reps[k]}
+            for k in order
+        },
         "targets": targets,
         "notes": notes,
         "elapsed_s": time.perf_counter() - started,

@@ -53,8 +53,20 @@ def run_once(workdir: Path, bootstrap: str, kit: KafkaTestKit, src: str, n: int,
     out = kit.topic(partitions=4)
     name = f"scale-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "PYTHONPATH": f"{workdir}:{ROOT / 'src'}"}
-    cmd = [sys.executable, "-m", "kafkatx", "run", "scale_app:app", "--bootstrap-servers", bootstrap,
-           "--instance-id", name, "--no-status", "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kafkatx",
+        "run",
+        "scale_app:app",
+        "--bootstrap-servers",
+        bootstrap,
+        "--instance-id",
+        name,
+        "--no-status",
+        "--workers",
+        str(workers),
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -82,15 +94,22 @@ def main() -> None:
     try:
         kit = KafkaTestKit(broker.bootstrap_servers)
         src = kit.topic(partitions=4)
-        kit.produce(src, [(f"c{i % 1000}".encode(), json.dumps({"id": i, "qty": i % 7 + 1, "price": 9.99}).encode())
-                          for i in range(args.records)])  # fmt: skip
+        kit.produce(
+            src,
+            [
+                (f"c{i % 1000}".encode(), json.dumps({"id": i, "qty": i % 7 + 1, "price": 9.99}).encode())
+                for i in range(args.records)
+            ],
+        )
         rates: dict[int, list[float]] = {1: [], 2: []}
         for _ in range(args.rounds):
             for workers in (1, 2):
                 rates[workers].append(run_once(tmp, broker.bootstrap_servers, kit, src, args.records, workers))
         print(f"{args.records} JSON records, 4 partitions, {os.cpu_count()} cores, wall clock from `kafkatx run` start")
         for workers, runs in rates.items():
-            print(f"  --workers {workers}: {statistics.median(runs):8.0f} rec/s (runs {', '.join(f'{r:.0f}' for r in runs)})")
+            print(
+                f"  --workers {workers}: {statistics.median(runs):8.0f} rec/s (runs {', '.join(f'{r:.0f}' for r in runs)})"
+            )
         print(f"  speed-up: {statistics.median(rates[2]) / statistics.median(rates[1]):.2f}x")
     finally:
         broker.stop()

@@ -32,13 +32,12 @@ Timing and latency (identical in every runner, see docs/BENCHMARKS.md):
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
 
 perf = time.perf_counter
 #: BENCH_CONSUMER_CONFIG (JSON): extra consumer properties for every runner, for experiments.
@@ -140,7 +139,7 @@ def thread_cpu() -> dict[str, float]:
             stat = (task / "stat").read_text()
         except OSError:
             continue
-        name = f'{stat[stat.index("(") + 1 : stat.rindex(")")]}/{task.name}'
+        name = f"{stat[stat.index('(') + 1 : stat.rindex(')')]}/{task.name}"
         fields = stat[stat.rindex(")") + 2 :].split()
         out[name] = (int(fields[11]) + int(fields[12])) / tick
     return out
@@ -183,6 +182,7 @@ def _producer_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "linger.ms": 5,  # kafkatx's default, and librdkafka's
         "delivery.report.only.error": True,
     }
+
 
 HEADERS = {"source": b"bench"}
 
@@ -418,8 +418,13 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     seen = tr.seen
     finished = threading.Event()
     debug = os.environ.get("BENCH_PRODUCER_DEBUG")  # e.g. "eos": librdkafka's transaction log, to stderr
-    app = App(cfg["group"], bootstrap_servers=cfg["bootstrap"], instance_id="bench",
-              consumer_config={**cfg["client_config"], **EXTRA_CONSUMER_CONFIG}, producer_config={"debug": debug} if debug else None)  # fmt: skip
+    app = App(
+        cfg["group"],
+        bootstrap_servers=cfg["bootstrap"],
+        instance_id="bench",
+        consumer_config={**cfg["client_config"], **EXTRA_CONSUMER_CONFIG},
+        producer_config={"debug": debug} if debug else None,
+    )
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))
     calls = bytearray(n) if poison else None
@@ -485,16 +490,18 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
         res["max_calls_per_good_record"] = max(nonpoison) if nonpoison else 0
         res["good_records_reprocessed"] = sum(1 for c in nonpoison if c > 1)
         res["extra_good_calls"] = sum(nonpoison) - len(nonpoison)
-        res["calls_per_poison_record"] = (
-            sum(calls[i] for i in poison_idx) / len(poison_idx) if poison_idx else 0
-        )
+        res["calls_per_poison_record"] = sum(calls[i] for i in poison_idx) / len(poison_idx) if poison_idx else 0
     return res
 
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     level = os.environ.get("BENCH_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(level=level, format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     kind = cfg["kind"]
     if kind == "raw":
         res = run_raw(cfg)

@@ -53,4 +53,3 @@ def enrich(record: Record) -> dict[str, object]:
     if total >= 1000:
         send("orders-audit", json.dumps({"id": order["id"], "total": total}), key=str(order["id"]))
     return {**order, "total": total}
-

@@ -24,10 +24,16 @@ def make_entry(raw: bytes | None) -> bytes:
     return json.dumps({"id": payment["id"], "debit": payment["amount"]}).encode()
 
 
-@app.listener("payments", output="ledger", sends_to=("audit",), max_attempts=3,
-              backoff=tenacity.wait_exponential(multiplier=0.1, max=5),
-              dlq=True, not_retryable=(ValueError,))
+@app.listener(
+    "payments",
+    output="ledger",
+    sends_to=("audit",),
+    max_attempts=3,
+    backoff=tenacity.wait_exponential(multiplier=0.1, max=5),
+    dlq=True,
+    not_retryable=(ValueError,),
+)
 def book(record: Record) -> bytes:
-    entry = make_entry(record.value)        # raise to roll back
-    send("audit", entry, key=record.key)    # joins the same transaction
-    return entry                            # goes to "ledger" (without a key: see "Keys")
+    entry = make_entry(record.value)  # raise to roll back
+    send("audit", entry, key=record.key)  # joins the same transaction
+    return entry  # goes to "ledger" (without a key: see "Keys")

@@ -45,7 +45,9 @@ def orders() -> list[tuple[bytes, bytes]]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.DEBUG if "-v" in sys.argv else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if "-v" in sys.argv else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     tx: Counter[str] = Counter()
     app.on(TransactionCommitted)(lambda e: tx.update([f"committed ({e.kind})"]))
     app.on(TransactionAborted)(lambda e: tx.update(["aborted"]))
@@ -64,8 +66,11 @@ def main() -> None:
         started = time.monotonic()
         app.start()
         try:
-            wait_for(lambda: committed_offsets(bs, "orders", "orders") == end_offsets(bs, "orders"), 60,
-                     message="all orders committed")  # fmt: skip
+            wait_for(
+                lambda: committed_offsets(bs, "orders", "orders") == end_offsets(bs, "orders"),
+                60,
+                message="all orders committed",
+            )
         finally:
             app.stop()
         elapsed = time.monotonic() - started
@@ -76,15 +81,19 @@ def main() -> None:
         audit = read_topic(bs, "orders-audit")
         ids = Counter(json.loads(r.value or b"{}")["id"] for r in enriched)
         print(f"\nprocessed in {elapsed:.2f}s:")
-        print(f"  orders-enriched: {len(enriched)} records (read_committed), {len(ids)} distinct order ids, "
-              f"duplicates: {sum(c - 1 for c in ids.values())}")  # fmt: skip
+        print(
+            f"  orders-enriched: {len(enriched)} records (read_committed), {len(ids)} distinct order ids, "
+            f"duplicates: {sum(c - 1 for c in ids.values())}"
+        )
         print(f"  orders-enriched seen by read_uncommitted: {len(aborted_view)} (includes aborted attempts)")
         print(f"  orders-audit (send() inside the handler, same transaction): {len(audit)} large orders")
         print(f"  orders-dlt: {len(dead)} dead-lettered records")
         for r in dead:
             info = parse_dead_letter_headers(r.headers)
-            print(f"    - {info.original_topic}[{info.original_partition}]@{info.original_offset} "
-                  f"{info.exception_fqcn}: {info.exception_message} (attempts={info.attempts})")  # fmt: skip
+            print(
+                f"    - {info.original_topic}[{info.original_partition}]@{info.original_offset} "
+                f"{info.exception_fqcn}: {info.exception_message} (attempts={info.attempts})"
+            )
         print(f"  committed offsets of group 'orders': {committed_offsets(bs, 'orders', 'orders')}")
         print(f"  transactions: {dict(sorted(tx.items()))}")
         ok = len(enriched) == N - 3 and len(ids) == N - 3 and len(dead) == 3

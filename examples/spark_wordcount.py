@@ -35,7 +35,9 @@ app = App("spark-wordcount", create_topics=True, topic_partitions=3)
 kafkatx.spark.configure(app, master="local[2]")
 
 
-@app.spark_listener("lines", output="word-counts", dlq=True, max_attempts=3, max_batch_records=50_000, max_batch_ms=2_000)
+@app.spark_listener(
+    "lines", output="word-counts", dlq=True, max_attempts=3, max_batch_records=50_000, max_batch_ms=2_000
+)
 def count_words(df: DataFrame) -> DataFrame:
     """One output record per word of the batch: key = the word, value = its count in the batch."""
     words = df.select(F.explode(F.split(F.lower(F.col("value").cast("string")), WORD_SEPARATORS)).alias("word"))

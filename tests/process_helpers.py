@@ -7,8 +7,9 @@ import subprocess
 import time
 
 
-def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60,
-               seen: list[str] | None = None) -> re.Match[str]:  # fmt: skip
+def read_until(
+    proc: subprocess.Popen[str], pattern: str, timeout: float = 60, seen: list[str] | None = None
+) -> re.Match[str]:
     """Read ``proc``'s lines until one matches ``pattern`` (appending each to ``seen``, for later checks).
 
     Fails with the last lines read when the pattern does not come within ``timeout`` or the process ends.

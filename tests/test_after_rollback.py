@@ -260,7 +260,9 @@ def test_recoverer_failure_loses_nothing_and_recovers_once_the_dlt_is_back(kafka
     with running(app):  # the DLT is created at startup...
         delete_topics(kafka.bootstrap_servers, [dlt])  # ...and then goes away
         wait_for(lambda: len(failures) >= 2, 30, message="recovery failing while the DLT is missing")
-        assert kafka.committed(app.group_id, src).get(0, 0) <= 1, "the poison record is never committed without its DLT copy"
+        assert kafka.committed(app.group_id, src).get(0, 0) <= 1, (
+            "the poison record is never committed without its DLT copy"
+        )
         kafka.topic(name=dlt)
         wait_for(lambda: all_committed(kafka, app, src), 30)
     assert [r.value for r in kafka.read(dlt)] == [b"poison"]
@@ -324,8 +326,13 @@ def test_custom_after_rollback_processor_is_used(kafka: KafkaTestKit) -> None:
         """Skips the failed record on its first failure, committing its offset."""
 
         def process(self, context: RollbackContext) -> None:
-            seen.append((context.failed.value or b"", [r.value or b"" for r in context.processed],
-                         [r.value or b"" for r in context.records]))  # fmt: skip
+            seen.append(
+                (
+                    context.failed.value or b"",
+                    [r.value or b"" for r in context.processed],
+                    [r.value or b"" for r in context.records],
+                )
+            )
             context.replay_processed()
             context.commit_offset(context.failed)
 

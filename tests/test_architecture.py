@@ -28,7 +28,10 @@ def _runtime_imports(path: Path) -> list[str]:
     return [
         node.module
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kafkatx.") and id(node) not in type_only
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.startswith("kafkatx.")
+        and id(node) not in type_only
     ]
 
 
@@ -65,7 +68,11 @@ def test_spark_uses_nothing_private_of_listener() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kafkatx.listener"):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private and "._" not in node.module, f"{path.name} imports {node.module}: {private}"
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("c", "container", "_c"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("c", "container", "_c")
+            ):
                 assert not node.attr.startswith("_"), f"{path.name} reaches into the container: .{node.attr}"
 
 

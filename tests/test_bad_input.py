@@ -65,7 +65,9 @@ def test_creating_a_topic_waits_until_it_is_listed_and_a_racing_creator_is_no_er
         ("unencodable", "kafkatx.errors.OutputError", "cannot encode the value of type set"),
     ],
 )
-def test_bad_outputs_abort_the_record_and_dead_letter_it(kafka: KafkaTestKit, bad: str, fqcn: str, message: str) -> None:
+def test_bad_outputs_abort_the_record_and_dead_letter_it(
+    kafka: KafkaTestKit, bad: str, fqcn: str, message: str
+) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"good-1", bad.encode(), b"good-2"])
     app = make_app(kafka)

@@ -65,7 +65,9 @@ def test_a_partition_revoked_and_reassigned_while_filling_a_batch_is_not_held_tw
     def runner(container: ListenerContainer) -> Any:
         return lambda unit: handled.extend((m.partition(), m.offset()) for m in unit.messages)
 
-    spec = build_spec(lambda df: None, ["in"], {"max_batch_ms": 1000, "max_batch_records": 100}, kind="batch", runner=runner)
+    spec = build_spec(
+        lambda df: None, ["in"], {"max_batch_ms": 1000, "max_batch_records": 100}, kind="batch", runner=runner
+    )
     container = ListenerContainer(spec, app, 0, 0)
     consumer = RebalancingConsumer(container)
     container.consumer = consumer  # type: ignore[assignment]

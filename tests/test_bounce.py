@@ -149,10 +149,23 @@ class Copier:
         self.path = workdir / f"{instance}-{time.monotonic_ns()}.log"
         self.log = open(self.path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kafkatx", "run", "bounce_app:app", "--instance-id", instance, "--no-status",
-             "--bootstrap-servers", env["BOOTSTRAP"]],
-            cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kafkatx",
+                "run",
+                "bounce_app:app",
+                "--instance-id",
+                instance,
+                "--no-status",
+                "--bootstrap-servers",
+                env["BOOTSTRAP"],
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def owned(self) -> set[int]:
         """The input partitions it owns, from its log."""
@@ -177,8 +190,9 @@ class Copier:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"copier {self.instance} did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM\n"
-                                 f"{self.tail()}") from None  # fmt: skip
+            raise AssertionError(
+                f"copier {self.instance} did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM\n{self.tail()}"
+            ) from None
         finally:
             self.log.close()
         expected = -signal.SIGKILL if sig == signal.SIGKILL else 0
@@ -197,8 +211,9 @@ class Progress:
     def __init__(self, bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:
         self.ends = ends
         self.tps = [TopicPartition(topic, p) for p in sorted(ends)]
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                                   "log_level": 0})  # fmt: skip
+        self._consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+        )
         self.history: list[tuple[float, dict[int, int]]] = []
         self.latest: dict[int, int] = {p: 0 for p in ends}
         self._stop = threading.Event()
@@ -249,9 +264,16 @@ class LiveReader:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         self.seen: dict[int, list[tuple[int, bytes]]] = defaultdict(list)  # partition -> (offset, value)
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("live"),
-                                   "isolation.level": "read_committed", "enable.auto.commit": False,
-                                   "log_level": 0, **LocalBroker.client_config})  # fmt: skip
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": unique_name("live"),
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "log_level": 0,
+                **LocalBroker.client_config,
+            }
+        )
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self._topic = topic
         self._until: dict[int, int] | None = None
@@ -301,12 +323,26 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         (tmp_path / "bounce_app.py").write_text(APP)
         # Copiers that come back under new ids use dynamic membership: a static member that never returns keeps
         # its partitions until its session expires (never, on the embedded broker: docs/BROKERS.md).
-        env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "FENCING": s.fencing,
-               "BOOTSTRAP": broker.bootstrap_servers, "PYTHONUNBUFFERED": "1", "STATIC": "0" if s.new_ids else "1",
-               "SLEEP_S": str(s.sleep_s), "ABORT_EVERY": str(s.abort_every)}  # fmt: skip
+        env = {
+            **os.environ,
+            "APP_NAME": name,
+            "SRC": src,
+            "OUT": out,
+            "FENCING": s.fencing,
+            "BOOTSTRAP": broker.bootstrap_servers,
+            "PYTHONUNBUFFERED": "1",
+            "STATIC": "0" if s.new_ids else "1",
+            "SLEEP_S": str(s.sleep_s),
+            "ABORT_EVERY": str(s.abort_every),
+        }
         p_of = [i % s.partitions for i in range(s.records)]
-        kafka.produce(src, [{"key": b"%d" % p, "value": b"%d:%08d" % (p, i // s.partitions), "partition": p}
-                            for i, p in enumerate(p_of)])  # fmt: skip
+        kafka.produce(
+            src,
+            [
+                {"key": b"%d" % p, "value": b"%d:%08d" % (p, i // s.partitions), "partition": p}
+                for i, p in enumerate(p_of)
+            ],
+        )
         ends = kafka.end_offsets(src)
         progress = Progress(broker.bootstrap_servers, name, src, ends)
         live = LiveReader(broker.bootstrap_servers, out, s.partitions)
@@ -314,8 +350,10 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         copiers = [Copier(tmp_path, env, i, progress.latest) for i in ids]
 
         def fail(kind: type[AssertionError], message: str) -> None:
-            raise kind(f"{message}\ncommitted {progress.latest if progress else None} of {ends}\n"
-                       + "\n".join(c.tail() for c in copiers))  # fmt: skip
+            raise kind(
+                f"{message}\ncommitted {progress.latest if progress else None} of {ends}\n"
+                + "\n".join(c.tail() for c in copiers)
+            )
 
         def check_alive() -> None:
             for c in copiers:
@@ -338,8 +376,11 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                     if done >= 0.2 * left:
                         return True
                 if time.monotonic() > deadline:
-                    fail(Stalled, f"copier {c.instance} (owning {sorted(owned)}) copied less than a fifth of what "
-                                  f"it had left ({c.base}) within {PROGRESS_TIMEOUT_S:.0f}s")  # fmt: skip
+                    fail(
+                        Stalled,
+                        f"copier {c.instance} (owning {sorted(owned)}) copied less than a fifth of what "
+                        f"it had left ({c.base}) within {PROGRESS_TIMEOUT_S:.0f}s",
+                    )
                 time.sleep(0.1)
 
         def wait_all_progress(since: dict[int, int]) -> None:
@@ -358,8 +399,9 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         def bounce_broker(hard: bool) -> None:
             assert progress is not None
             committed = progress.fresh()
-            bounces.append(Bounce("broker", hard, time.monotonic(), sorted(p for p in ends if committed[p] < ends[p]),
-                                  committed))  # fmt: skip
+            bounces.append(
+                Bounce("broker", hard, time.monotonic(), sorted(p for p in ends if committed[p] < ends[p]), committed)
+            )
             if hard:
                 broker.kill()
                 time.sleep(5)  # Kafka waits for the dead broker's session to expire; here the outage is shorter
@@ -381,8 +423,15 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 victim.stop(signal.SIGKILL if hard else signal.SIGTERM)
                 # Measured from the stop (a graceful one commits its last batch first) to the successor's commits.
                 committed = progress.fresh()
-                bounces.append(Bounce(victim.instance, hard, time.monotonic(),
-                                      sorted(p for p in owned if committed[p] < ends[p]), committed))  # fmt: skip
+                bounces.append(
+                    Bounce(
+                        victim.instance,
+                        hard,
+                        time.monotonic(),
+                        sorted(p for p in owned if committed[p] < ends[p]),
+                        committed,
+                    )
+                )
                 if s.new_ids:
                     ids[i] = f"c{i}-g{n}"
                 copiers[i] = Copier(tmp_path, env, ids[i], progress.latest)
@@ -413,12 +462,18 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         stats["bounces"] = [asdict(b) | {"committed": None} for b in bounces]
         check_copy(kafka, src, out, s.partitions)
         live.finish(kafka.end_offsets(out))
-        stats["live"] = check_live_view(kafka, src, out, live.seen, complete=s.live_view_complete,
-                                        caught_up=live.caught_up.is_set())  # fmt: skip
+        stats["live"] = check_live_view(
+            kafka, src, out, live.seen, complete=s.live_view_complete, caught_up=live.caught_up.is_set()
+        )
         if s.copier_failure is not None and s.broker is None and not s.new_ids:
-            slow = [(b.what, b.hard, b.recovered_s) for b in bounces if b.what != "broker" and b.partitions
-                    and (b.recovered_s is None or b.recovered_s > RECOVERY_BOUND_S)]  # fmt: skip
-            assert not slow, f"copiers restarted under their ids took longer than {RECOVERY_BOUND_S:.0f}s to commit again: {slow}"
+            slow = [
+                (b.what, b.hard, b.recovered_s)
+                for b in bounces
+                if b.what != "broker" and b.partitions and (b.recovered_s is None or b.recovered_s > RECOVERY_BOUND_S)
+            ]
+            assert not slow, (
+                f"copiers restarted under their ids took longer than {RECOVERY_BOUND_S:.0f}s to commit again: {slow}"
+            )
         return stats
     except BaseException as exc:
         stats["failure"] = f"{type(exc).__name__}: {exc}"[:5000]
@@ -465,8 +520,15 @@ def check_copy(kafka: KafkaTestKit, src: str, out: str, partitions: int) -> None
     assert not dead, f"{len(dead)} records were dead-lettered, e.g. {[d.value for d in dead[:5]]}"
 
 
-def check_live_view(kafka: KafkaTestKit, src: str, out: str, seen: dict[int, list[tuple[int, bytes]]], *,
-                    complete: bool, caught_up: bool) -> dict[str, Any]:  # fmt: skip
+def check_live_view(
+    kafka: KafkaTestKit,
+    src: str,
+    out: str,
+    seen: dict[int, list[tuple[int, bytes]]],
+    *,
+    complete: bool,
+    caught_up: bool,
+) -> dict[str, Any]:
     """What the consumer that read the output during the copy saw: never a record twice, never out of order,
     never a record that is not input. It must also have seen everything (Kafka's check) when ``complete``:
     the embedded broker makes a live read_committed consumer skip records after aborts (docs/BROKERS.md)."""
@@ -480,7 +542,9 @@ def check_live_view(kafka: KafkaTestKit, src: str, out: str, seen: dict[int, lis
             counts = Counter(values)
             twice = sorted(v for v, c in counts.items() if c > 1)
             at = {v: [o for o, w in pairs if w == v] for v in twice[:3]}
-            final = {r.value: (r.offset, r.partition) for r in kafka.read(out, isolation="read_uncommitted") if r.value in at}
+            final = {
+                r.value: (r.offset, r.partition) for r in kafka.read(out, isolation="read_uncommitted") if r.value in at
+            }
             committed = {r.value: r.offset for r in kafka.read(out) if r.value in at}
             raise LiveViewDuplicates(
                 f"the live consumer saw {len(twice)} records twice in partition {partition}, e.g. at offsets {at}; "
@@ -503,8 +567,10 @@ def check_live_view(kafka: KafkaTestKit, src: str, out: str, seen: dict[int, lis
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bounced_copiers_copy_exactly_once_small(tmp_path: Path) -> None:
-    run_bounce_test(tmp_path, Scenario(records=12_000, partitions=3, rounds=2, copier_failure="mixed",
-                                       sleep_s=0.001, abort_every=300))  # fmt: skip
+    run_bounce_test(
+        tmp_path,
+        Scenario(records=12_000, partitions=3, rounds=2, copier_failure="mixed", sleep_s=0.001, abort_every=300),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -512,68 +578,100 @@ def test_bounced_copiers_copy_exactly_once_small(tmp_path: Path) -> None:
 
 _CANARY = "test_broker_conformance::"
 _BROKER_LOSES_OPEN_TRANSACTIONS = pytest.mark.xfail(
-    raises=(MissingRecords, LiveViewDuplicates), strict=False,
+    raises=(MissingRecords, LiveViewDuplicates),
+    strict=False,
     reason="noida-db 0.2.3 loses a transaction open across its restart yet reports the commit as successful "
     f"(canary: {_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails): a batch goes "
     "missing when a broker bounce lands inside a transaction, and the live read_committed consumer can be handed "
     "records of such a transaction that a later read_committed read no longer returns (measured: read at offset "
     "7499, committed later at 7670 by kafkatx's redo), which it reports as duplicates",
-)  # fmt: skip
+)
 _BROKER_LOSES_RECENT_COMMITS = pytest.mark.xfail(
-    raises=(MissingRecords, DuplicateRecords, LiveViewDuplicates), strict=False,
+    raises=(MissingRecords, DuplicateRecords, LiveViewDuplicates),
+    strict=False,
     reason="noida-db 0.2.3 loses the commits of its last 1-2 s when it is killed (canary: "
     f"{_CANARY}test_a_committed_transaction_survives_a_broker_kill): the live consumer reads the cut-back "
     "offsets again once they are rewritten, and records and offsets lost apart would go missing or twice; it "
     "also loses a transaction open across its restart while reporting the commit as successful (canary: "
     f"{_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails)",
-)  # fmt: skip
+)
 _BROKER_STALLS_AFTER_A_KILLED_MEMBER = pytest.mark.xfail(
-    raises=Stalled, strict=False,
+    raises=Stalled,
+    strict=False,
     reason="noida-db 0.2.3 leaves a group whose dynamic member was killed without partitions for minutes "
     f"(canary: {_CANARY}test_a_killed_members_partitions_go_to_the_live_members); copiers back under new ids "
     "are dynamic members",
-)  # fmt: skip
+)
 _BROKER_OVERLAPS_OWNERS = pytest.mark.xfail(
-    raises=(DuplicateRecords, Stalled), strict=False,
+    raises=(DuplicateRecords, Stalled),
+    strict=False,
     reason="group fencing with copiers back under new ids rests on KIP-447, which noida-db 0.2.3 lacks: its "
     "coordinator, rejoining dynamic members, hands partitions to two members at once for a moment (measured: one "
     "member assigned all 9 partitions while the two others held them too), and it accepts the stale owner's "
     f"offsets (canary: {_CANARY}test_kip447_offsets_with_a_stale_generation_are_rejected), so both owners "
     "commit the same batches; fencing='auto' picks 'partition' there, which passes",
-)  # fmt: skip
+)
 _BROKER_LACKS_KIP447 = pytest.mark.xfail(
-    raises=(Stalled, DuplicateRecords), strict=False,
+    raises=(Stalled, DuplicateRecords),
+    strict=False,
     reason="group fencing with new ids after SIGKILL needs what noida-db 0.2.3 lacks: KIP-447 (canaries: "
     f"{_CANARY}test_kip447_offsets_with_a_stale_generation_are_rejected, "
     f"{_CANARY}test_kip447_offset_fetch_waits_for_pending_transactional_offsets), the expiry of a dead producer's "
     f"transaction (canary: {_CANARY}test_a_dead_producers_open_transaction_is_aborted_after_its_timeout: "
     "nobody comes back with its transactional.id) and a group that survives a killed member "
     f"({_CANARY}test_a_killed_members_partitions_go_to_the_live_members)",
-)  # fmt: skip
+)
 _BROKER_SKIPS_AFTER_ABORTS = pytest.mark.xfail(
-    raises=LiveViewIncomplete, strict=True,
+    raises=LiveViewIncomplete,
+    strict=True,
     reason="noida-db 0.2.3: a live read_committed consumer skips a producer's committed records after one of its "
     f"aborts (canary: {_CANARY}test_live_read_committed_consumer_sees_commits_after_an_abort)",
-)  # fmt: skip
+)
 
 
 def _matrix() -> list[Any]:
     params = []
     for fencing in ("group", "partition"):
         for failure in ("clean", "hard"):
-            params.append(pytest.param(Scenario(copier_failure=failure, fencing=fencing), id=f"copiers-{failure}-{fencing}"))
-        params.append(pytest.param(Scenario(copier_failure="clean", new_ids=True, fencing=fencing),
-                                   id=f"copiers-clean-new-ids-{fencing}",
-                                   marks=[_BROKER_OVERLAPS_OWNERS] if fencing == "group" else []))  # fmt: skip
-        params.append(pytest.param(Scenario(copier_failure="hard", new_ids=True, fencing=fencing), id=f"copiers-hard-new-ids-{fencing}",
-                                   marks=_BROKER_LACKS_KIP447 if fencing == "group" else _BROKER_STALLS_AFTER_A_KILLED_MEMBER))  # fmt: skip
+            params.append(
+                pytest.param(Scenario(copier_failure=failure, fencing=fencing), id=f"copiers-{failure}-{fencing}")
+            )
+        params.append(
+            pytest.param(
+                Scenario(copier_failure="clean", new_ids=True, fencing=fencing),
+                id=f"copiers-clean-new-ids-{fencing}",
+                marks=[_BROKER_OVERLAPS_OWNERS] if fencing == "group" else [],
+            )
+        )
+        params.append(
+            pytest.param(
+                Scenario(copier_failure="hard", new_ids=True, fencing=fencing),
+                id=f"copiers-hard-new-ids-{fencing}",
+                marks=_BROKER_LACKS_KIP447 if fencing == "group" else _BROKER_STALLS_AFTER_A_KILLED_MEMBER,
+            )
+        )
         for failure, gap in (("clean", _BROKER_LOSES_OPEN_TRANSACTIONS), ("hard", _BROKER_LOSES_RECENT_COMMITS)):
-            params.append(pytest.param(Scenario(broker=failure, fencing=fencing), id=f"broker-{failure}-{fencing}",  # type: ignore[arg-type]
-                                       marks=gap))  # fmt: skip
-            params.append(pytest.param(Scenario(copier_failure="mixed", broker=failure, fencing=fencing),  # type: ignore[arg-type]
-                                       id=f"copiers-and-broker-{failure}-{fencing}", marks=gap))  # fmt: skip
-    params.append(pytest.param(Scenario(copier_failure="hard", fencing="partition", live_view_complete=True),
-                               id="live-view-complete-partition", marks=_BROKER_SKIPS_AFTER_ABORTS))  # fmt: skip
+            params.append(
+                pytest.param(
+                    Scenario(broker=failure, fencing=fencing),
+                    id=f"broker-{failure}-{fencing}",  # type: ignore[arg-type]
+                    marks=gap,
+                )
+            )
+            params.append(
+                pytest.param(
+                    Scenario(copier_failure="mixed", broker=failure, fencing=fencing),  # type: ignore[arg-type]
+                    id=f"copiers-and-broker-{failure}-{fencing}",
+                    marks=gap,
+                )
+            )
+    params.append(
+        pytest.param(
+            Scenario(copier_failure="hard", fencing="partition", live_view_complete=True),
+            id="live-view-complete-partition",
+            marks=_BROKER_SKIPS_AFTER_ABORTS,
+        )
+    )
     return params
 
 

@@ -85,7 +85,9 @@ def test_same_transactional_id_fences_the_first_producer(kafka: KafkaTestKit) ->
     assert kafka.values(topic) == [b"successor"]
 
 
-def test_live_read_committed_consumer_sees_commits_after_an_abort(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_live_read_committed_consumer_sees_commits_after_an_abort(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     """A consumer that is caught up while a producer aborts must still get the later commits.
 
     noida-db 0.2.3 fails this: every read_committed FetchResponse lists all
@@ -101,10 +103,19 @@ def test_live_read_committed_consumer_sees_commits_after_an_abort(request: pytes
     import time
 
     if not request.config.getoption("--kafka-bootstrap"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="noida-db 0.2.3: live read_committed skips after aborts"))
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="noida-db 0.2.3: live read_committed skips after aborts")
+        )
     topic = kafka.topic()
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique_name("live"), "log_level": 3,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": unique_name("live"),
+            "log_level": 3,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([topic])
     got: list[bytes] = []
     stop = threading.Event()
@@ -138,7 +149,9 @@ def _noida_gap(request: pytest.FixtureRequest, reason: str) -> None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"noida-db 0.2.3: {reason}"))
 
 
-def test_a_dead_producers_open_transaction_is_aborted_after_its_timeout(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_a_dead_producers_open_transaction_is_aborted_after_its_timeout(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     """A producer that opens a transaction and is never heard of again: the coordinator aborts the transaction
     once transaction.timeout.ms has passed (Kafka checks every 10 s), so read_committed readers get past it.
 
@@ -150,8 +163,14 @@ def test_a_dead_producers_open_transaction_is_aborted_after_its_timeout(request:
 
     _noida_gap(request, "a dead producer's open transaction never times out")
     topic = kafka.topic()
-    dead = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("dead"),
-                     "transaction.timeout.ms": 2000, "log_level": 0})  # fmt: skip
+    dead = Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "transactional.id": unique_name("dead"),
+            "transaction.timeout.ms": 2000,
+            "log_level": 0,
+        }
+    )
     dead.init_transactions(10)
     dead.begin_transaction()
     dead.produce(topic, b"never committed")
@@ -170,14 +189,25 @@ def test_a_dead_producers_open_transaction_is_aborted_after_its_timeout(request:
 
 
 def _member(bootstrap: str, group: str, topic: str) -> Consumer:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
-                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 3,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+        }
+    )
     c.subscribe([topic])
     return c
 
 
-def test_kip447_offsets_with_a_stale_generation_are_rejected(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_kip447_offsets_with_a_stale_generation_are_rejected(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     """KIP-447: a zombie that lost its partitions in a rebalance cannot commit offsets.
 
     This is what makes group-metadata fencing (kafkatx's default) safe. noida-db
@@ -212,7 +242,9 @@ def test_kip447_offsets_with_a_stale_generation_are_rejected(request: pytest.Fix
             c2.close()
 
 
-def test_kip447_offset_fetch_waits_for_pending_transactional_offsets(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_kip447_offset_fetch_waits_for_pending_transactional_offsets(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     """KIP-447: a new owner does not read a committed offset while a transaction's offsets are pending."""
     import time
 
@@ -222,8 +254,14 @@ def test_kip447_offset_fetch_waits_for_pending_transactional_offsets(request: py
     p = _txn_producer(kafka.bootstrap_servers, unique_name("txn"))
     p.begin_transaction()
     p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], owner.consumer_group_metadata(), 10)
-    reader = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "log_level": 3,
-                       "isolation.level": "read_committed"})  # fmt: skip
+    reader = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": group,
+            "log_level": 3,
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         started = time.monotonic()
         try:
@@ -248,13 +286,22 @@ def test_a_closed_static_members_partitions_move_after_the_session_timeout(
 
     _noida_gap(request, "never evicts a static member that closed")
     topic, group = kafka.topic(partitions=2), unique_name("g")
-    conf = {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 500, "enable.auto.commit": False, "log_level": 3}  # fmt: skip
+    conf = {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "group.id": group,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "enable.auto.commit": False,
+        "log_level": 3,
+    }
     leaver = Consumer({**conf, "group.instance.id": "leaver"})
     stayer = Consumer({**conf, "group.instance.id": "stayer"})
     owned: dict[str, set[int]] = {"stayer": set()}
-    stayer.subscribe([topic], on_assign=lambda c, ps: owned["stayer"].update(p.partition for p in ps),
-                     on_revoke=lambda c, ps: owned["stayer"].difference_update(p.partition for p in ps))  # fmt: skip
+    stayer.subscribe(
+        [topic],
+        on_assign=lambda c, ps: owned["stayer"].update(p.partition for p in ps),
+        on_revoke=lambda c, ps: owned["stayer"].difference_update(p.partition for p in ps),
+    )
     leaver.subscribe([topic])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(owned["stayer"]) != 1:
@@ -281,7 +328,9 @@ while True:
 """
 
 
-def test_a_killed_members_partitions_go_to_the_live_members(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_a_killed_members_partitions_go_to_the_live_members(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     """A dynamic member killed with SIGKILL (no LeaveGroup) while another joins: once its session expires,
     the live members share every partition. noida-db leaves the whole group without partitions for minutes,
     which is why the bounce test's 'new ids' variants cannot pass on it (kafkatx restarts workers under
@@ -293,10 +342,17 @@ def test_a_killed_members_partitions_go_to_the_live_members(request: pytest.Fixt
 
     _noida_gap(request, "a group with a killed member stays without assignment for minutes")
     topic, group = kafka.topic(partitions=3), unique_name("g")
-    conf = {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 500, "enable.auto.commit": False, "log_level": 3}  # fmt: skip
-    victim = subprocess.Popen([sys.executable, "-c", _MEMBER, kafka.bootstrap_servers, group, topic],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    conf = {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "group.id": group,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "enable.auto.commit": False,
+        "log_level": 3,
+    }
+    victim = subprocess.Popen(
+        [sys.executable, "-c", _MEMBER, kafka.bootstrap_servers, group, topic], stdout=subprocess.PIPE, text=True
+    )
     owned: dict[str, set[int]] = {}
     stop = threading.Event()
 
@@ -342,9 +398,16 @@ def test_a_cooperative_join_settles_within_seconds(request: pytest.FixtureReques
     topic = kafka.topic(partitions=4)
     for _ in range(4):
         group = unique_name("g")
-        conf = {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000, "enable.auto.commit": False,
-                "partition.assignment.strategy": "cooperative-sticky", "log_level": 3}  # fmt: skip
+        conf = {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": group,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "max.poll.interval.ms": 30000,
+            "enable.auto.commit": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "log_level": 3,
+        }
         owned: dict[str, set[int]] = {"a": set(), "b": set()}
         revoked_a: set[int] = set()
 
@@ -367,8 +430,9 @@ def test_a_cooperative_join_settles_within_seconds(request: pytest.FixtureReques
                 a.poll(0.1)
             b.subscribe([topic], **callbacks("b"))  # type: ignore[arg-type]
             deadline = time.monotonic() + 12
-            while time.monotonic() < deadline and not (owned["b"] and owned["a"] | owned["b"] == {0, 1, 2, 3}
-                                                       and not owned["a"] & owned["b"]):  # fmt: skip
+            while time.monotonic() < deadline and not (
+                owned["b"] and owned["a"] | owned["b"] == {0, 1, 2, 3} and not owned["a"] & owned["b"]
+            ):
                 a.poll(0.1)
                 b.poll(0.1)
             assert owned["b"] and owned["a"] | owned["b"] == {0, 1, 2, 3} and not owned["a"] & owned["b"], owned
@@ -400,8 +464,14 @@ def test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails(tmp_p
         src, out = kafka.topic(), kafka.topic()
         kafka.produce(src, [b"x"] * 5)
         p = _txn_producer(broker.bootstrap_servers, unique_name("txn"))
-        c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g", "enable.auto.commit": False,
-                      "log_level": 3})  # fmt: skip
+        c = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap_servers,
+                "group.id": "g",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
         c.subscribe([src])
         for _ in range(100):
             c.poll(0.1)
@@ -464,8 +534,9 @@ def test_a_committed_transaction_survives_a_broker_kill(tmp_path: object) -> Non
         c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g", "log_level": 0})
         lost = []
         for i in range(3):
-            p = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": unique_name("txn"),
-                          "log_level": 0})  # fmt: skip
+            p = Producer(
+                {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": unique_name("txn"), "log_level": 0}
+            )
             p.init_transactions(10)
             p.begin_transaction()
             p.produce(out, b"o%d" % i)

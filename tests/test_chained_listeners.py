@@ -16,7 +16,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-
 from confluent_kafka import Consumer, TopicPartition
 
 from kafkatx import App, Record
@@ -26,19 +25,31 @@ from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 def _log_end(bootstrap_servers: str, topic: str) -> int:
     """The end of partition 0's log, open transactions included (the high watermark)."""
-    c = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": unique_name("hw"), "isolation.level": "read_uncommitted", "log_level": 3})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": unique_name("hw"),
+            "isolation.level": "read_uncommitted",
+            "log_level": 3,
+        }
+    )
     try:
         return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
     finally:
         c.close()
 
 
-def test_chained_listeners_deliver_every_record_after_an_abort(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+def test_chained_listeners_deliver_every_record_after_an_abort(
+    request: pytest.FixtureRequest, kafka: KafkaTestKit
+) -> None:
     if not request.config.getoption("--kafka-bootstrap"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="noida-db 0.2.3: read_committed skips a producer's records after its abort"))
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True, reason="noida-db 0.2.3: read_committed skips a producer's records after its abort"
+            )
+        )
     src, mid, out = kafka.topic(), kafka.topic(), kafka.topic()
     app = App(unique_name("chain"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
-    group_b = unique_name("b")
     failed: set[bytes] = set()
     lock = threading.Lock()
 
@@ -51,7 +62,9 @@ def test_chained_listeners_deliver_every_record_after_an_abort(request: pytest.F
         if first_attempt:
             # Abort only once the batch's earlier outputs are in mid's log (not yet committed),
             # so the aborted transaction really left records behind, as it does under load.
-            wait_for(lambda: _log_end(kafka.bootstrap_servers, mid) > before[0], 10, message="earlier outputs in mid's log")
+            wait_for(
+                lambda: _log_end(kafka.bootstrap_servers, mid) > before[0], 10, message="earlier outputs in mid's log"
+            )
             raise RuntimeError("transient")
         return b"A(" + record.value + b")"
 
@@ -78,8 +91,12 @@ def test_chained_listeners_deliver_every_record_after_an_abort(request: pytest.F
         wave(first, b"sentinel-1")  # A aborts once, then commits all four
         wave(second, b"sentinel-2")  # and again; B reads along all the time
     assert failed >= {b"fail-1", b"fail-2"}, "A's transactions did abort"
-    assert Counter(kafka.values(mid)) == Counter([b"A(" + v + b")" for v in first + second] + [b"sentinel-1", b"sentinel-2"])
-    expected = [b"BA(" + v + b")" for v in first] + [b"Bsentinel-1"] + [b"BA(" + v + b")" for v in second] + [b"Bsentinel-2"]
+    assert Counter(kafka.values(mid)) == Counter(
+        [b"A(" + v + b")" for v in first + second] + [b"sentinel-1", b"sentinel-2"]
+    )
+    expected = (
+        [b"BA(" + v + b")" for v in first] + [b"Bsentinel-1"] + [b"BA(" + v + b")" for v in second] + [b"Bsentinel-2"]
+    )
     assert kafka.values(out) == expected
 
 
@@ -103,7 +120,9 @@ def test_chained_listeners_are_found_through_outputs_and_dead_letter_topics() ->
 
 
 @pytest.mark.local_broker_only
-def test_chained_listeners_on_the_embedded_broker_log_a_warning(kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture) -> None:
+def test_chained_listeners_on_the_embedded_broker_log_a_warning(
+    kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture
+) -> None:
     src, mid, out = kafka.topic(), kafka.topic(), kafka.topic()
     app = App(unique_name("chain"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
     app.listener(src, output=mid, name="enrich")(lambda record: record.value)
@@ -116,7 +135,9 @@ def test_chained_listeners_on_the_embedded_broker_log_a_warning(kafka: KafkaTest
         pass
     warnings = [r.getMessage() for r in caplog.records if r.name == "kafkatx.local" and r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "'publish' reads" in warnings[0] and "listener 'enrich' writes" in warnings[0] and "lose records" in warnings[0]
+    assert (
+        "'publish' reads" in warnings[0] and "listener 'enrich' writes" in warnings[0] and "lose records" in warnings[0]
+    )
 
 
 def test_no_chain_warning_for_a_cluster_that_is_not_an_embedded_broker_of_this_process() -> None:

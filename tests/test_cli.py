@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_helpers import read_until
 
 from kafkatx.testing import produce, read_topic, wait_for
-
-from process_helpers import read_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,8 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
-    return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", *args, "--no-status"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", *args, "--no-status"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.local_broker_only
@@ -34,10 +39,19 @@ def test_run_local_processes_records_and_stops_gracefully_on_sigterm() -> None:
     try:
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
         read_until(proc, r"assigned orders\[")
-        produce(bootstrap, "orders", [(b"1", json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode()),
-                                      (b"2", json.dumps({"id": 2, "qty": 20, "price": 99.0}).encode())])  # fmt: skip
-        enriched = wait_for(lambda: len(read_topic(bootstrap, "orders-enriched")) == 2 and
-                            read_topic(bootstrap, "orders-enriched"), 30, message="the enriched orders")  # fmt: skip
+        produce(
+            bootstrap,
+            "orders",
+            [
+                (b"1", json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode()),
+                (b"2", json.dumps({"id": 2, "qty": 20, "price": 99.0}).encode()),
+            ],
+        )
+        enriched = wait_for(
+            lambda: len(read_topic(bootstrap, "orders-enriched")) == 2 and read_topic(bootstrap, "orders-enriched"),
+            30,
+            message="the enriched orders",
+        )
         assert sorted(json.loads(r.value or b"{}")["total"] for r in enriched) == [7.0, 1980.0]
         audit = read_topic(bootstrap, "orders-audit")
         assert [json.loads(r.value or b"{}")["id"] for r in audit] == [2], "the send() target exists under --local"
@@ -74,8 +88,13 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
 
 
 def test_bad_targets_exit_64_with_a_clear_message() -> None:
-    for target, message in [("nosuchmodule:app", "cannot import module"), ("examples.orders:nope", "no attribute"),
-                            ("examples.orders", "expected module:attribute"), ("json:dumps", "not a kafkatx.App"), ("json:JSONDecoder", "not a kafkatx.App")]:  # fmt: skip
+    for target, message in [
+        ("nosuchmodule:app", "cannot import module"),
+        ("examples.orders:nope", "no attribute"),
+        ("examples.orders", "expected module:attribute"),
+        ("json:dumps", "not a kafkatx.App"),
+        ("json:JSONDecoder", "not a kafkatx.App"),
+    ]:
         proc = start(target)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 64, out
@@ -91,7 +110,9 @@ def test_missing_bootstrap_exits_78() -> None:
     assert "App(" not in out, out
 
 
-def test_run_local_gives_the_app_the_embedded_broker_client_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_local_gives_the_app_the_embedded_broker_client_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`--local` starts noida-db, whose fetches can exceed librdkafka's default response limit:
     the App's clients must get LocalBroker.client_config, or a big backlog hangs the consumer."""
     from kafkatx import App
@@ -168,8 +189,11 @@ def test_the_readme_example_is_the_runnable_file_and_runs_under_local() -> None:
     try:
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
         read_until(proc, r"assigned payments\[")
-        produce(bootstrap, "payments", [(b"p1", b'{"id": 1, "amount": 25}'), (b"p2", b'{"id": 2, "amount": -5}'),
-                                        (b"p3", b"not json")])  # fmt: skip
+        produce(
+            bootstrap,
+            "payments",
+            [(b"p1", b'{"id": 1, "amount": 25}'), (b"p2", b'{"id": 2, "amount": -5}'), (b"p3", b"not json")],
+        )
         wait_for(lambda: len(read_topic(bootstrap, "payments-dlt")) == 2, 30, message="two dead letters")
         assert [json.loads(r.value or b"{}") for r in read_topic(bootstrap, "ledger")] == [{"id": 1, "debit": 25}]
         assert [(r.key, json.loads(r.value or b"{}")["id"]) for r in read_topic(bootstrap, "audit")] == [(b"p1", 1)]
@@ -184,25 +208,45 @@ def test_the_readme_example_is_the_runnable_file_and_runs_under_local() -> None:
 def test_topics_and_produce_put_records_into_a_topic(bootstrap_servers: str) -> None:
     topic = f"cli-{time.monotonic_ns()}"
     env = {**os.environ, "KAFKATX_BOOTSTRAP_SERVERS": bootstrap_servers}
-    created = subprocess.run([sys.executable, "-m", "kafkatx", "topics", "create", topic, "--partitions", "2"],
-                             env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    created = subprocess.run(
+        [sys.executable, "-m", "kafkatx", "topics", "create", topic, "--partitions", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert created.returncode == 0 and f"created {topic}" in created.stdout, created.stderr
-    listed = subprocess.run([sys.executable, "-m", "kafkatx", "topics", "list"], env=env, capture_output=True,
-                            text=True, timeout=60)  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "kafkatx", "topics", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert f"{topic}\t2" in listed.stdout
-    produced = subprocess.run([sys.executable, "-m", "kafkatx", "produce", topic, "--kv", "-H", "source=cli"],
-                              input="k1\tv1\nk2\tv2\n", env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    produced = subprocess.run(
+        [sys.executable, "-m", "kafkatx", "produce", topic, "--kv", "-H", "source=cli"],
+        input="k1\tv1\nk2\tv2\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert produced.returncode == 0 and "produced 2 record(s)" in produced.stderr, produced.stderr
     records = sorted(read_topic(bootstrap_servers, topic), key=lambda r: r.key or b"")
     assert [(r.key, r.value, r.header("source")) for r in records] == [(b"k1", b"v1", b"cli"), (b"k2", b"v2", b"cli")]
 
 
-def kafkatx(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60,
-            stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def kafkatx(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``kafkatx ARGS`` as a user types it, without $KAFKATX_BOOTSTRAP_SERVERS unless ``env`` sets it."""
     full = {k: v for k, v in os.environ.items() if k != "KAFKATX_BOOTSTRAP_SERVERS"}
-    return subprocess.run([sys.executable, "-m", "kafkatx", *args], cwd=cwd, env={**full, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout, input=stdin)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "kafkatx", *args],
+        cwd=cwd,
+        env={**full, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
 
 
 def test_version_and_help_are_plain_text() -> None:
@@ -249,8 +293,9 @@ def test_an_error_in_the_apps_own_code_keeps_its_traceback(tmp_path: Path) -> No
     assert result.returncode == 1 and "Traceback" in result.stderr and "buggy.py" in result.stderr, result.stderr
 
 
-def test_a_missing_dependency_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_missing_dependency_is_one_line_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from kafkatx import _cli_run
     from kafkatx.cli import main
 
@@ -314,7 +359,9 @@ def test_v_shows_kafkatx_debug_lines_and_vv_librdkafkas_too_before_or_after_the_
     from kafkatx.cli import main
 
     def levels() -> tuple[int, int]:
-        return logging.getLogger("kafkatx.container").getEffectiveLevel(), logging.getLogger("kafkatx.librdkafka").getEffectiveLevel()
+        return logging.getLogger("kafkatx.container").getEffectiveLevel(), logging.getLogger(
+            "kafkatx.librdkafka"
+        ).getEffectiveLevel()
 
     logging.getLogger("kafkatx").setLevel(logging.NOTSET)
     main(["topics", "create"])  # stops at once (no names to create), after configuring logging
@@ -325,9 +372,9 @@ def test_v_shows_kafkatx_debug_lines_and_vv_librdkafkas_too_before_or_after_the_
     assert levels() == (logging.DEBUG, logging.DEBUG)
 
 
-def test_topics_and_produce_with_the_broker_down_are_one_line_each(monkeypatch: pytest.MonkeyPatch,
-                                                                   capfd: pytest.CaptureFixture[str],
-                                                                   restore_logging: None) -> None:  # fmt: skip
+def test_topics_and_produce_with_the_broker_down_are_one_line_each(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
     from kafkatx import _cli_topics
     from kafkatx.cli import main
 
@@ -362,8 +409,9 @@ def test_topics_and_produce_refuse_what_would_surprise(bootstrap_servers: str) -
     assert again.returncode == 1 and "already exists (1 partition(s))" in again.stderr, again.stderr
 
 
-def test_the_tools_find_a_broker_on_the_default_port(kafka: Any, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:  # fmt: skip
+def test_the_tools_find_a_broker_on_the_default_port(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
     """``kafkatx topics``, ``produce`` and ``dlq`` without --bootstrap-servers or the variable use 127.0.0.1:9092
     when something listens there (``kafkatx broker``); here the test broker plays its part."""
     import kafkatx.local

@@ -9,9 +9,8 @@ from collections import Counter
 
 import pytest
 
-from kafkatx import App, InvalidConfigurationError, Output, Record, send
+from kafkatx import App, InvalidConfigurationError, NotInTransactionError, Output, Record, send
 from kafkatx.events import TransactionAborted, TransactionCommitted
-from kafkatx import NotInTransactionError
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -67,7 +66,9 @@ def test_aborted_attempts_are_visible_only_to_read_uncommitted(kafka: KafkaTestK
 
 def test_every_return_shape_and_send(kafka: KafkaTestKit) -> None:
     src, out, other = kafka.topic(), kafka.topic(partitions=2), kafka.topic()
-    kafka.produce(src, [json.dumps({"kind": k}).encode() for k in ["none", "str", "tuple", "output", "gen", "list", "send"]])
+    kafka.produce(
+        src, [json.dumps({"kind": k}).encode() for k in ["none", "str", "tuple", "output", "gen", "list", "send"]]
+    )
     app = make_app(kafka)
 
     @app.listener(src, output=out, serializer=lambda v: json.dumps(v).encode())
@@ -125,10 +126,18 @@ def test_several_listeners_and_topics_one_transaction_per_record(kafka: KafkaTes
     with running(app):
         wait_for(lambda: len(kafka.values(out1)) == 40 and len(kafka.values(out2)) == 20, 60)
         wait_for(lambda: kafka.caught_up(app.group_id + "-c", c), 30)
-    assert sorted(kafka.values(out1)) == sorted([f"{a}:a{i}".encode() for i in range(20)] + [f"{b}:b{i}".encode() for i in range(20)])
+    assert sorted(kafka.values(out1)) == sorted(
+        [f"{a}:a{i}".encode() for i in range(20)] + [f"{b}:b{i}".encode() for i in range(20)]
+    )
     assert sorted(kafka.values(out2)) == sorted(b"C%d" % i for i in range(20))
-    per_record = [e for e in commits if e.listener == "test_several_listeners_and_topics_one_transaction_per_record.<locals>.first"]
-    assert per_record and all(e.records == 1 for e in per_record), "max_batch_records=1 gives one transaction per record"
+    per_record = [
+        e
+        for e in commits
+        if e.listener == "test_several_listeners_and_topics_one_transaction_per_record.<locals>.first"
+    ]
+    assert per_record and all(e.records == 1 for e in per_record), (
+        "max_batch_records=1 gives one transaction per record"
+    )
     assert len(per_record) == 40
 
 
@@ -161,7 +170,9 @@ def test_graceful_stop_never_commits_half_a_batch(kafka: KafkaTestKit) -> None:
     assert not aborted
 
 
-def test_wait_returns_once_every_container_thread_has_ended(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wait_returns_once_every_container_thread_has_ended(
+    kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A container reports that it stopped as its thread's last step; wait() used to return right then,
     # while the thread still ran (seen as a flaky `alive` check on CPython 3.13). The thread's tail is
     # made slow here so that the race is certain.
@@ -253,7 +264,9 @@ def test_max_transaction_ms_is_validated() -> None:
     app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=10_000)
     with pytest.raises(InvalidConfigurationError, match="max_transaction_ms must be an integer >= 1"):
         app.add_listener(lambda r: None, "in", max_transaction_ms=0)
-    with pytest.raises(InvalidConfigurationError, match=r"max_transaction_ms \(10000\) must be below the App's transaction_timeout_ms"):
+    with pytest.raises(
+        InvalidConfigurationError, match=r"max_transaction_ms \(10000\) must be below the App's transaction_timeout_ms"
+    ):
         app.add_listener(lambda r: None, "in", max_transaction_ms=10_000)
 
 

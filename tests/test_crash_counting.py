@@ -49,14 +49,29 @@ APP = textwrap.dedent(
 )
 
 
-def run_worker(workdir: Path, env: dict[str, str], bootstrap: str, stop_when: object = None, timeout: float = 60) -> tuple[int, str]:
+def run_worker(
+    workdir: Path, env: dict[str, str], bootstrap: str, stop_when: object = None, timeout: float = 60
+) -> tuple[int, str]:
     log_path = workdir / f"w-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kafkatx", "run", "crash_app:app", "--bootstrap-servers", bootstrap,
-             "--instance-id", "w", "--no-status"],
-            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kafkatx",
+                "run",
+                "crash_app:app",
+                "--bootstrap-servers",
+                bootstrap,
+                "--instance-id",
+                "w",
+                "--no-status",
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + timeout
             while proc.poll() is None and time.monotonic() < deadline:
@@ -127,7 +142,9 @@ def test_a_clean_stop_withdraws_its_claim_and_the_next_start_batches_at_once(set
     assert committed, "offsets were committed"
     for partition, (offset, metadata) in committed.items():
         state = decode(metadata, offset)
-        assert state is not None and not state.inflight, f"partition {partition}: the claim was withdrawn ({metadata!r})"
+        assert state is not None and not state.inflight, (
+            f"partition {partition}: the claim was withdrawn ({metadata!r})"
+        )
     kafka.produce(src, [{"value": b"b%d" % i, "partition": i % 2} for i in range(40)])
     code, log = run_worker(workdir, env, kafka.bootstrap_servers, stop_when=lambda: kafka.caught_up(name, src))
     assert code == 0

@@ -19,17 +19,16 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from database_helpers import restart_until_caught_up, table_rows
 
 from kafkatx import App, InvalidConfigurationError, NotInTransactionError, Record, db, send
+from kafkatx.database._store import decode_records, encode_records
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import RecordRecovered
-from kafkatx.database._store import decode_records, encode_records
 from kafkatx.outputs import PendingOutput
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
-
-from database_helpers import restart_until_caught_up, table_rows
 
 
 class Poison(Exception):
@@ -169,8 +168,9 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
     committed = sum(max(0, o) for o in kafka.committed(group, src).values())
     assert committed < rows_at_crash, "the crash came before the Kafka commit of the last database commit"
     with pg_engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT kpartition, records FROM kafkatx_outbox WHERE group_id = :g"),
-                            {"g": group}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text("SELECT kpartition, records FROM kafkatx_outbox WHERE group_id = :g"), {"g": group}
+        ).all()
     stored = [(p, out.value or b"") for p, data in rows for out in decode_records(bytes(data))]
     assert stored and all(int(v.split(b"c")[1]) % 3 == p for p, v in stored), "outputs stored under their input"
     if fencing == "group":
@@ -268,7 +268,7 @@ def test_a_producer_initiated_transaction_commits_or_rolls_back_both(kafka: Kafk
 
 def test_database_declaration_errors_name_the_problem(kafka: KafkaTestKit) -> None:
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers)
-    with pytest.raises(InvalidConfigurationError, match="retry=\"in_place\""):
+    with pytest.raises(InvalidConfigurationError, match='retry="in_place"'):
         app.listener("t1", database="sqlite://", retry="in_place")(lambda r: None)
     with pytest.raises(InvalidConfigurationError, match="database= must be a SQLAlchemy engine"):
         app.listener("t1", database=42)(lambda r: None)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient
+from database_helpers import restart_until_caught_up, table_rows
 
 from kafkatx import App, InvalidConfigurationError, Record, db, send
 from kafkatx.database._store import decode_records
@@ -28,8 +29,6 @@ from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import HandlerFailed, RecordRecovered, TransactionCommitted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
-
-from database_helpers import restart_until_caught_up, table_rows
 
 
 class Poison(Exception):
@@ -87,9 +86,7 @@ def test_one_database_transaction_per_kafka_transaction(
 
 
 @pytest.mark.parametrize("call", ["commit", "rollback"])
-def test_a_sqlalchemy_handler_cannot_end_the_units_transaction(
-    kafka: KafkaTestKit, tmp_path: Path, call: str
-) -> None:
+def test_a_sqlalchemy_handler_cannot_end_the_units_transaction(kafka: KafkaTestKit, tmp_path: Path, call: str) -> None:
     """``db().commit()`` is what SQLAlchemy 2 teaches ("commit as you go"); here it would commit the rows
     before the Kafka transaction (and without the position): refused, as on the DB-API path, and the
     record's rows are not committed."""
@@ -332,7 +329,9 @@ def test_concurrent_containers_share_the_database_exactly_once(
 # -- Outbox cleanup ------------------------------------------------------------------------------------
 
 
-def test_the_outbox_keeps_only_what_kafka_has_not_been_seen_to_commit(kafka: KafkaTestKit, pg_engine: sa.Engine) -> None:
+def test_the_outbox_keeps_only_what_kafka_has_not_been_seen_to_commit(
+    kafka: KafkaTestKit, pg_engine: sa.Engine
+) -> None:
     """Rows behind the offset this owner saw Kafka commit are deleted by the next unit of their partition:
     after many units, at most the last unit's row per partition is left, keyed by the committed offset."""
     table = _table(pg_engine)
@@ -350,8 +349,9 @@ def test_the_outbox_keeps_only_what_kafka_has_not_been_seen_to_commit(kafka: Kaf
             wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="the wave committed")
     committed = kafka.committed(app.group_id, src)
     with pg_engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT kpartition, next_offset FROM kafkatx_outbox WHERE group_id = :g"),
-                            {"g": app.group_id}).all()  # fmt: skip
+        rows = conn.execute(
+            sa.text("SELECT kpartition, next_offset FROM kafkatx_outbox WHERE group_id = :g"), {"g": app.group_id}
+        ).all()
     per_partition = Counter(p for p, _ in rows)
     assert max(per_partition.values()) == 1, rows
     assert all(offset == committed[p] for p, offset in rows), (rows, committed)
@@ -421,14 +421,25 @@ def test_a_crash_after_the_database_commit_of_a_unit_with_dead_letters_repeats_n
     script.write_text(textwrap.dedent(_CRASHING_APP))
     group = unique_name("dbcrash")
     poison_file = tmp_path / "poison"
-    args = [sys.executable, str(script), src, out, table, postgres.url, kafka.bootstrap_servers, group, str(poison_file)]
+    args = [
+        sys.executable,
+        str(script),
+        src,
+        out,
+        table,
+        postgres.url,
+        kafka.bootstrap_servers,
+        group,
+        str(poison_file),
+    ]
     env = {**os.environ, "CRASH_AT_A_SPANNING_DEAD_LETTER": "1"}
     first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     poison = poison_file.read_text()
     with pg_engine.connect() as conn:
-        stored = conn.execute(sa.text("SELECT kpartition, next_offset, records FROM kafkatx_outbox WHERE group_id = :g"),
-                              {"g": group}).all()  # fmt: skip
+        stored = conn.execute(
+            sa.text("SELECT kpartition, next_offset, records FROM kafkatx_outbox WHERE group_id = :g"), {"g": group}
+        ).all()
     outputs = [(p, o) for p, _, data in stored for o in decode_records(bytes(data))]
     [(p, letter)] = [(p, o) for p, o in outputs if o.topic == src + "-dlt"]
     assert letter.value == poison.encode() and int(poison[1:]) % 3 == p == letter.partition, "under its record"
@@ -566,8 +577,15 @@ def test_a_zombie_fenced_after_its_database_commit_is_finished_by_the_new_owner_
     def make(name: str) -> App:
         app = App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id="same", group_id=group)
 
-        @app.listener(src, output=out, database=pg_engine, fencing=fencing, max_batch_records=100, name=name,
-                      consumer_config={"group.instance.id": "same-member"})  # fmt: skip
+        @app.listener(
+            src,
+            output=out,
+            database=pg_engine,
+            fencing=fencing,
+            max_batch_records=100,
+            name=name,
+            consumer_config={"group.instance.id": "same-member"},
+        )
         def save(record: Record) -> bytes:
             calls[record.value.decode()] += 1  # type: ignore[union-attr]
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
@@ -626,7 +644,9 @@ def test_sqlite_units_longer_than_its_busy_timeout_wait_for_each_other_instead_o
 
 
 @pytest.mark.parametrize("statements", ["one statement", "portable"])
-def test_a_second_owner_reads_the_position_only_once_it_holds_the_lock(postgres: LocalPostgres, statements: str) -> None:
+def test_a_second_owner_reads_the_position_only_once_it_holds_the_lock(
+    postgres: LocalPostgres, statements: str
+) -> None:
     """The position is locked and read in one statement on PostgreSQL and SQLite (INSERT ... ON CONFLICT ...
     RETURNING); elsewhere (MySQL, ...) in separate statements, which must lock before they read: a SELECT
     before the lock returns the position as it was before the first owner's commit, and the zombie would
@@ -698,7 +718,7 @@ def test_a_database_from_another_cluster_or_an_earlier_topic_is_refused_not_trus
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 0})
     for future in admin.delete_consumer_groups([group], request_timeout=10).values():
         future.result(timeout=15)
-    wait_for(lambda: src not in admin.list_topics(timeout=5).topics, 15, message="the topic deleted")
+    wait_for(lambda: src not in admin.list_topics(timeout=5).topics, 15, message="the topic deleted")  # noqa: F821 (read before the del below)
     del admin, future
 
     second = app_with_records([b"new0", b"new1", b"new2"])

@@ -27,8 +27,11 @@ def test_a_misspelt_option_suggests_the_closest_name() -> None:
 
 def test_a_misspelt_app_option_suggests_the_closest_name_like_a_listener_option() -> None:
     """From Python too, not only under `kafkatx run`: Python's own TypeError named neither."""
-    with pytest.raises(InvalidConfigurationError, match=r"App\(\) got an unknown option 'bootstrap_server'; "
-                       r"did you mean 'bootstrap_servers'\?"):  # fmt: skip
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=r"App\(\) got an unknown option 'bootstrap_server'; "
+        r"did you mean 'bootstrap_servers'\?",
+    ):
         App("decl", bootstrap_server="127.0.0.1:9")  # type: ignore[call-arg]
     with pytest.raises(InvalidConfigurationError, match=r"unknown option 'zzz'; valid options: .*create_topics"):
         App("decl", zzz=1)  # type: ignore[call-arg]
@@ -64,7 +67,9 @@ def test_a_handler_that_cannot_take_a_record_is_rejected_when_declared() -> None
 
 def test_policy_options_in_two_places_are_rejected() -> None:
     processor = DefaultAfterRollbackProcessor(max_attempts=5)
-    with pytest.raises(InvalidConfigurationError, match="max_attempts given both on the listener and through after_rollback"):
+    with pytest.raises(
+        InvalidConfigurationError, match="max_attempts given both on the listener and through after_rollback"
+    ):
         app().listener("in", after_rollback=processor, max_attempts=2)(handle)
     spec = app().add_listener(handle, "in", after_rollback=processor, retry="in_place")
     assert spec.policy is processor.policy, "in-place retries follow the processor's policy"

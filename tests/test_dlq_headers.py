@@ -35,7 +35,12 @@ def test_headers_use_springs_encodings() -> None:
     assert b"Traceback" in h["kafka_dlt-exception-stacktrace"]
     assert h[ATTEMPTS] == struct.pack(">i", 3)
     info = parse_dead_letter_headers(headers)
-    assert (info.original_topic, info.original_partition, info.original_offset, info.attempts) == ("orders", 3, 2**40, 3)
+    assert (info.original_topic, info.original_partition, info.original_offset, info.attempts) == (
+        "orders",
+        3,
+        2**40,
+        3,
+    )
 
 
 def test_dead_lettering_again_does_not_grow_the_headers() -> None:
@@ -51,8 +56,15 @@ def test_dead_lettering_again_does_not_grow_the_headers() -> None:
 
 
 def test_stacktrace_is_capped() -> None:
-    h = dict(dead_letter_headers(Record("t", 0, 0, None, None), ValueError("x" * 50_000), group_id=None, attempts=1,
-                                 max_stacktrace_bytes=1000))  # fmt: skip
+    h = dict(
+        dead_letter_headers(
+            Record("t", 0, 0, None, None),
+            ValueError("x" * 50_000),
+            group_id=None,
+            attempts=1,
+            max_stacktrace_bytes=1000,
+        )
+    )
     assert len(h["kafka_dlt-exception-stacktrace"]) <= 1000
     assert "kafka_dlt-original-consumer-group" not in h
 
@@ -90,8 +102,11 @@ def test_stacktrace_header_is_what_the_standard_formatter_writes() -> None:
         raise noted
     except TypeError as exc:
         cases.append(exc)
+
     def without_anchors(text: str) -> str:  # the stdlib's ~~^^ lines: left out on purpose (they cost a parse)
-        return "".join(line for line in text.splitlines(keepends=True) if not (line.strip() and set(line.strip()) <= {"~", "^"}))
+        return "".join(
+            line for line in text.splitlines(keepends=True) if not (line.strip() and set(line.strip()) <= {"~", "^"})
+        )
 
     for exc in cases:
         assert format_stacktrace(exc) == without_anchors("".join(traceback.format_exception(exc))), type(exc)

@@ -75,14 +75,22 @@ def _spring_headers(topic: str, partition: int, offset: int) -> list[tuple[str, 
         ("kafka_dlt-original-consumer-group", b"java-orders"),
         ("kafka_dlt-exception-fqcn", b"org.springframework.kafka.listener.ListenerExecutionFailedException"),
         ("kafka_dlt-exception-cause-fqcn", b"java.lang.IllegalStateException"),
-        ("kafka_dlt-exception-message", b"Listener failed; nested exception is java.lang.IllegalStateException: no stock"),
-        ("kafka_dlt-exception-stacktrace", b"java.lang.IllegalStateException: no stock\n\tat Orders.handle(Orders.java:42)"),
+        (
+            "kafka_dlt-exception-message",
+            b"Listener failed; nested exception is java.lang.IllegalStateException: no stock",
+        ),
+        (
+            "kafka_dlt-exception-stacktrace",
+            b"java.lang.IllegalStateException: no stock\n\tat Orders.handle(Orders.java:42)",
+        ),
     ]
 
 
 def _cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KAFKATX_BOOTSTRAP_SERVERS"}
-    return subprocess.run([sys.executable, "-m", "kafkatx", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kafkatx", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 # -- inspect ---------------------------------------------------------------------
@@ -333,8 +341,21 @@ def test_replay_to_another_topic_with_a_filter(kafka: KafkaTestKit, capsys: Capt
     _dead_letter(kafka, dlt, orders, 2, exc=TimeoutError("slow"), first_offset=3)  # offsets 3..4
     group = unique_name("replay")
 
-    code = main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--to", retry,
-                 "--filter", "exception=TimeoutError", "--group", group])  # fmt: skip
+    code = main(
+        [
+            "dlq",
+            "replay",
+            dlt,
+            "--bootstrap-servers",
+            kafka.bootstrap_servers,
+            "--to",
+            retry,
+            "--filter",
+            "exception=TimeoutError",
+            "--group",
+            group,
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert f"replayed 2 record(s) from {dlt} (group {group})" in out and f"-> {retry}: 2" in out
@@ -383,7 +404,9 @@ def test_replay_to_a_missing_topic_fails_before_producing(kafka: KafkaTestKit, c
     _dead_letter(kafka, dlt, unique_name("gone"), 1)
     assert main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 1
     assert "original topic of" in capsys.readouterr().err
-    assert main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--to", unique_name("nope")]) == 1
+    assert (
+        main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers, "--to", unique_name("nope")]) == 1
+    )
     assert "replay target topic" in capsys.readouterr().err
     assert kafka.committed(default_replay_group(dlt), dlt) == {}
 
@@ -408,7 +431,10 @@ def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: Ka
     with running(make_app(failing=True)):
         wait_for(lambda: len(kafka.read(dlt)) == 2, timeout=30, message="2 dead-lettered records")
     entries = inspect_dlq(kafka.bootstrap_servers, dlt)
-    assert [(e.info.original_topic, e.info.original_offset, e.info.attempts) for e in entries] == [(orders, 0, 1), (orders, 1, 1)]
+    assert [(e.info.original_topic, e.info.original_offset, e.info.attempts) for e in entries] == [
+        (orders, 0, 1),
+        (orders, 1, 1),
+    ]
     assert entries[0].info.consumer_group == name and "cannot handle" in (entries[0].info.exception_message or "")
 
     assert main(["dlq", "replay", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 0
@@ -416,7 +442,9 @@ def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: Ka
     # the DLT was written in transactions: the group's offsets must still reach the end (past the markers)
     assert kafka.committed(default_replay_group(dlt), dlt) == kafka.end_offsets(dlt)
     assert [e.replayed for e in entries] == [False, False]
-    assert [e.replayed for e in inspect_dlq(kafka.bootstrap_servers, dlt)] == [True, True], "inspect marks replayed records"
+    assert [e.replayed for e in inspect_dlq(kafka.bootstrap_servers, dlt)] == [True, True], (
+        "inspect marks replayed records"
+    )
     assert main(["dlq", "inspect", dlt, "--bootstrap-servers", kafka.bootstrap_servers]) == 0
     table = capsys.readouterr().out
     assert "REPLAYED" in table and table.count(" yes ") == 2, table

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from types import SimpleNamespace
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from kafkatx.listener.crash_guard import CrashGuard
@@ -77,9 +76,15 @@ def test_the_first_batch_claim_finds_each_unclaimed_partitions_first_offset_in_a
         return Message(topic=topic, partition=partition, offset=offset)
 
     batch = [
-        m("a", 0, 5), m("a", 0, 6), m("b", 0, 9), m("b", 0, 10),  # same partition number, another topic: a new run
-        m("a", 1, 3), m("a", 0, 7), m("a", 2, 1), m("a", 2, 2),   # a partition's records in two runs
-    ]  # fmt: skip
+        m("a", 0, 5),
+        m("a", 0, 6),
+        m("b", 0, 9),
+        m("b", 0, 10),  # same partition number, another topic: a new run
+        m("a", 1, 3),
+        m("a", 0, 7),
+        m("a", 2, 1),
+        m("a", 2, 2),  # a partition's records in two runs
+    ]
     unclaimed = {("a", 0), ("b", 0), ("a", 1), ("c", 0)}
     assert first_unclaimed(batch, unclaimed, careful={("a", 1): 10}) == {("a", 0): 5, ("b", 0): 9}
     assert first_unclaimed(batch, unclaimed, careful={}) == {("a", 0): 5, ("b", 0): 9, ("a", 1): 3}

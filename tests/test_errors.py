@@ -266,7 +266,9 @@ def test_kafka_exception_carrying_an_int_code() -> None:
 
 def test_classify_kafkatx_error_uses_its_own_class() -> None:
     # A timed-out commit whose retries ran out carries a retriable code but is abortable.
-    exhausted = TransactionAbortableError("ran out", error=KafkaError(KafkaError._TIMED_OUT), operation="commit_transaction")
+    exhausted = TransactionAbortableError(
+        "ran out", error=KafkaError(KafkaError._TIMED_OUT), operation="commit_transaction"
+    )
     assert classify(exhausted) is AB
     assert classify(InvalidConfigurationError("max_attempts must be >= 1, got 0")) is IC
     produced = KafkaTxError.from_kafka(KafkaError(KafkaError.INVALID_TXN_STATE), path="produce")
@@ -341,7 +343,10 @@ def test_abortable_error_during_abort_is_application_recoverable() -> None:
     assert err.error_class is AR
     assert err.code_name == "TRANSACTION_ABORTABLE"
     # other operations keep it abortable
-    assert type(KafkaTxError.from_kafka(kafka_exc("TRANSACTION_ABORTABLE"), operation="commit_transaction")) is TransactionAbortableError
+    assert (
+        type(KafkaTxError.from_kafka(kafka_exc("TRANSACTION_ABORTABLE"), operation="commit_transaction"))
+        is TransactionAbortableError
+    )
 
 
 def test_from_kafka_on_a_handler_failure_gives_a_plain_kafkatx_error() -> None:
@@ -387,7 +392,15 @@ def test_invalid_configuration_error_with_just_a_message() -> None:
     assert isinstance(err, KafkaTxError)
 
 
-@pytest.mark.parametrize(("cls", "expected"), [(RetriableError, R), (TransactionAbortableError, AB), (ApplicationRecoverableError, AR), (InvalidConfigurationError, IC)])
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        (RetriableError, R),
+        (TransactionAbortableError, AB),
+        (ApplicationRecoverableError, AR),
+        (InvalidConfigurationError, IC),
+    ],
+)
 def test_each_subclass_has_its_default_class(cls: type[KafkaClientError], expected: ErrorClass) -> None:
     err = cls(operation="commit_transaction")
     assert issubclass(cls, KafkaTxError)
@@ -511,17 +524,30 @@ def test_retry_call_refreshes_metadata_before_retrying_refresh_retriable_errors(
     )
     assert result == "ok"
     assert events == [
-        "call", "refresh", "on_retry:REFRESH_RETRIABLE", "sleep",
-        "call", "refresh", "on_retry:REFRESH_RETRIABLE", "sleep",
         "call",
-    ]  # fmt: skip
+        "refresh",
+        "on_retry:REFRESH_RETRIABLE",
+        "sleep",
+        "call",
+        "refresh",
+        "on_retry:REFRESH_RETRIABLE",
+        "sleep",
+        "call",
+    ]
 
 
 def test_retry_call_does_not_refresh_for_plain_retriable_errors() -> None:
     t = FakeTime()
     refreshes: list[None] = []
     fn = Flaky(kafka_exc("CONCURRENT_TRANSACTIONS"), kafka_exc("_TRANSPORT"))
-    retry_call(fn, operation="commit_transaction", timeout=10, refresh=lambda: refreshes.append(None), sleep=t.sleep, clock=t.clock)
+    retry_call(
+        fn,
+        operation="commit_transaction",
+        timeout=10,
+        refresh=lambda: refreshes.append(None),
+        sleep=t.sleep,
+        clock=t.clock,
+    )
     assert fn.calls == 3
     assert refreshes == []
 
@@ -533,7 +559,12 @@ def test_a_failing_refresh_does_not_stop_the_retries() -> None:
         raise KafkaException(KafkaError(KafkaError._TRANSPORT))
 
     fn = Flaky(kafka_exc("LEADER_NOT_AVAILABLE"), result="ok")
-    assert retry_call(fn, operation="produce", path="produce", timeout=10, refresh=broken_refresh, sleep=t.sleep, clock=t.clock) == "ok"
+    assert (
+        retry_call(
+            fn, operation="produce", path="produce", timeout=10, refresh=broken_refresh, sleep=t.sleep, clock=t.clock
+        )
+        == "ok"
+    )
     assert fn.calls == 2
 
 
@@ -633,9 +664,13 @@ def test_abortable_error_from_abort_transaction_is_application_recoverable() -> 
 def test_invalid_txn_state_follows_the_path_in_retry_call() -> None:
     t = FakeTime()
     with pytest.raises(TransactionAbortableError):
-        retry_call(Always("INVALID_TXN_STATE"), operation="produce", path="produce", timeout=10, sleep=t.sleep, clock=t.clock)
+        retry_call(
+            Always("INVALID_TXN_STATE"), operation="produce", path="produce", timeout=10, sleep=t.sleep, clock=t.clock
+        )
     with pytest.raises(ApplicationRecoverableError):
-        retry_call(Always("INVALID_TXN_STATE"), operation="commit_transaction", timeout=10, sleep=t.sleep, clock=t.clock)
+        retry_call(
+            Always("INVALID_TXN_STATE"), operation="commit_transaction", timeout=10, sleep=t.sleep, clock=t.clock
+        )
 
 
 @pytest.mark.parametrize(
@@ -678,10 +713,18 @@ def test_a_first_failure_made_elsewhere_is_replayed_as_attempt_one() -> None:
     t = FakeTime()
     fn = Flaky()
     first = kafka_exc("COORDINATOR_LOAD_IN_PROGRESS", retriable=True)
-    assert retry_call(fn, operation="send_offsets_to_transaction", timeout=10, sleep=t.sleep, clock=t.clock,
-                      first_failure=first) == "ok"  # fmt: skip
-    assert fn.calls == 1 and len(t.sleeps) == 1, "one back-off, then one more call: the replayed attempt was not repeated"
+    assert (
+        retry_call(
+            fn, operation="send_offsets_to_transaction", timeout=10, sleep=t.sleep, clock=t.clock, first_failure=first
+        )
+        == "ok"
+    )
+    assert fn.calls == 1 and len(t.sleeps) == 1, (
+        "one back-off, then one more call: the replayed attempt was not repeated"
+    )
     fenced = kafka_exc("_FENCED", "fenced by a newer instance", fatal=True)
     with pytest.raises(ApplicationRecoverableError) as info:
-        retry_call(Flaky(), operation="commit_transaction", timeout=10, sleep=t.sleep, clock=t.clock, first_failure=fenced)
+        retry_call(
+            Flaky(), operation="commit_transaction", timeout=10, sleep=t.sleep, clock=t.clock, first_failure=fenced
+        )
     assert info.value.operation == "commit_transaction" and info.value.__cause__ is fenced

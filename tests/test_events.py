@@ -75,13 +75,13 @@ def test_lifecycle_events_in_order_with_payloads(kafka: KafkaTestKit) -> None:
         wait_for(lambda: rec.committed_records() == 3, message="3 records committed")
 
     everything = {(topic, 0), (topic, 1)}
-    started, = rec.of(ContainerStarted)
+    (started,) = rec.of(ContainerStarted)
     assert (started.listener, started.worker, started.topics) == ("lifecycle", 0, (topic,))
     assert set().union(*(e.partitions for e in rec.of(PartitionsAssigned))) == everything
     revoked = rec.of(PartitionsRevoked)
     assert set().union(*(e.partitions for e in revoked)) == everything
     assert not any(e.lost for e in revoked)
-    stopped, = rec.of(ContainerStopped)
+    (stopped,) = rec.of(ContainerStopped)
     assert (stopped.listener, stopped.reason, stopped.error) == ("lifecycle", "normal", None)
     assert all(e.seconds > 0 and e.kind == "batch" for e in rec.of(TransactionCommitted))
     order = [rec.index(k) for k in (ContainerStarted, PartitionsAssigned, TransactionCommitted, PartitionsRevoked)]
@@ -109,9 +109,9 @@ def test_failure_retry_and_recovery_events_carry_the_record_and_exception(kafka:
     failed = rec.of(HandlerFailed)
     assert [(e.record.offset, e.attempt) for e in failed if e.record] == [(1, 1), (1, 2)]
     assert [e.exception for e in failed] == raised
-    retry, = rec.of(RecordRetryScheduled)
+    (retry,) = rec.of(RecordRetryScheduled)
     assert retry.record is not None and (retry.record.offset, retry.attempt) == (1, 2)
-    recovered, = rec.of(RecordRecovered)
+    (recovered,) = rec.of(RecordRecovered)
     assert recovered.listener == "orders"
     assert recovered.record is not None
     assert (recovered.record.topic, recovered.record.partition, recovered.record.offset) == (topic, 0, 1)
@@ -143,7 +143,7 @@ def test_recovery_failed_then_recovered(kafka: KafkaTestKit) -> None:
     with running(app):
         wait_for(lambda: rec.of(RecordRecovered), message="recovery to succeed the second time")
 
-    failure, = rec.of(RecoveryFailed)
+    (failure,) = rec.of(RecoveryFailed)
     assert failure.record is not None and (failure.record.offset, failure.record.value) == (0, b"bad")
     assert isinstance(failure.exception, Poison)
     assert failure.recovery_error is dlq_down
@@ -171,7 +171,7 @@ def test_stopped_with_reason_error_when_recovery_keeps_failing(kafka: KafkaTestK
         assert app.wait(30), "the container should stop by itself"
     finally:
         app.stop()
-    stopped, = rec.of(ContainerStopped)
+    (stopped,) = rec.of(ContainerStopped)
     assert stopped.reason == "error"
     assert isinstance(stopped.error, RecoveryExhaustedError)
     assert stopped.error is app.failure

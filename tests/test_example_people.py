@@ -39,8 +39,11 @@ def test_the_people_example_saves_and_publishes_each_person_once(
     people = importlib.import_module("examples.people")
     for topic in ("people-in", "people-saved", "people-in-dlt"):  # (deleted after the test, for the next run)
         kafka.topic(name=topic)
-    kafka.produce("people-in", [json.dumps({"id": i, "name": f"p{i}"}).encode() for i in range(20)]
-                  + [json.dumps({"id": 99}).encode(), json.dumps({"id": 5, "name": "again"}).encode()])  # fmt: skip
+    kafka.produce(
+        "people-in",
+        [json.dumps({"id": i, "name": f"p{i}"}).encode() for i in range(20)]
+        + [json.dumps({"id": 99}).encode(), json.dumps({"id": 5, "name": "again"}).encode()],
+    )
     try:
         with running(people.app):
             wait_for(lambda: kafka.caught_up(people.app.group_id, "people-in"), 60, message="all committed")

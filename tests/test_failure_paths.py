@@ -266,8 +266,14 @@ def test_17_2_a_pause_ends_with_the_assignment_it_was_made_for(kafka: KafkaTestK
         wait_for(lambda: attempts == [1], 20, message="the first failure")
         wait_for(lambda: app.containers[0]._paused_until, 10, message="the back-off pause")
         before = len(assigned)
-        other = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": app.group_id,
-                          "enable.auto.commit": False, "session.timeout.ms": 6000})  # fmt: skip
+        other = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": app.group_id,
+                "enable.auto.commit": False,
+                "session.timeout.ms": 6000,
+            }
+        )
         other.subscribe([src])
         deadline = time.monotonic() + 30
         while len(assigned) == before and time.monotonic() < deadline:

@@ -29,7 +29,16 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 import kafkatx.producer as producer_module
-from kafkatx import ApplicationRecoverableError, App, InvalidConfigurationError, Record, TransactionAbortableError
+from kafkatx import (
+    App,
+    ApplicationRecoverableError,
+    ContainerError,
+    FencedTooOftenError,
+    InvalidConfigurationError,
+    Record,
+    StuckCallError,
+    TransactionAbortableError,
+)
 from kafkatx.events import (
     ContainerStopped,
     Event,
@@ -40,7 +49,6 @@ from kafkatx.events import (
     TransactionAborted,
     TransactionCommitted,
 )
-from kafkatx import ContainerError, FencedTooOftenError, StuckCallError
 from kafkatx.testing import running, unique_name, wait_for
 from kafkatx.testing.mock_cluster import ApiKey, MockCluster
 
@@ -317,7 +325,9 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> ClientProbe:
     ],
     ids=lambda v: v.name if isinstance(v, ApiKey) else f"{E(v[0]).name()}x{len(v)}",
 )
-def test_retriable_errors_are_retried_and_never_reach_the_handler(mc: MockCluster, api: ApiKey, codes: list[int]) -> None:
+def test_retriable_errors_are_retried_and_never_reach_the_handler(
+    mc: MockCluster, api: ApiKey, codes: list[int]
+) -> None:
     # librdkafka retries all of these itself: the transactional call just takes longer.
     gated = api is ApiKey.PRODUCE
     h = Harness(mc, hold_on=b"a" if gated else None)
@@ -340,7 +350,9 @@ def test_retriable_errors_are_retried_and_never_reach_the_handler(mc: MockCluste
         assert h.of(HandlerFailed) == []
         # librdkafka retries these itself; if a call runs out of time meanwhile, kafkatx calls it
         # again, and nothing else.
-        assert all(e.action.startswith("retry #") and e.error_class in {"RETRIABLE", "REFRESH_RETRIABLE"} for e in h.handled())
+        assert all(
+            e.action.startswith("retry #") and e.error_class in {"RETRIABLE", "REFRESH_RETRIABLE"} for e in h.handled()
+        )
         if api is not ApiKey.INIT_PRODUCER_ID:
             # One producer all along (requests before the gate were cleared).
             assert len(mc.requests_for(ApiKey.INIT_PRODUCER_ID)) == (0 if gated else 1)
@@ -367,8 +379,6 @@ def test_refresh_retriable_init_error_refreshes_metadata_and_retries(mc: MockClu
         h.assert_keeps_processing()
 
 
-
-
 def test_an_init_that_runs_out_of_retries_fails_with_one_error_and_no_warning(mc: MockCluster) -> None:
     """The init's own error says what happened; closing the half-initialised producer must not add a
     RuntimeWarning about an abort that cannot be (confluent-kafka's, printed to a user's stderr at startup)."""
@@ -379,8 +389,7 @@ def test_an_init_that_runs_out_of_retries_fails_with_one_error_and_no_warning(mc
 
     mc.push_request_errors(ApiKey.INIT_PRODUCER_ID, *[E.NOT_COORDINATOR] * 200)  # longer than the retry budget
     txn_id = unique_name("init")
-    producer = TransactionalProducer({"bootstrap.servers": mc.bootstrap_servers, **_QUIET}, txn_id,
-                                     retry_timeout=2.0)  # fmt: skip
+    producer = TransactionalProducer({"bootstrap.servers": mc.bootstrap_servers, **_QUIET}, txn_id, retry_timeout=2.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(RetriableError, match="init_transactions .* still failed with NOT_COORDINATOR") as failed:
@@ -391,9 +400,7 @@ def test_an_init_that_runs_out_of_retries_fails_with_one_error_and_no_warning(mc
     assert not producer.ready
 
 
-def test_slow_end_txn_times_out_and_the_commit_is_resumed_not_restarted(
-    mc: MockCluster, probe: ClientProbe
-) -> None:
+def test_slow_end_txn_times_out_and_the_commit_is_resumed_not_restarted(mc: MockCluster, probe: ClientProbe) -> None:
     h = Harness(mc)  # transaction_timeout_ms=10000: a 5 s retry budget
     with running(h.app):
         h.produce(b"warm-up")
@@ -526,8 +533,6 @@ def test_end_txn_transaction_abortable_aborts_and_reprocesses_without_using_atte
         assert len(mc.requests_for(ApiKey.END_TXN)) == 3  # commit (refused), abort, commit
         assert [(e.records, e.outputs) for e in h.of(TransactionCommitted)] == [(1, 1)]
         h.assert_keeps_processing()
-
-
 
 
 @pytest.mark.parametrize(
@@ -713,8 +718,6 @@ def test_fenced_too_often_stops_the_container(mc: MockCluster) -> None:
 # --------------------------------------------------------------------------
 
 
-
-
 _GROUP_ACL = ["check the group ACLs", "READ on the consumer group"]
 _TXN_ID_ACL = ["check the transactional-id ACLs", "WRITE and DESCRIBE on the TransactionalId"]
 _TOPIC_ACL = ["check the topic ACLs", "WRITE on every output topic"]
@@ -740,7 +743,12 @@ _TXN_OPS = {"send_offsets_to_transaction", "commit_transaction"}
             ["IDEMPOTENT_WRITE"],
             marks=(),
         ),
-        (ApiKey.ADD_OFFSETS_TO_TXN, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "send_offsets_to_transaction", _TXN_ID_ACL),
+        (
+            ApiKey.ADD_OFFSETS_TO_TXN,
+            E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "send_offsets_to_transaction",
+            _TXN_ID_ACL,
+        ),
         (ApiKey.ADD_PARTITIONS_TO_TXN, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TXN_OPS, _TXN_ID_ACL),
         (ApiKey.ADD_PARTITIONS_TO_TXN, E.TOPIC_AUTHORIZATION_FAILED, _TXN_OPS, _TOPIC_ACL),
         (ApiKey.PRODUCE, E.TOPIC_AUTHORIZATION_FAILED, "commit_transaction", _TOPIC_ACL),
@@ -830,7 +838,16 @@ def test_kafkatx_run_exits_78_on_an_invalid_configuration_error_at_runtime(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "kafkatx", "run", "fi_cli_app:app", "--bootstrap-servers", mc.bootstrap_servers, "--no-status"],
+        [
+            sys.executable,
+            "-m",
+            "kafkatx",
+            "run",
+            "fi_cli_app:app",
+            "--bootstrap-servers",
+            mc.bootstrap_servers,
+            "--no-status",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -18,22 +18,33 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import read_until
 
 from kafkatx.testing import KafkaTestKit, produce, read_topic, wait_for
 
-from process_helpers import read_until
-
 ROOT = Path(__file__).resolve().parent.parent
 #: README.md and docs/*.md, but the benchmark report and two documents other sessions own.
-DOCS = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md"))
-                             if p.name not in ("BENCHMARKS.md", "DATABASE.md", "ARCHITECTURE.md"))]  # fmt: skip
+DOCS = [
+    ROOT / "README.md",
+    *(
+        p
+        for p in sorted((ROOT / "docs").glob("*.md"))
+        if p.name not in ("BENCHMARKS.md", "DATABASE.md", "ARCHITECTURE.md")
+    ),
+]
 
 
 def _run_local(target: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
-    return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"], cwd=cwd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
@@ -59,8 +70,9 @@ def test_every_example_app_is_run_under_local_by_the_suite() -> None:
 def test_the_readme_demo_runs_and_checks_itself() -> None:
     """README's first command ends with `python examples/quickstart.py`."""
     env = {k: v for k, v in os.environ.items() if k != "KAFKATX_BOOTSTRAP_SERVERS"}
-    result = subprocess.run([sys.executable, "examples/quickstart.py"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=170)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "examples/quickstart.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "exactly-once check: OK" in result.stdout and "3 dead-lettered records" in result.stdout, result.stdout
     assert "%3|" not in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -78,7 +90,9 @@ def test_the_people_example_runs_under_local_and_leaves_no_database_behind(tmp_p
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
         read_until(proc, r"assigned people-in\[", 120, seen)
         produce(bootstrap, "people-in", [(b"1", b'{"id": 1, "name": "Ada"}'), (b"2", b'{"id": 2}')])
-        wait_for(lambda: len(read_topic(bootstrap, "people-in-dlt")) == 1, 60, message="the nameless person dead-lettered")
+        wait_for(
+            lambda: len(read_topic(bootstrap, "people-in-dlt")) == 1, 60, message="the nameless person dead-lettered"
+        )
         events = [json.loads(r.value or b"{}") for r in read_topic(bootstrap, "people-saved")]
         assert events == [{"event": "person-saved", "id": 1}]
         _stop(proc, seen)
@@ -143,8 +157,13 @@ def _signature_of(call: ast.Call) -> inspect.Signature | None:
     if dotted.startswith("kafkatx."):  # kafkatx.spark.configure(...), kafkatx.logging.configure(...)
         module_name, _, attr = dotted.rpartition(".")
         return inspect.signature(getattr(importlib.import_module(module_name), attr))
-    bare = {"serve_metrics": "kafkatx.metrics", "instrument": "kafkatx.metrics", "inspect_dlq": "kafkatx.dlq.tools",
-            "replay_dlq": "kafkatx.dlq.tools", "send": "kafkatx"}  # fmt: skip
+    bare = {
+        "serve_metrics": "kafkatx.metrics",
+        "instrument": "kafkatx.metrics",
+        "inspect_dlq": "kafkatx.dlq.tools",
+        "replay_dlq": "kafkatx.dlq.tools",
+        "send": "kafkatx",
+    }
     if isinstance(func, ast.Name) and name in bare:
         return inspect.signature(getattr(importlib.import_module(bare[name]), name))
     return None
@@ -170,8 +189,11 @@ def test_the_python_in_the_docs_imports_real_names_and_passes_real_options() -> 
                     continue
                 params = signature.parameters
                 takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-                problems += [f"{doc}: {ast.unparse(node.func)}() has no option {k.arg!r}"
-                             for k in node.keywords if k.arg and k.arg not in params and not takes_any]  # fmt: skip
+                problems += [
+                    f"{doc}: {ast.unparse(node.func)}() has no option {k.arg!r}"
+                    for k in node.keywords
+                    if k.arg and k.arg not in params and not takes_any
+                ]
     assert problems == []
 
 
@@ -184,7 +206,9 @@ def test_the_option_lists_name_every_option() -> None:
     from kafkatx.listener.options import LISTENER_DEFAULTS, SparkListenerOptions
 
     readme = (ROOT / "README.md").read_text()
-    listener_part, app_part = readme.split("Listener options (", 1)[1].split("**Threading.**", 1)[0].split("App options:")
+    listener_part, app_part = (
+        readme.split("Listener options (", 1)[1].split("**Threading.**", 1)[0].split("App options:")
+    )
     assert set(LISTENER_DEFAULTS) - _backticked(listener_part) == set()
     assert set(inspect.signature(App).parameters) - {"name"} - _backticked(app_part) == set()
     spark = (ROOT / "docs" / "SPARK.md").read_text().split("## Options", 1)[1].split("## The SparkSession", 1)[0]
@@ -229,8 +253,13 @@ def test_public_classes_functions_methods_and_properties_have_docstrings() -> No
 def test_every_pytest_fixture_says_what_it_gives() -> None:
     """``pytest --fixtures`` shows these docstrings: the plugin's fixtures and their methods are found there."""
     tree = ast.parse((ROOT / "src" / "kafkatx" / "testing" / "plugin.py").read_text())
-    fixtures = [f for f in tree.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
-                and any("fixture" in ast.unparse(d) for d in f.decorator_list)]  # fmt: skip
+    fixtures = [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and not f.name.startswith("_")
+        and any("fixture" in ast.unparse(d) for d in f.decorator_list)
+    ]
     assert {f.name for f in fixtures} >= {"kafka_broker", "bootstrap_servers", "kafka", "make_topic", "postgres"}
     assert [f.name for f in fixtures if not ast.get_docstring(f)] == []
     kafka_doc = ast.get_docstring(next(f for f in fixtures if f.name == "kafka")) or ""
@@ -264,8 +293,9 @@ def test_chained_listeners_are_found_through_declared_send_targets() -> None:
     assert chained_listeners(listeners) == [("a", "audit", "b")]
 
 
-def test_dlq_inspect_says_what_replayed_means(kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_dlq_inspect_says_what_replayed_means(
+    kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kafkatx.cli import main
 
     monkeypatch.setenv("KAFKATX_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
@@ -277,5 +307,7 @@ def test_dlq_inspect_says_what_replayed_means(kafka: KafkaTestKit, capsys: pytes
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if re.match(r"0@\d", line)]
     assert [row[-2:] for row in rows] == [["yes", "-"]] * 3, out  # REPLAYED, then the (absent) message
-    assert (f"REPLAYED yes: 3 record(s) behind the offsets of replay group kafkatx-dlq-replay.{dlt}" in out
-            and "skipped by its --filter" in out), out  # fmt: skip
+    assert (
+        f"REPLAYED yes: 3 record(s) behind the offsets of replay group kafkatx-dlq-replay.{dlt}" in out
+        and "skipped by its --filter" in out
+    ), out

@@ -43,8 +43,14 @@ _FENCED_CODES = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"}
 
 def _quiet_app(kafka: KafkaTestKit, prefix: str) -> App:
     """An App with short timeouts and librdkafka's logs limited to errors (the tests cause plenty)."""
-    return App(unique_name(prefix), bootstrap_servers=kafka.bootstrap_servers, instance_id="w1",
-               transaction_timeout_ms=10_000, shutdown_timeout=15.0, config=dict(_QUIET))  # fmt: skip
+    return App(
+        unique_name(prefix),
+        bootstrap_servers=kafka.bootstrap_servers,
+        instance_id="w1",
+        transaction_timeout_ms=10_000,
+        shutdown_timeout=15.0,
+        config=dict(_QUIET),
+    )
 
 
 @pytest.mark.parametrize("fencing", ["group", "partition"])
@@ -151,9 +157,15 @@ def test_kafkatx_run_exits_78_when_an_input_topic_is_missing(kafka: KafkaTestKit
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [
-            sys.executable, "-m", "kafkatx", "run", "reaction_cli_app:app",
-            "--bootstrap-servers", kafka.bootstrap_servers, "--no-status",
-        ],  # fmt: skip
+            sys.executable,
+            "-m",
+            "kafkatx",
+            "run",
+            "reaction_cli_app:app",
+            "--bootstrap-servers",
+            kafka.bootstrap_servers,
+            "--no-status",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -175,7 +187,9 @@ def _topic_missing(kafka: KafkaTestKit, topic: str) -> bool:
     return topic not in admin.list_topics(timeout=10).topics
 
 
-def _compacted_output_app(kafka: KafkaTestKit, slow_key: bytes | None = None) -> tuple[App, str, str, list[Event], list[Record]]:
+def _compacted_output_app(
+    kafka: KafkaTestKit, slow_key: bytes | None = None
+) -> tuple[App, str, str, list[Event], list[Record]]:
     src = kafka.topic(partitions=1)
     dst = kafka.topic(partitions=1, config={"cleanup.policy": "compact"})
     app = _quiet_app(kafka, "badout")
@@ -228,4 +242,6 @@ def test_refused_output_in_a_multi_record_batch_stops_the_container(kafka: Kafka
     finally:
         app.stop(timeout=15)
     assert kafka.values(dst) == []
-    assert kafka.committed(app.group_id, src).get(0, 0) == 0, "nothing past the refused batch (a crash-counting claim commits its start)"
+    assert kafka.committed(app.group_id, src).get(0, 0) == 0, (
+        "nothing past the refused batch (a crash-counting claim commits its start)"
+    )

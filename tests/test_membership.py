@@ -30,7 +30,10 @@ def test_static_membership_comes_from_a_stable_instance_id(monkeypatch: pytest.M
         "a made-up id changes with every start: static membership would leave ghosts behind"
     )
     coop = App("sm", bootstrap_servers="127.0.0.1:9", instance_id="p", rebalance="cooperative")
-    assert coop.consumer_config(coop.add_listener(handle, "in"), "sm", 0)["partition.assignment.strategy"] == "cooperative-sticky"
+    assert (
+        coop.consumer_config(coop.add_listener(handle, "in"), "sm", 0)["partition.assignment.strategy"]
+        == "cooperative-sticky"
+    )
     with pytest.raises(InvalidConfigurationError, match="rebalance must be"):
         App("sm", rebalance="incremental")  # type: ignore[arg-type]
 
@@ -39,8 +42,9 @@ def test_a_second_live_process_with_the_same_instance_id_stops_with_a_clear_erro
     src = kafka.topic()
     name = unique_name("twin")
     conf = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-    first, second = (App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id="same", consumer_config=conf)
-                     for _ in range(2))  # fmt: skip
+    first, second = (
+        App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id="same", consumer_config=conf) for _ in range(2)
+    )
     for app in (first, second):
         app.add_listener(handle, src)
     first.start()
@@ -64,15 +68,19 @@ def test_fencing_auto_is_per_partition_on_the_embedded_broker(kafka: KafkaTestKi
         assert spec.fencing == "partition", "the embedded broker has no KIP-447: per-partition transactional.ids"
 
 
-def test_a_container_without_partitions_says_so(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_container_without_partitions_says_so(
+    kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(health_module, "unassigned_grace", lambda config: 1.0)
     src = kafka.topic(partitions=1)
     app = App(unique_name("idle"), bootstrap_servers=kafka.bootstrap_servers, instance_id="i")
     app.add_listener(handle, src, concurrency=2)  # two consumers, one partition: one of them waits
     with caplog.at_level(logging.WARNING, logger="kafkatx.container"), running(app):
-        wait_for(lambda: any("has had no partition" in r.getMessage() for r in caplog.records), 20,
-                 message="the waiting container's warning")  # fmt: skip
+        wait_for(
+            lambda: any("has had no partition" in r.getMessage() for r in caplog.records),
+            20,
+            message="the waiting container's warning",
+        )
     message = next(r.getMessage() for r in caplog.records if "has had no partition" in r.getMessage())
     assert src in message and "more consumers than partitions" in message
 
@@ -87,22 +95,39 @@ def test_a_killed_worker_restarted_under_its_id_gets_its_partitions_back_within_
     import sys
     import textwrap
 
-    (tmp_path / "sm_app.py").write_text(textwrap.dedent("""
+    (tmp_path / "sm_app.py").write_text(
+        textwrap.dedent("""
         import os
         from kafkatx import App
         app = App(os.environ["APP_NAME"], consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
         @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=50)
         def handle(record):
             return record.value
-    """))
+    """)
+    )
     src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
     name = unique_name("sm")
     env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "PYTHONUNBUFFERED": "1"}
 
     def worker(instance: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "sm_app:app", "--instance-id", instance,
-                                 "--bootstrap-servers", kafka.bootstrap_servers, "--no-status"],
-                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kafkatx",
+                "run",
+                "sm_app:app",
+                "--instance-id",
+                instance,
+                "--bootstrap-servers",
+                kafka.bootstrap_servers,
+                "--no-status",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     w0, w1 = worker("w0"), worker("w1")
     try:
@@ -137,19 +162,33 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
     if not request.config.getoption("--kafka-bootstrap"):
         # Flaky there (it passed 4 of 10 runs), hence not strict; the strict canary with plain consumers is
         # test_broker_conformance::test_a_cooperative_join_settles_within_seconds.
-        request.applymarker(pytest.mark.xfail(strict=False, reason="noida-db 0.2.3: cooperative joins often settle "
-                                              "only after max.poll.interval.ms, with overlapping assignments"))
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=False,
+                reason="noida-db 0.2.3: cooperative joins often settle "
+                "only after max.poll.interval.ms, with overlapping assignments",
+            )
+        )
     src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
     group = unique_name("coop")
     kafka.produce(src, [b"%d" % i for i in range(2000)])
-    apps = [App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id=f"coop-{i}", rebalance="cooperative",
-                consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-                                 "max.poll.interval.ms": 30000}) for i in range(2)]  # fmt: skip
+    apps = [
+        App(
+            group,
+            bootstrap_servers=kafka.bootstrap_servers,
+            instance_id=f"coop-{i}",
+            rebalance="cooperative",
+            consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000},
+        )
+        for i in range(2)
+    ]
     owned: list[set[tuple[str, int]]] = [set(), set()]
     revoked: list[set[tuple[str, int]]] = [set(), set()]
     for i, app in enumerate(apps):
         app.on(PartitionsAssigned)(lambda e, i=i: owned[i].update(e.partitions))
-        app.on(PartitionsRevoked)(lambda e, i=i: (owned[i].difference_update(e.partitions), revoked[i].update(e.partitions)))
+        app.on(PartitionsRevoked)(
+            lambda e, i=i: (owned[i].difference_update(e.partitions), revoked[i].update(e.partitions))
+        )
 
         @app.listener(src, output=out, max_batch_records=100)
         def copy(record: Record) -> bytes | None:
@@ -159,8 +198,11 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
     with running(apps[0]):
         wait_for(lambda: len(owned[0]) == 4, 30, message="the first process owns every partition")
         with running(apps[1]):
-            wait_for(lambda: owned[1] and not (owned[0] & owned[1]) and len(owned[0] | owned[1]) == 4, 20,
-                     message="the newcomer got its share, and nobody owns a partition twice")  # fmt: skip
+            wait_for(
+                lambda: owned[1] and not (owned[0] & owned[1]) and len(owned[0] | owned[1]) == 4,
+                20,
+                message="the newcomer got its share, and nobody owns a partition twice",
+            )
             assert revoked[0] == owned[1], "the first process gave up exactly the partitions that moved"
             wait_for(lambda: kafka.caught_up(group, src), 60, message="everything copied")
     assert Counter(kafka.values(out)) == Counter(b"%d" % i for i in range(2000))

@@ -48,9 +48,7 @@ def present(samples: dict[Any, float], name: str) -> list[dict[str, str]]:
 def test_counters_histogram_and_lag_of_a_failing_record(kafka: KafkaTestKit) -> None:
     topic = kafka.topic(partitions=2)
     out = kafka.topic()
-    app = App(
-        unique_name("metrics"), bootstrap_servers=kafka.bootstrap_servers, instance_id="m1", create_topics=True
-    )
+    app = App(unique_name("metrics"), bootstrap_servers=kafka.bootstrap_servers, instance_id="m1", create_topics=True)
 
     @app.listener(topic, output=out, max_attempts=2, dlq=True, name="orders")
     def handle(record: Record) -> bytes:
@@ -222,8 +220,11 @@ def test_status_line_live_on_a_terminal_shares_it_with_logging(kafka: KafkaTestK
     status = StatusLine(app, stream=tty, interval=0.05).start()
     try:
         with running(app):
-            wait_for(lambda: "processed 7 " in tty.getvalue() and "lag 0" in tty.getvalue(), timeout=20,
-                     message="the status line to show 7 processed and lag 0")  # fmt: skip
+            wait_for(
+                lambda: "processed 7 " in tty.getvalue() and "lag 0" in tty.getvalue(),
+                timeout=20,
+                message="the status line to show 7 processed and lag 0",
+            )
             logger.warning("a log line")
     finally:
         status.stop()

@@ -25,8 +25,21 @@ def make_app(kafka: KafkaTestKit) -> App:
 
 def test_direct_shapes_produce_the_documented_records_in_order(kafka: KafkaTestKit) -> None:
     src, out, other = kafka.topic(), kafka.topic(), kafka.topic()
-    kinds = ["bytes", "pair", "tombstone", "no-key", "output", "output-str-headers", "output-other", "output-partition",
-             "output-pairs", "generator", "list", "send-then-return", "serialized"]  # fmt: skip
+    kinds = [
+        "bytes",
+        "pair",
+        "tombstone",
+        "no-key",
+        "output",
+        "output-str-headers",
+        "output-other",
+        "output-partition",
+        "output-pairs",
+        "generator",
+        "list",
+        "send-then-return",
+        "serialized",
+    ]
     kafka.produce(src, [(b"k-" + k.encode(), k.encode()) for k in kinds])
     app = make_app(kafka)
 
@@ -104,8 +117,17 @@ def test_a_handler_that_fails_midway_leaves_nothing_of_its_attempt_committed(kaf
 
     with running(app):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 3}, 30)
-    assert kafka.values(out) == [b"before-sent", b"before-1", b"before-2", b"flaky-sent", b"flaky-1", b"flaky-2",
-                                 b"after-sent", b"after-1", b"after-2"]  # fmt: skip
+    assert kafka.values(out) == [
+        b"before-sent",
+        b"before-1",
+        b"before-2",
+        b"flaky-sent",
+        b"flaky-1",
+        b"flaky-2",
+        b"after-sent",
+        b"after-1",
+        b"after-2",
+    ]
     uncommitted = kafka.values(out, isolation="read_uncommitted")
     if retry == "in_place":
         assert uncommitted.count(b"flaky-1") == uncommitted.count(b"flaky-sent") == 1, (
@@ -128,7 +150,9 @@ def test_a_handler_that_fails_midway_leaves_nothing_of_its_attempt_committed(kaf
         ("generator-item", "cannot encode the value of type set"),
     ],
 )
-def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(kafka: KafkaTestKit, bad: str, message: str) -> None:
+def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(
+    kafka: KafkaTestKit, bad: str, message: str
+) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"good-1", bad.encode(), b"good-2"])
     app = make_app(kafka)
@@ -158,7 +182,9 @@ def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(ka
     assert info.exception_fqcn == "kafkatx.errors.OutputError"
     assert message in (info.exception_message or "")
     trace = info.exception_stacktrace or ""
-    assert "During handling" not in trace and "expected header" not in trace, "not chained to what confluent-kafka refused"
+    assert "During handling" not in trace and "expected header" not in trace, (
+        "not chained to what confluent-kafka refused"
+    )
 
 
 def test_a_listener_serializer_failure_dead_letters_its_record_naming_the_serializer(kafka: KafkaTestKit) -> None:
@@ -192,14 +218,15 @@ def test_a_listener_serializer_failure_dead_letters_its_record_naming_the_serial
     assert raised.attempts == wrong.attempts == 1, "an output the serializer cannot encode is not retried"
 
 
-
 @pytest.mark.parametrize("retry", ["rollback", "in_place"])
 def test_records_a_handler_keeps_stay_as_they_were_delivered(kafka: KafkaTestKit, retry: str) -> None:
     # The runner refills the Record object of the previous message when nothing else holds it (an allocation
     # less per record). Whatever keeps a record (a list, a generator's frame, a failure's traceback, an event)
     # must keep that record unchanged, and a handler's changes to one record must not leak into the next.
     src, out = kafka.topic(partitions=2), kafka.topic()
-    sent = [{"key": b"k%d" % n, "value": b"v%d" % n, "partition": n % 2, "headers": [("n", b"%d" % n)]} for n in range(40)]
+    sent = [
+        {"key": b"k%d" % n, "value": b"v%d" % n, "partition": n % 2, "headers": [("n", b"%d" % n)]} for n in range(40)
+    ]
     kafka.produce(src, sent)
     app = make_app(kafka)
     kept: list[Record] = []

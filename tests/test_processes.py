@@ -46,10 +46,23 @@ class Worker:
     def __init__(self, workdir: Path, env: dict[str, str], instance: str, bootstrap: str) -> None:
         self.log = open(workdir / f"{instance}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kafkatx", "run", "proc_app:app", "--bootstrap-servers", bootstrap,
-             "--instance-id", instance, "--no-status"],
-            cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kafkatx",
+                "run",
+                "proc_app:app",
+                "--bootstrap-servers",
+                bootstrap,
+                "--instance-id",
+                instance,
+                "--no-status",
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -80,7 +93,10 @@ def check_exactly_once(kafka: KafkaTestKit, out: str, n: int) -> None:
 @pytest.mark.parametrize("fencing", ["group", "partition"])
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_two_processes_one_stops_or_dies_mid_stream(
-    request: pytest.FixtureRequest, setup: tuple, how: str, fencing: str  # type: ignore[type-arg]
+    request: pytest.FixtureRequest,
+    setup: tuple,
+    how: str,
+    fencing: str,  # type: ignore[type-arg]
 ) -> None:
     if how == "sigkill" and fencing == "group" and not request.config.getoption("--kafka-bootstrap"):
         # After a member dies, noida-db's group flaps (members lose partitions right after
@@ -130,7 +146,9 @@ def test_two_processes_one_stops_or_dies_mid_stream(
                 w.wait(30)
     check_exactly_once(kafka, out, n)
     if how == "sigkill":
-        assert len(kafka.values(out, isolation="read_uncommitted")) >= n, "read_uncommitted may show the aborted attempt"
+        assert len(kafka.values(out, isolation="read_uncommitted")) >= n, (
+            "read_uncommitted may show the aborted attempt"
+        )
 
 
 HUNG_APP = textwrap.dedent(
@@ -167,15 +185,38 @@ def test_a_worker_stuck_in_a_client_call_stops_within_shutdown_timeout_and_recov
     src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
     name = unique_name("hung")
     shutdown_timeout = 3.0
-    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "FENCING": fencing, "PYTHONUNBUFFERED": "1",
-           "SHUTDOWN_TIMEOUT": str(shutdown_timeout)}  # fmt: skip
+    env = {
+        **os.environ,
+        "APP_NAME": name,
+        "SRC": src,
+        "OUT": out,
+        "FENCING": fencing,
+        "PYTHONUNBUFFERED": "1",
+        "SHUTDOWN_TIMEOUT": str(shutdown_timeout),
+    }
     n = 6000
     kafka.produce(src, [{"value": b"%d" % i, "partition": i % 2} for i in range(n)])
 
     def worker() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "hung_app:app", "--instance-id", "w",
-                                 "--no-status", "--bootstrap-servers", broker.bootstrap_servers],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kafkatx",
+                "run",
+                "hung_app:app",
+                "--instance-id",
+                "w",
+                "--no-status",
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     proc = worker()
     frozen = False
@@ -190,7 +231,9 @@ def test_a_worker_stuck_in_a_client_call_stops_within_shutdown_timeout_and_recov
         output, _ = proc.communicate(timeout=60)
         took = time.monotonic() - t0
         assert proc.returncode == 1, output[-3000:]
-        assert took < shutdown_timeout + 7, f"stopped {took:.1f}s after SIGTERM (shutdown_timeout={shutdown_timeout:g}s)"
+        assert took < shutdown_timeout + 7, (
+            f"stopped {took:.1f}s after SIGTERM (shutdown_timeout={shutdown_timeout:g}s)"
+        )
         assert f"did not stop within shutdown_timeout={shutdown_timeout:g}s" in output, output[-3000:]
         stuck = re.search(r"is blocked in (\w+) \(blocked for", output)
         assert stuck, f"the message names the call the worker is stuck in:\n{output[-3000:]}"

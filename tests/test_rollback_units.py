@@ -129,8 +129,11 @@ def test_recovery_failures_mark_the_record_for_recovery() -> None:
 
 
 def test_policy_asks_the_classifier_then_the_attempts_then_waits() -> None:
-    policy = FailurePolicy(max_attempts=3, backoff=tenacity.wait_exponential(multiplier=0.1, max=5),
-                           classifier=ExceptionClassifier([KeyError]))  # fmt: skip
+    policy = FailurePolicy(
+        max_attempts=3,
+        backoff=tenacity.wait_exponential(multiplier=0.1, max=5),
+        classifier=ExceptionClassifier([KeyError]),
+    )
     assert policy.decide(1, ValueError()) == Verdict(Action.RETRY, 1, delay=0.1)
     assert policy.decide(2, ValueError()) == Verdict(Action.RETRY, 2, delay=0.2)
     verdict = policy.decide(3, ValueError())

@@ -21,7 +21,13 @@ import kafkatx.spark  # noqa: E402
 from kafkatx import App  # noqa: E402
 from kafkatx.dlq.headers import parse_dead_letter_headers  # noqa: E402
 from kafkatx.errors import InvalidConfigurationError  # noqa: E402
-from kafkatx.events import HandlerFailed, RecordRecovered, RecoveryFailed, TransactionAborted, TransactionCommitted  # noqa: E402
+from kafkatx.events import (  # noqa: E402
+    HandlerFailed,
+    RecordRecovered,
+    RecoveryFailed,
+    TransactionAborted,
+    TransactionCommitted,
+)
 from kafkatx.rollback.classifier import ExceptionClassifier  # noqa: E402
 from kafkatx.spark import SparkJobError, SparkSessionError, as_job_error  # noqa: E402
 from kafkatx.spark._errors import parse_python_traceback  # noqa: E402
@@ -52,8 +58,12 @@ _checked = F.udf(_check, StringType())
 
 def word_count(df: DataFrame) -> DataFrame:
     """The KIP-1050 demo app: count the words of each batch."""
-    words = df.select(F.explode(F.split(F.col("value").cast("string"), r"\s+")).alias("word")).where(F.col("word") != "")
-    return words.groupBy("word").count().select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
+    words = df.select(F.explode(F.split(F.col("value").cast("string"), r"\s+")).alias("word")).where(
+        F.col("word") != ""
+    )
+    return (
+        words.groupBy("word").count().select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
+    )
 
 
 def checked_count(df: DataFrame) -> DataFrame:
@@ -63,7 +73,9 @@ def checked_count(df: DataFrame) -> DataFrame:
 
 
 def _app(kafka: KafkaTestKit, spark: Any, **kwargs: Any) -> App:
-    app = App(unique_name("spark-app"), bootstrap_servers=kafka.bootstrap_servers, instance_id=unique_name("i"), **kwargs)
+    app = App(
+        unique_name("spark-app"), bootstrap_servers=kafka.bootstrap_servers, instance_id=unique_name("i"), **kwargs
+    )
     kafkatx.spark.configure(app, session=spark)
     return app
 
@@ -315,7 +327,7 @@ def test_udf_exception_is_unwrapped_to_the_users_class(spark_session: Any) -> No
 def test_parse_python_traceback() -> None:
     text = (
         "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
-        '  File "/x/a.py", line 3, in f\n    raise KeyError(k)\nKeyError: \'k\'\n\n'
+        "  File \"/x/a.py\", line 3, in f\n    raise KeyError(k)\nKeyError: 'k'\n\n"
         "During handling of the above exception, another exception occurred:\n\n"
         'Traceback (most recent call last):\n  File "/x/a.py", line 5, in f\n    raise app.errors.Bad(msg)\n'
         "app.errors.Bad: first line\nsecond line\n SQLSTATE: 38000"
@@ -337,7 +349,9 @@ def test_spark_listener_options() -> None:
     with pytest.raises(InvalidConfigurationError, match="unknown option.*outptu"):
         app.spark_listener("in", outptu="x")(word_count)
     with pytest.raises(InvalidConfigurationError, match="either session= or master="):
-        kafkatx.spark.configure(app, session=object.__new__(type("S", (), {"createDataFrame": lambda self: None})), master="local")
+        kafkatx.spark.configure(
+            app, session=object.__new__(type("S", (), {"createDataFrame": lambda self: None})), master="local"
+        )
     app.spark_listener("in", output="out")(word_count)
     spec = app.listeners[0]
     assert (spec.kind, spec.max_batch_records, spec.max_batch_ms) == ("batch", 50_000, 2_000)

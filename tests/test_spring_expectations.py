@@ -250,7 +250,9 @@ def test_a_failed_record_on_one_partition_with_unprocessed_records_on_another(ka
     fails keeps the record, and the offset is sent once, when the recovery succeeds."""
     src, out = kafka.topic(partitions=2), kafka.topic()
     dlt = src + "-dlt"
-    kafka.produce(src, [{"value": b"foo-0", "partition": 0}] + [{"value": b"bar-%d" % i, "partition": 1} for i in range(3)])
+    kafka.produce(
+        src, [{"value": b"foo-0", "partition": 0}] + [{"value": b"bar-%d" % i, "partition": 1} for i in range(3)]
+    )
     app = make_app(kafka)
     calls: Counter[bytes] = Counter()
     recovery_calls: list[int] = []
@@ -262,8 +264,14 @@ def test_a_failed_record_on_one_partition_with_unprocessed_records_on_another(ka
         if len(recovery_calls) == 1:
             raise OSError("test recoverer failure")
 
-    @app.listener(src, output=out, max_attempts=10, max_batch_ms=500, recovery_backoff=0.1,
-                  dlq=CompositeRecoverer(DeadLetterPublishingRecoverer(), fails_once))  # fmt: skip
+    @app.listener(
+        src,
+        output=out,
+        max_attempts=10,
+        max_batch_ms=500,
+        recovery_backoff=0.1,
+        dlq=CompositeRecoverer(DeadLetterPublishingRecoverer(), fails_once),
+    )
     def handle(record: Record) -> bytes:
         value = record.value or b""
         calls[value] += 1
@@ -346,8 +354,12 @@ def test_routing_back_to_the_source_topic(kafka: KafkaTestKit, skip_same_topic_f
     app = make_app(kafka)
     calls: list[tuple[bytes, bool]] = []
 
-    @app.listener(src, max_attempts=2, not_retryable=(PoisonError,),
-                  dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: r.topic, skip_same_topic_fatal=skip_same_topic_fatal))  # fmt: skip
+    @app.listener(
+        src,
+        max_attempts=2,
+        not_retryable=(PoisonError,),
+        dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: r.topic, skip_same_topic_fatal=skip_same_topic_fatal),
+    )
     def handle(record: Record) -> None:
         republished = record.header("kafka_dlt-original-offset") is not None
         calls.append((record.value or b"", republished))
@@ -359,16 +371,20 @@ def test_routing_back_to_the_source_topic(kafka: KafkaTestKit, skip_same_topic_f
 
     copies_expected = 1 if skip_same_topic_fatal else 2
     with running(app):
-        wait_for(lambda: sum(r for _v, r in calls) == copies_expected and kafka.caught_up(app.group_id, src), 30,
-                 message=f"{copies_expected} republished copies handled, all committed")  # fmt: skip
+        wait_for(
+            lambda: sum(r for _v, r in calls) == copies_expected and kafka.caught_up(app.group_id, src),
+            30,
+            message=f"{copies_expected} republished copies handled, all committed",
+        )
     copies = [r.value for r in kafka.read(src) if r.header("kafka_dlt-original-offset") is not None]
     if skip_same_topic_fatal:
         assert copies == [b"retryable"]
         assert calls == [(b"fatal", False), (b"retryable", False), (b"retryable", False), (b"retryable", True)]
     else:
         assert copies == [b"fatal", b"retryable"]
-        assert Counter(calls) == Counter({(b"fatal", False): 1, (b"retryable", False): 2, (b"fatal", True): 1,
-                                          (b"retryable", True): 1})  # fmt: skip
+        assert Counter(calls) == Counter(
+            {(b"fatal", False): 1, (b"retryable", False): 2, (b"fatal", True): 1, (b"retryable", True): 1}
+        )
 
 
 def test_extra_headers_are_appended_in_order_and_the_partition_can_be_chosen(kafka: KafkaTestKit) -> None:
@@ -405,8 +421,13 @@ def test_a_destination_resolver_that_returns_nothing_never_skips_the_record(kafk
     failures: list[RecoveryFailed] = []
     app.on(RecoveryFailed)(failures.append)
 
-    @app.listener(src, max_attempts=1, max_recovery_failures=2, recovery_backoff=0.05,
-                  dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: None))  # type: ignore[arg-type,return-value]  # fmt: skip
+    @app.listener(
+        src,
+        max_attempts=1,
+        max_recovery_failures=2,
+        recovery_backoff=0.05,
+        dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: None),
+    )  # type: ignore[arg-type,return-value]
     def handle(record: Record) -> None:
         if record.value == b"poison":
             raise PoisonError("p")
@@ -414,8 +435,9 @@ def test_a_destination_resolver_that_returns_nothing_never_skips_the_record(kafk
     app.start()
     assert app.wait(30), "the container stops by itself"
     assert isinstance(app.failure, RecoveryExhaustedError)
-    assert [str(f.recovery_error) for f in failures] == ["the dead-letter topic resolver returned None for "
-                                                        f"{src}/0@1; a record is never skipped silently"] * 2
+    assert [str(f.recovery_error) for f in failures] == [
+        f"the dead-letter topic resolver returned None for {src}/0@1; a record is never skipped silently"
+    ] * 2
     assert kafka.committed(app.group_id, src) == {0: 1}, "ok committed, poison kept for the next start"
 
 
@@ -453,8 +475,9 @@ def test_alternating_causes_still_reach_max_attempts(kafka: KafkaTestKit, retry:
 
 
 def produce_in_one_transaction(kafka: KafkaTestKit, topic: str, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("input"),
-                         "log_level": 3})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("input"), "log_level": 3}
+    )
     producer.init_transactions(15)
     producer.begin_transaction()
     for value in values:

@@ -39,17 +39,25 @@ APP = textwrap.dedent(
 
 def supervisor(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     (tmp_path / "sup_app.py").write_text(APP)
-    return subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "sup_app:app", "--no-status", *args],
-                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", "sup_app:app", "--no-status", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(kafka: KafkaTestKit, tmp_path: Path) -> None:
+def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
     src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
     name = unique_name("sup")
     env = {"APP_NAME": name, "SRC": src, "OUT": out}
-    proc = supervisor(tmp_path, env, "--workers", "2", "--instance-id", "sup",
-                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    proc = supervisor(
+        tmp_path, env, "--workers", "2", "--instance-id", "sup", "--bootstrap-servers", kafka.bootstrap_servers
+    )
     lines: list[str] = []
     try:
         kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 4} for i in range(400)])
@@ -74,14 +82,16 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(k
     output = "".join(lines)
     assert proc.returncode == 0, output
     assert "worker sup-0 exited with code -9; restarting it under the same id" in output
-    assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in [b"a%d" % i for i in range(400)] +
-                                                 [b"b%d" % i for i in range(400)]), "exactly once"  # fmt: skip
+    assert Counter(kafka.values(out)) == Counter(
+        b"out-" + v for v in [b"a%d" % i for i in range(400)] + [b"b%d" % i for i in range(400)]
+    ), "exactly once"
 
 
 def test_a_crash_loop_ends_the_run_with_one_line(kafka: KafkaTestKit, tmp_path: Path) -> None:
     env = {"APP_NAME": unique_name("loop"), "SRC": kafka.topic(), "OUT": kafka.topic(), "BROKEN_AT_START": "1"}
-    proc = supervisor(tmp_path, env, "--workers", "1", "--instance-id", "loop",
-                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    proc = supervisor(
+        tmp_path, env, "--workers", "1", "--instance-id", "loop", "--bootstrap-servers", kafka.bootstrap_servers
+    )
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 1, out
     assert "worker loop-0 crashed 5 times within 60s" in out and "giving up" in out
@@ -96,7 +106,9 @@ def test_a_configuration_error_is_not_restarted(kafka: KafkaTestKit, tmp_path: P
 
 
 @pytest.mark.timeout(180)
-def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_restarts(kafka: KafkaTestKit, tmp_path: Path) -> None:
+def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_restarts(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
     """Issue 13: the supervisor restarts the worker the poison record kills, under its id; the crash guard counts
     the crashes with the committed offsets; after max_attempts counted crashes the record is dead-lettered and the
     partition moves on, before the supervisor's crash-loop limit (5 within 60 s) gives up."""
@@ -108,8 +120,9 @@ def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_rest
     values[33] = b"poison"  # partition 1, offset 16
     kafka.produce(src, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
     env = {"APP_NAME": name, "SRC": src, "OUT": out, "DLQ": "1"}
-    proc = supervisor(tmp_path, env, "--workers", "1", "--instance-id", "poison",
-                      "--bootstrap-servers", kafka.bootstrap_servers)  # fmt: skip
+    proc = supervisor(
+        tmp_path, env, "--workers", "1", "--instance-id", "poison", "--bootstrap-servers", kafka.bootstrap_servers
+    )
     try:
         wait_for(lambda: kafka.caught_up(name, src), 120, interval=0.5, message="the poison record's offset committed")
     finally:

@@ -29,7 +29,9 @@ def test_a_custom_batch_runner_commits_exactly_once(kafka: KafkaTestKit) -> None
         assert unit.transact(work)
         batches.append(len(records))
 
-    app.register(build_spec(lambda df: None, [src], {"max_batch_ms": 50}, kind="batch", runner=lambda c: uppercase_batch))
+    app.register(
+        build_spec(lambda df: None, [src], {"max_batch_ms": 50}, kind="batch", runner=lambda c: uppercase_batch)
+    )
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
     values = Counter(kafka.values(out))

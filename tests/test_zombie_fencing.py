@@ -35,8 +35,13 @@ FAST_GROUP = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbe
 
 def worker(kafka: KafkaTestKit, name: str, instance: str, src: str, out: str, fencing: str, calls: Counter[str]) -> App:
     # Dynamic membership: the zombie is a member that stalled past max.poll.interval.ms and was replaced.
-    app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id=instance, consumer_config=FAST_GROUP,
-              static_membership=False)  # fmt: skip
+    app = App(
+        name,
+        bootstrap_servers=kafka.bootstrap_servers,
+        instance_id=instance,
+        consumer_config=FAST_GROUP,
+        static_membership=False,
+    )
 
     @app.listener(src, output=out, fencing=fencing, max_batch_records=1)
     def handle(record: Record) -> bytes:
@@ -84,7 +89,12 @@ def stall(app: App, when: str, stalled: threading.Event, release: threading.Even
 
 @pytest.mark.parametrize(
     ("fencing", "when"),
-    [("partition", "in_commit"), ("partition", "before_commit"), ("group", "before_commit"), ("group", "before_offsets")],
+    [
+        ("partition", "in_commit"),
+        ("partition", "before_commit"),
+        ("group", "before_commit"),
+        ("group", "before_offsets"),
+    ],
 )
 def test_zombie_wakes_up_after_rebalance_without_duplicates(
     request: pytest.FixtureRequest, kafka: KafkaTestKit, fencing: str, when: str
@@ -154,8 +164,16 @@ def test_why_partition_mode_needs_a_stable_transactional_id(kafka: KafkaTestKit)
         tp = TopicPartition(src, 0)
 
         def consumer(isolation: str) -> Consumer:
-            c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False,
-                          "isolation.level": isolation, "auto.offset.reset": "earliest", "log_level": 3})  # fmt: skip
+            c = Consumer(
+                {
+                    "bootstrap.servers": kafka.bootstrap_servers,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "isolation.level": isolation,
+                    "auto.offset.reset": "earliest",
+                    "log_level": 3,
+                }
+            )
             c.assign([tp])
             return c
 
@@ -213,8 +231,12 @@ def test_partition_mode_a_fenced_worker_does_not_fence_the_new_owner_back(kafka:
     with running(app):
         wait_for(lambda: sum(kafka.committed(name, src).values()) > 20, 30, message="the worker is committing")
         # The "new owner": the partition's own transactional.id, initialised elsewhere.
-        owner = Producer({"bootstrap.servers": kafka.bootstrap_servers,
-                          "transactional.id": app.partition_transactional_id(name, src, 0)})  # fmt: skip
+        owner = Producer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "transactional.id": app.partition_transactional_id(name, src, 0),
+            }
+        )
         owner.init_transactions(30)
         wait_for(lambda: recreated, 30, message="the worker saw it was fenced")
         time.sleep(1.5)  # the worker keeps running: it must not have taken the id back meanwhile

@@ -55,12 +55,29 @@ class Group:
         self.members: dict[str, Member] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str, instance_id: str | None = None, config: dict[str, Any] | None = None,
-              close_after: float | None = None) -> Member:
-        args = {"bootstrap": self.bootstrap, "group": self.group, "topic": self.topic, "name": name,
-                "instance_id": instance_id, "config": config or {}, "close_after": close_after}
-        proc = subprocess.Popen([sys.executable, MEMBER, json.dumps(args)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    def start(
+        self,
+        name: str,
+        instance_id: str | None = None,
+        config: dict[str, Any] | None = None,
+        close_after: float | None = None,
+    ) -> Member:
+        args = {
+            "bootstrap": self.bootstrap,
+            "group": self.group,
+            "topic": self.topic,
+            "name": name,
+            "instance_id": instance_id,
+            "config": config or {},
+            "close_after": close_after,
+        }
+        proc = subprocess.Popen(
+            [sys.executable, MEMBER, json.dumps(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         member = Member(name, proc)
         self.members[name] = member
         threading.Thread(target=self._read, args=(member,), daemon=True).start()

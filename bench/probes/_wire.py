@@ -144,7 +144,9 @@ def decode_batches(data: bytes) -> list[Batch]:
         body = f.read(length)
         if len(body) < length:
             return out
-        _epoch, _magic, _crc, attrs, last_delta, _ft, _mt, pid, _pe, _seq, count = struct.unpack(">ibIhiqqqhii", body[:49])
+        _epoch, _magic, _crc, attrs, last_delta, _ft, _mt, pid, _pe, _seq, count = struct.unpack(
+            ">ibIhiqqqhii", body[:49]
+        )
         kind = "data"
         if attrs & 0x20:  # control batch: the first record's key is (version int16, type int16)
             r = io.BytesIO(body[49:])

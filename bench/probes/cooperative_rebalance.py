@@ -39,11 +39,15 @@ def step_report(g: Group, t0: float, t_stable: float | None, names: list[str]) -
         cbs = [f"+{e['t'] - t0:.1f}s {e['event']} {e['partitions']}" for e in m.events_after(t0)]
         owned_seq = [e["partitions"] for e in m.events if e["t"] >= t0 and e["event"] == "owned"]
         dropped_to_zero = any(not o for o in owned_seq[:-1]) and bool(owned_seq and owned_seq[-1])
-        lines.append(f"  {name}: callbacks {cbs or 'none'}; assignment went through {owned_seq or 'no change'}"
-                     + ("  <- had NO partitions in between" if dropped_to_zero else ""))
+        lines.append(
+            f"  {name}: callbacks {cbs or 'none'}; assignment went through {owned_seq or 'no change'}"
+            + ("  <- had NO partitions in between" if dropped_to_zero else "")
+        )
     if getattr(g, "overlaps", None):
         ps = sorted({p for _, o in g.overlaps for p in o})
-        lines.append(f"  OVERLAP: partitions {ps} doubly owned between +{g.overlaps[0][0] - t0:.1f}s and +{g.overlaps[-1][0] - t0:.1f}s")
+        lines.append(
+            f"  OVERLAP: partitions {ps} doubly owned between +{g.overlaps[0][0] - t0:.1f}s and +{g.overlaps[-1][0] - t0:.1f}s"
+        )
     return "\n".join(lines)
 
 

@@ -43,16 +43,32 @@ def main() -> None:
 
             def log(self, _level: int, fmt: str, *args: Any) -> None:
                 text = fmt % args if args else fmt
-                if any(k in text.lower() for k in ("fenced", "fatal", "unknown_member", "illegal_generation", "heartbeat failed")):
+                if any(
+                    k in text.lower()
+                    for k in ("fenced", "fatal", "unknown_member", "illegal_generation", "heartbeat failed")
+                ):
                     log.append(f"+{time.monotonic() - t0:5.1f}s {self.name}: {text[:200]}")
 
         def consumer(name: str) -> Consumer:
             def on_error(err: Any) -> None:
-                seen[name].append(f"+{time.monotonic() - t0:.1f}s error_cb {err.name()} fatal={err.fatal()} {err.str()[:120]}")
+                seen[name].append(
+                    f"+{time.monotonic() - t0:.1f}s error_cb {err.name()} fatal={err.fatal()} {err.str()[:120]}"
+                )
 
-            c = Consumer({"bootstrap.servers": bs, "group.id": group, "group.instance.id": "same-id",
-                          "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "enable.auto.commit": False,
-                          "auto.offset.reset": "earliest", "debug": "cgrp", "logger": Logger(name), "error_cb": on_error})  # fmt: skip
+            c = Consumer(
+                {
+                    "bootstrap.servers": bs,
+                    "group.id": group,
+                    "group.instance.id": "same-id",
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 500,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "debug": "cgrp",
+                    "logger": Logger(name),
+                    "error_cb": on_error,
+                }
+            )
             c.subscribe([topic])
             return c
 
@@ -61,7 +77,9 @@ def main() -> None:
                 for m in c.consume(10, 0.1):
                     if m.error() is not None:
                         e = m.error()
-                        seen[name].append(f"+{time.monotonic() - t0:.1f}s consume() {e.name()} fatal={e.fatal()} {e.str()[:120]}")
+                        seen[name].append(
+                            f"+{time.monotonic() - t0:.1f}s consume() {e.name()} fatal={e.fatal()} {e.str()[:120]}"
+                        )
             except KafkaException as exc:
                 seen[name].append(f"+{time.monotonic() - t0:.1f}s consume() raised {exc.args[0].name()}")
 
@@ -74,7 +92,9 @@ def main() -> None:
         c1 = consumer("c1")
         while not c1.assignment():
             poll("c1", c1)
-        print(f"+{time.monotonic() - t0:.1f}s c1 assigned {assignment(c1)}; starting c2 with the same group.instance.id")
+        print(
+            f"+{time.monotonic() - t0:.1f}s c1 assigned {assignment(c1)}; starting c2 with the same group.instance.id"
+        )
         c2 = consumer("c2")
         last: tuple[Any, Any] = (None, None)
         end = time.monotonic() + WATCH_SECONDS
@@ -91,7 +111,9 @@ def main() -> None:
                 print(f"{name}: commit() succeeded")
             except KafkaException as exc:
                 err = exc.args[0]
-                print(f"{name}: commit() raised {err.name()} fatal={err.fatal()} retriable={err.retriable()}: {err.str()[:150]}")
+                print(
+                    f"{name}: commit() raised {err.name()} fatal={err.fatal()} retriable={err.retriable()}: {err.str()[:150]}"
+                )
         for name in ("c1", "c2"):
             print(f"{name} surfaced:", *(seen[name] or ["nothing"]), sep="\n  ")
         print("group-protocol errors logged by librdkafka (debug=cgrp):", *(log[:15] or ["none"]), sep="\n  ")

@@ -41,9 +41,17 @@ def app() -> App:
     instance = os.environ["KAFKATX_INSTANCE_ID"]
     a = App(os.environ["PROBE_APP"], instance_id=instance)
 
-    @a.listener(os.environ["PROBE_SRC"], output=os.environ["PROBE_OUT"], max_batch_ms=50,
-                consumer_config={"group.instance.id": instance, "session.timeout.ms": 6000,
-                                 "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000})  # fmt: skip
+    @a.listener(
+        os.environ["PROBE_SRC"],
+        output=os.environ["PROBE_OUT"],
+        max_batch_ms=50,
+        consumer_config={
+            "group.instance.id": instance,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "max.poll.interval.ms": 30000,
+        },
+    )
     def copy(record: Record) -> tuple[bytes | None, bytes | None]:
         return record.key, record.value
 
@@ -54,14 +62,24 @@ def run(broker: LocalBroker, new_id: bool) -> str:
     kit = KafkaTestKit(broker.bootstrap_servers)
     src, out = kit.topic(partitions=PARTITIONS), kit.topic(partitions=PARTITIONS)
     name = "static-" + uuid.uuid4().hex[:6]
-    env = {**os.environ, "PROBE_APP": name, "PROBE_SRC": src, "PROBE_OUT": out,
-           "KAFKATX_BOOTSTRAP_SERVERS": broker.bootstrap_servers, "PYTHONPATH": str(Path(__file__).resolve().parent)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PROBE_APP": name,
+        "PROBE_SRC": src,
+        "PROBE_OUT": out,
+        "KAFKATX_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "PYTHONPATH": str(Path(__file__).resolve().parent),
+    }
     logs: dict[str, list[str]] = {}
 
     def worker(instance: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-m", "kafkatx", "run", "kafkatx_static_restart:app", "--no-status"],
-                             env={**env, "KAFKATX_INSTANCE_ID": instance}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        p = subprocess.Popen(
+            [sys.executable, "-m", "kafkatx", "run", "kafkatx_static_restart:app", "--no-status"],
+            env={**env, "KAFKATX_INSTANCE_ID": instance},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = logs.setdefault(instance, [])
 
         def read() -> None:
@@ -129,10 +147,12 @@ def run(broker: LocalBroker, new_id: bool) -> str:
     missing = sent - len(values)
     w1_revoked = [ln for ln in logs.get("w1", []) if "revoked" in ln and t_kill < float(ln.split()[0]) < t_stop]
     stall = {p: f"{t:.1f}s" for p, t in sorted(moved.items())}  # checks start 2 s after the kill
-    return (f"committed offsets moving again after the kill: {stall} (partitions missing: "
-            f"{sorted(set(range(PARTITIONS)) - set(moved)) or 'none'}); w1 revocations after the kill: {len(w1_revoked)}; "
-            f"all committed at the end: {caught_up}; {sent} records in, {len(values)} distinct out, "
-            f"duplicates {dups}, missing {missing}")
+    return (
+        f"committed offsets moving again after the kill: {stall} (partitions missing: "
+        f"{sorted(set(range(PARTITIONS)) - set(moved)) or 'none'}); w1 revocations after the kill: {len(w1_revoked)}; "
+        f"all committed at the end: {caught_up}; {sent} records in, {len(values)} distinct out, "
+        f"duplicates {dups}, missing {missing}"
+    )
 
 
 def main() -> None:

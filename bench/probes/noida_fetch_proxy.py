@@ -28,7 +28,6 @@ import struct
 import sys
 import threading
 from collections import deque
-from typing import Any
 
 FETCH, METADATA, FIND_COORDINATOR = 1, 3, 10
 
@@ -71,16 +70,16 @@ class _Rewriter:
 
     def copy_to_here(self) -> None:
         pos = self.f.tell()
-        self.out += self.f.getbuffer()[self.mark:pos]
+        self.out += self.f.getbuffer()[self.mark : pos]
         self.mark = pos
 
     def replace_from(self, start: int, replacement: bytes) -> None:
-        self.out += self.f.getbuffer()[self.mark:start]
+        self.out += self.f.getbuffer()[self.mark : start]
         self.out += replacement
         self.mark = self.f.tell()
 
     def finish(self) -> bytes:
-        self.out += self.f.getbuffer()[self.mark:]
+        self.out += self.f.getbuffer()[self.mark :]
         return bytes(self.out)
 
 
@@ -251,7 +250,7 @@ class FetchProxy:
                 (corr,) = struct.unpack(">i", msg[:4])
                 while pending and pending[0][0] != corr:
                     pending.popleft()
-                api, ver = (pending.popleft()[1:] if pending else (None, None))
+                api, ver = pending.popleft()[1:] if pending else (None, None)
                 if api == FETCH and ver is not None and 4 <= ver <= 13:
                     msg = msg[:4] + rewrite_fetch(msg[4:], ver)
                 elif api == FIND_COORDINATOR and ver is not None and ver <= 4:

@@ -101,8 +101,10 @@ def mode_wire() -> None:
         print("log (read_uncommitted):", " ".join(f"{x.base_offset}:{x.kind}/pid{x.producer_id}" for x in full))
         committed_data = [x.base_offset for x in _wire.fetch(conn, topic, 0, 0).batches if x.kind == "data"]
         print("committed data batches:", committed_data, "\n")
-        print(f"{'fetch@':>6} {'hw':>3} {'lso':>3} {'lstart':>6}  {'noida aborted list':<28} {'Kafka would list':<22} "
-              f"{'batches returned':<40} librdkafka delivers")
+        print(
+            f"{'fetch@':>6} {'hw':>3} {'lso':>3} {'lstart':>6}  {'noida aborted list':<28} {'Kafka would list':<22} "
+            f"{'batches returned':<40} librdkafka delivers"
+        )
         for offset in range(full[-1].last_offset + 2):
             r = _wire.fetch(conn, topic, 0, offset)
             upper = r.batches[-1].last_offset + 1 if r.batches else offset
@@ -111,9 +113,11 @@ def mode_wire() -> None:
             wanted = [o for o in committed_data if o >= offset]
             got = librdkafka_delivers(r)
             lost = sorted(set(wanted) - set(got))
-            print(f"{offset:>6} {r.high_watermark:>3} {r.last_stable_offset:>3} {r.log_start_offset!s:>6}  "
-                  f"{r.aborted_transactions!s:<28} {expected!s:<22} {batches:<40} {got}"
-                  + (f"  LOST {lost}" if lost else ""))
+            print(
+                f"{offset:>6} {r.high_watermark:>3} {r.last_stable_offset:>3} {r.log_start_offset!s:>6}  "
+                f"{r.aborted_transactions!s:<28} {expected!s:<22} {batches:<40} {got}"
+                + (f"  LOST {lost}" if lost else "")
+            )
         conn.close()
     print("\n(batch kinds: d=data C=COMMIT marker A=ABORT marker; noida drops aborted data batches itself)")
 
@@ -121,10 +125,16 @@ def mode_wire() -> None:
 CANDIDATES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "fetch.wait.max.ms=2000,fetch.min.bytes=1000000": {"fetch.wait.max.ms": 2000, "fetch.min.bytes": 1_000_000},
-    "fetch.max.bytes=1000,message.max.bytes=1000,max.partition.fetch.bytes=1":
-        {"fetch.max.bytes": 1000, "message.max.bytes": 1000, "max.partition.fetch.bytes": 1},
-    "fetch.max.bytes=max.partition.fetch.bytes=100 MB": {"fetch.max.bytes": 100_000_000, "max.partition.fetch.bytes": 100_000_000,
-                                                         "receive.message.max.bytes": 200_000_000},
+    "fetch.max.bytes=1000,message.max.bytes=1000,max.partition.fetch.bytes=1": {
+        "fetch.max.bytes": 1000,
+        "message.max.bytes": 1000,
+        "max.partition.fetch.bytes": 1,
+    },
+    "fetch.max.bytes=max.partition.fetch.bytes=100 MB": {
+        "fetch.max.bytes": 100_000_000,
+        "max.partition.fetch.bytes": 100_000_000,
+        "receive.message.max.bytes": 200_000_000,
+    },
     "check.crcs=true": {"check.crcs": True},
     "enable.partition.eof=true": {"enable.partition.eof": True},
     "queued.max.messages.kbytes=1,queued.min.messages=1": {"queued.max.messages.kbytes": 1, "queued.min.messages": 1},
@@ -133,8 +143,15 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
-def live_run(bootstrap: str, admin: AdminClient, producer: Producer, other: Producer, extra: dict[str, Any],
-             *, slow_poll: float = 0.0) -> tuple[int, int]:
+def live_run(
+    bootstrap: str,
+    admin: AdminClient,
+    producer: Producer,
+    other: Producer,
+    extra: dict[str, Any],
+    *,
+    slow_poll: float = 0.0,
+) -> tuple[int, int]:
     """One run: a caught-up consumer, then C A C C from one producer, a sentinel from another, C C, a sentinel.
 
     Returns (post-abort commits expected, post-abort commits received). The
@@ -142,8 +159,16 @@ def live_run(bootstrap: str, admin: AdminClient, producer: Producer, other: Prod
     abort through keeps getting later ones.
     """
     topic = new_topic(admin)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "isolation.level": "read_committed",
-                         "enable.auto.commit": False, **QUIET, **extra})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "unused",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            **QUIET,
+            **extra,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     got: list[bytes] = []
     stop = threading.Event()
@@ -213,8 +238,16 @@ def mode_fresh() -> None:
         for i in range(200):
             transaction(p, topic, b"c%03d" % i + b"." * 1000, True)
         for max_bytes in (100_000_000, 1_048_576, 10_000):
-            consumer = Consumer({"bootstrap.servers": bs, "group.id": "unused", "isolation.level": "read_committed",
-                                 "enable.partition.eof": True, "max.partition.fetch.bytes": max_bytes, **QUIET})  # fmt: skip
+            consumer = Consumer(
+                {
+                    "bootstrap.servers": bs,
+                    "group.id": "unused",
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    "max.partition.fetch.bytes": max_bytes,
+                    **QUIET,
+                }
+            )
             consumer.assign([TopicPartition(topic, 0, 0)])
             n, eof = 0, False
             while not eof:
@@ -224,7 +257,9 @@ def mode_fresh() -> None:
                     else:
                         eof = True
             consumer.close()
-            print(f"fresh reader from offset 0, max.partition.fetch.bytes={max_bytes:>11}: {n:>3} of 200 committed records")
+            print(
+                f"fresh reader from offset 0, max.partition.fetch.bytes={max_bytes:>11}: {n:>3} of 200 committed records"
+            )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@ def main() -> None:
             p = p or producer()
             p.begin_transaction()
             try:
-                tp = TopicPartition(topic, 0, offset) if metadata is None else TopicPartition(topic, 0, offset, metadata=metadata)
+                tp = (
+                    TopicPartition(topic, 0, offset)
+                    if metadata is None
+                    else TopicPartition(topic, 0, offset, metadata=metadata)
+                )
                 p.send_offsets_to_transaction([tp], consumer.consumer_group_metadata(), 10)
                 if commit:
                     p.commit_transaction(10)

@@ -65,17 +65,21 @@ def run(bootstrap: str, scenario: str) -> str:
             still = g.stable(PARTITIONS, ["w0r", "w1"])
             same = sorted(r.owned()) == sorted(before["w0"])
             w1_events = [(round(e["t"] - t0, 2), e["event"], e["partitions"]) for e in w1.events_after(t0)]
-            return (f"restarted member has partitions after {_dt(t_back, t0)} (same as before: {same}); "
-                    f"group stable after {_dt(t_stable, t0)}, still stable 10 s later: {still}; "
-                    f"w1 callbacks after the kill: {w1_events or 'none'}; overlaps: {_overlaps(g, t0)}")
+            return (
+                f"restarted member has partitions after {_dt(t_back, t0)} (same as before: {same}); "
+                f"group stable after {_dt(t_stable, t0)}, still stable 10 s later: {still}; "
+                f"w1 callbacks after the kill: {w1_events or 'none'}; overlaps: {_overlaps(g, t0)}"
+            )
         # close scenarios: w0 closes cleanly (SIGTERM -> consumer.close())
         t0 = w0.term()
         w0.proc.wait(30)
         t_closed = next((e["t"] for e in w0.events if e["event"] == "closed"), None)
         t_all = g.wait(lambda: sorted(w1.owned()) == list(range(PARTITIONS)), TIMEOUT)
         w1_events = [(round(e["t"] - t0, 2), e["event"], e["partitions"]) for e in w1.events_after(t0)]
-        return (f"close() returned after {_dt(t_closed, t0)}; w1 owns all partitions after {_dt(t_all, t0)}; "
-                f"w1 callbacks: {w1_events or 'none'}")
+        return (
+            f"close() returned after {_dt(t_closed, t0)}; w1 owns all partitions after {_dt(t_all, t0)}; "
+            f"w1 callbacks: {w1_events or 'none'}"
+        )
     finally:
         g.stop()
 
@@ -96,7 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=", ".join(SCENARIOS))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds to wait for the group to settle (default 90)")
+    ap.add_argument(
+        "--timeout", type=float, default=TIMEOUT, help="seconds to wait for the group to settle (default 90)"
+    )
     args = ap.parse_args()
     globals()["TIMEOUT"] = args.timeout
     unknown = set(args.scenarios) - set(SCENARIOS)

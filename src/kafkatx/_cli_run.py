@@ -25,13 +25,21 @@ EX_USAGE = 64
 EX_CONFIG = 78
 
 #: The kafkatx extra that installs a module an App (or one of kafkatx's examples) may import.
-_EXTRAS = {"sqlalchemy": "database", "pyspark": "spark", "pyarrow": "spark", "pandas": "spark",
-           "prometheus_client": "metrics", "noida_db": "local"}  # fmt: skip
+_EXTRAS = {
+    "sqlalchemy": "database",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+    "pandas": "spark",
+    "prometheus_client": "metrics",
+    "noida_db": "local",
+}
 #: Python words in kafkatx's messages, and what a user of this command types instead.
 _CLI_WORDS = (
-    ("pass App(create_topics=True) to let kafkatx create missing topics",
-     "run with --create-topics (App(create_topics=True)) to let kafkatx create missing topics"),
-)  # fmt: skip
+    (
+        "pass App(create_topics=True) to let kafkatx create missing topics",
+        "run with --create-topics (App(create_topics=True)) to let kafkatx create missing topics",
+    ),
+)
 
 
 class MissingDependencyError(Exception):
@@ -73,12 +81,17 @@ def _import(module_name: str) -> Any:
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if not missing or module_name == missing or module_name.startswith(missing + "."):
-            raise ValueError(f"cannot import module {module_name!r}: {exc} (run kafkatx from the directory "
-                             "that contains it, or install it)") from exc  # fmt: skip
+            raise ValueError(
+                f"cannot import module {module_name!r}: {exc} (run kafkatx from the directory "
+                "that contains it, or install it)"
+            ) from exc
         top = missing.split(".")[0]
         extra = _EXTRAS.get(top)
-        how = (f"pip install 'kafkatx[{extra}]' (in a clone of kafkatx: pip install -e '.[{extra}]')" if extra
-               else f"install the package that provides it (often: pip install {top})")  # fmt: skip
+        how = (
+            f"pip install 'kafkatx[{extra}]' (in a clone of kafkatx: pip install -e '.[{extra}]')"
+            if extra
+            else f"install the package that provides it (often: pip install {top})"
+        )
         raise MissingDependencyError(f"{module_name} imports {missing!r}, which is not installed: {how}") from exc
 
 
@@ -106,8 +119,11 @@ def _misspelt_keyword(exc: TypeError) -> str | None:
 def _where(exc: BaseException) -> str:
     """``file:line: `` of the App's own line that led to ``exc`` (the last frame outside kafkatx and importlib)."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(package)]  # fmt: skip
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(package)
+    ]
     return f"{os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
 
 
@@ -123,8 +139,11 @@ def load_app(target: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             apps = [name for name, value in vars(module).items() if isinstance(value, App)]
-            found = f": try {module_name}:{apps[0]}" if len(apps) == 1 else (
-                f"; its Apps are {', '.join(apps)}" if apps else "")  # fmt: skip
+            found = (
+                f": try {module_name}:{apps[0]}"
+                if len(apps) == 1
+                else (f"; its Apps are {', '.join(apps)}" if apps else "")
+            )
             raise ValueError(f"module {module_name!r} has no attribute {attr!r}{found}") from None
     if not isinstance(obj, App) and callable(obj):
         try:
@@ -163,9 +182,12 @@ def _start_local_broker(args: argparse.Namespace) -> Any:
     try:
         return LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
     except PortInUseError as exc:
-        print(f"kafkatx run: the embedded broker cannot listen on port {exc.port}: it is already in use on "
-              "127.0.0.1 (another broker?). Pick another --local-port, or leave --local-port out for a free "
-              "one", file=sys.stderr)  # fmt: skip
+        print(
+            f"kafkatx run: the embedded broker cannot listen on port {exc.port}: it is already in use on "
+            "127.0.0.1 (another broker?). Pick another --local-port, or leave --local-port out for a free "
+            "one",
+            file=sys.stderr,
+        )
     except LocalBrokerError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)
     return None
@@ -210,19 +232,33 @@ def _no_servers(app: Any) -> str:
     """What to do when the App has no bootstrap servers, in this command's words."""
     from kafkatx.local import DEFAULT_PORT, _port_in_use
 
-    running = (f" (something listens on 127.0.0.1:{DEFAULT_PORT}, where `kafkatx broker` runs: "
-               f"--bootstrap-servers 127.0.0.1:{DEFAULT_PORT})") if _port_in_use(DEFAULT_PORT) else ""  # fmt: skip
-    return (f"App {app.name!r} has no Kafka bootstrap servers: pass --bootstrap-servers HOST:PORT, set "
-            f"$KAFKATX_BOOTSTRAP_SERVERS, or add --local for an embedded broker{running}")  # fmt: skip
+    running = (
+        (
+            f" (something listens on 127.0.0.1:{DEFAULT_PORT}, where `kafkatx broker` runs: "
+            f"--bootstrap-servers 127.0.0.1:{DEFAULT_PORT})"
+        )
+        if _port_in_use(DEFAULT_PORT)
+        else ""
+    )
+    return (
+        f"App {app.name!r} has no Kafka bootstrap servers: pass --bootstrap-servers HOST:PORT, set "
+        f"$KAFKATX_BOOTSTRAP_SERVERS, or add --local for an embedded broker{running}"
+    )
 
 
 def _unreachable(app: Any, args: argparse.Namespace) -> str:
     servers = app.resolved_bootstrap_servers()
-    source = ("--bootstrap-servers" if args.bootstrap_servers else
-              "the App's bootstrap_servers" if app.bootstrap_servers or app.config.get("bootstrap.servers") else
-              "$KAFKATX_BOOTSTRAP_SERVERS")  # fmt: skip
-    return (f"cannot reach Kafka at {servers} (from {source}; no answer within 15 s): is the broker running, "
-            "and is that its address? Pass --bootstrap-servers HOST:PORT, or add --local for an embedded broker")
+    source = (
+        "--bootstrap-servers"
+        if args.bootstrap_servers
+        else "the App's bootstrap_servers"
+        if app.bootstrap_servers or app.config.get("bootstrap.servers")
+        else "$KAFKATX_BOOTSTRAP_SERVERS"
+    )
+    return (
+        f"cannot reach Kafka at {servers} (from {source}; no answer within 15 s): is the broker running, "
+        "and is that its address? Pass --bootstrap-servers HOST:PORT, or add --local for an embedded broker"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -318,23 +354,47 @@ def _run(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     r = sub.add_parser("run", help="run an App: kafkatx run module:app")
     r.add_argument("target", help="module:attribute of a kafkatx.App (or a function returning one)")
-    r.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the App's, or $KAFKATX_BOOTSTRAP_SERVERS)")
-    r.add_argument("--instance-id", help="stable identity of this process, used in transactional.ids ($KAFKATX_INSTANCE_ID)")
-    r.add_argument("--local", action="store_true",
-                   help="start an embedded Kafka broker for the lifetime of the process; it replaces the App's "
-                        "bootstrap servers, and missing topics are created (as with --create-topics)")  # fmt: skip
+    r.add_argument(
+        "--bootstrap-servers", help="Kafka bootstrap servers (default: the App's, or $KAFKATX_BOOTSTRAP_SERVERS)"
+    )
+    r.add_argument(
+        "--instance-id", help="stable identity of this process, used in transactional.ids ($KAFKATX_INSTANCE_ID)"
+    )
+    r.add_argument(
+        "--local",
+        action="store_true",
+        help="start an embedded Kafka broker for the lifetime of the process; it replaces the App's "
+        "bootstrap servers, and missing topics are created (as with --create-topics)",
+    )
     r.add_argument("--local-port", type=int, default=None, help="port of the embedded broker (default: a free one)")
     r.add_argument("--local-data-dir", default=None, help="data dir of the embedded broker (default: temporary)")
-    r.add_argument("--create-topics", action="store_true",
-                   help="create the missing topics the App reads, writes, sends to or dead-letters to "
-                        "(with the App's topic_partitions)")  # fmt: skip
-    r.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: a free one)")
-    r.add_argument("--metrics-addr", default="127.0.0.1", help="address to serve metrics on (default 127.0.0.1; 0.0.0.0 for all)")
-    r.add_argument("--log-format", choices=("text", "json"), default="text", help="log as text (default) or one JSON object per line")
+    r.add_argument(
+        "--create-topics",
+        action="store_true",
+        help="create the missing topics the App reads, writes, sends to or dead-letters to "
+        "(with the App's topic_partitions)",
+    )
+    r.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: a free one)"
+    )
+    r.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="address to serve metrics on (default 127.0.0.1; 0.0.0.0 for all)"
+    )
+    r.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log as text (default) or one JSON object per line",
+    )
     r.add_argument("--status", dest="status", action="store_true", default=None, help="show a live status line")
     r.add_argument("--no-status", dest="status", action="store_false", help="never show the live status line")
-    r.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="run N worker processes (instance ids <id>-0..<id>-N-1) under a supervisor that "
-                        "restarts a crashed worker under its id and forwards signals")  # fmt: skip
+    r.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N worker processes (instance ids <id>-0..<id>-N-1) under a supervisor that "
+        "restarts a crashed worker under its id and forwards signals",
+    )
     r.add_argument("--embedded-broker", action="store_true", help=argparse.SUPPRESS)
     r.set_defaults(func=_run)

@@ -77,8 +77,10 @@ def _topics(args: argparse.Namespace) -> int:
     from kafkatx.dlq.tools import DlqToolError
 
     if args.action == "create" and not args.names:
-        print("kafkatx topics create: name the topics to create, e.g. kafkatx topics create orders --partitions 4",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "kafkatx topics create: name the topics to create, e.g. kafkatx topics create orders --partitions 4",
+            file=sys.stderr,
+        )
         return 2
     if args.action == "list" and args.names:
         print("kafkatx topics list takes no topic names (it lists every topic)", file=sys.stderr)
@@ -102,8 +104,10 @@ def _topics(args: argparse.Namespace) -> int:
         return 0
     for name in args.names:
         if name in existing:
-            print(f"kafkatx topics: cannot create {name!r}: it already exists ({existing[name]} partition(s))",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"kafkatx topics: cannot create {name!r}: it already exists ({existing[name]} partition(s))",
+                file=sys.stderr,
+            )
             return 1
         try:
             create_topic(admin, name, args.partitions)  # returns once listed: a produce right after finds it
@@ -138,16 +142,21 @@ def _produce(args: argparse.Namespace) -> int:
         print(f"kafkatx produce: {exc}", file=sys.stderr)
         return 1
     if args.topic not in existing:
-        print(f"kafkatx produce: topic {args.topic!r} does not exist on {servers}: create it with "
-              f"`kafkatx topics create {args.topic}` (an App creates its own with --create-topics or --local)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"kafkatx produce: topic {args.topic!r} does not exist on {servers}: create it with "
+            f"`kafkatx topics create {args.topic}` (an App creates its own with --create-topics or --local)",
+            file=sys.stderr,
+        )
         return 1
     if not args.value and sys.stdin.isatty():
-        print(f"kafkatx produce: one record per line{' (key<TAB>value)' if args.kv else ''}; Ctrl-D to finish",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"kafkatx produce: one record per line{' (key<TAB>value)' if args.kv else ''}; Ctrl-D to finish",
+            file=sys.stderr,
+        )
     lines = args.value if args.value else (line.rstrip("\n") for line in sys.stdin)
-    producer = Producer({**_client_config(servers), "enable.idempotence": True,
-                         "message.timeout.ms": int(_DELIVERY_TIMEOUT * 1000)})  # fmt: skip
+    producer = Producer(
+        {**_client_config(servers), "enable.idempotence": True, "message.timeout.ms": int(_DELIVERY_TIMEOUT * 1000)}
+    )
     failures: list[str] = []
     delivered = 0
 
@@ -168,8 +177,13 @@ def _produce(args: argparse.Namespace) -> int:
                 key, value = None, line
         while True:
             try:
-                producer.produce(args.topic, value.encode(), key.encode() if key is not None else None,
-                                 headers=headers or None, on_delivery=report)  # fmt: skip
+                producer.produce(
+                    args.topic,
+                    value.encode(),
+                    key.encode() if key is not None else None,
+                    headers=headers or None,
+                    on_delivery=report,
+                )
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.1)
@@ -178,8 +192,10 @@ def _produce(args: argparse.Namespace) -> int:
     undelivered = producer.flush(_DELIVERY_TIMEOUT + 5)
     if failures or undelivered or delivered < count:
         first = failures[0] if failures else f"no acknowledgement from {servers} within {_DELIVERY_TIMEOUT:g} s"
-        print(f"kafkatx produce: {count - delivered} of {count} record(s) not delivered to {args.topic}: {first}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"kafkatx produce: {count - delivered} of {count} record(s) not delivered to {args.topic}: {first}",
+            file=sys.stderr,
+        )
         return 1
     print(f"produced {count} record(s) to {args.topic}", file=sys.stderr)
     return 0
@@ -187,17 +203,23 @@ def _produce(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     servers_help = "default: $KAFKATX_BOOTSTRAP_SERVERS, else `kafkatx broker` on 127.0.0.1:9092"
-    t = sub.add_parser("topics", help="list or create topics",
-                       description="List the topics of a cluster (name and partitions), or create topics.")  # fmt: skip
+    t = sub.add_parser(
+        "topics",
+        help="list or create topics",
+        description="List the topics of a cluster (name and partitions), or create topics.",
+    )
     t.add_argument("action", choices=("list", "create"))
     t.add_argument("names", nargs="*", help="topics to create")
     t.add_argument("--partitions", type=int, default=1, help="partitions of created topics (default 1)")
     t.add_argument("--bootstrap-servers", help=servers_help)
     t.set_defaults(func=_topics)
 
-    p = sub.add_parser("produce", help="write records to a topic, one per line of stdin",
-                       description="Write records to an existing topic: one per line of stdin (or --value), "
-                                   "with no key unless --key or --kv gives one.")  # fmt: skip
+    p = sub.add_parser(
+        "produce",
+        help="write records to a topic, one per line of stdin",
+        description="Write records to an existing topic: one per line of stdin (or --value), "
+        "with no key unless --key or --kv gives one.",
+    )
     p.add_argument("topic")
     p.add_argument("--value", action="append", default=[], help="a value to write (repeatable) instead of stdin")
     p.add_argument("--key", help="the key of every record")

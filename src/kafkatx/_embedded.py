@@ -85,7 +85,9 @@ def chained_listeners(listeners: Iterable[ListenerTopics]) -> list[tuple[str, st
     return chains
 
 
-def warn_about_chained_listeners(listeners: Iterable[ListenerTopics], bootstrap_servers: str) -> list[tuple[str, str, str]]:
+def warn_about_chained_listeners(
+    listeners: Iterable[ListenerTopics], bootstrap_servers: str
+) -> list[tuple[str, str, str]]:
     """Warn when chained listeners run on the embedded broker, where the downstream one can lose records.
 
     noida-db 0.2.3 lists stale aborted transactions in read_committed fetches,
@@ -102,6 +104,10 @@ def warn_about_chained_listeners(listeners: Iterable[ListenerTopics], bootstrap_
             "(noida-db) a read_committed consumer skips a producer's committed records once it has read past "
             "one of that producer's aborted transactions, so %r can lose records that %r committed. "
             "Run chained listeners against a real Kafka cluster (see docs/BROKERS.md).",
-            reader, topic, writer, reader, writer,
-        )  # fmt: skip
+            reader,
+            topic,
+            writer,
+            reader,
+            writer,
+        )
     return chains

@@ -37,8 +37,7 @@ _HINTS: Final[dict[int, str]] = {
         "and READ/DESCRIBE on the input topics"
     ),
     KafkaError.GROUP_AUTHORIZATION_FAILED: (
-        "check the group ACLs: the principal needs READ on the consumer group, "
-        "which send_offsets_to_transaction uses"
+        "check the group ACLs: the principal needs READ on the consumer group, which send_offsets_to_transaction uses"
     ),
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
         "check the cluster ACLs: brokers older than 2.8 require IDEMPOTENT_WRITE on the Cluster "

@@ -32,7 +32,6 @@ TP = tuple[str, int]
 LagSink = Callable[[str, str, int, "int | None"], None]
 
 
-
 def _listener_label(listener: str, worker: int) -> str:
     """The listener's declared name: ``orders#2`` (worker 2 of ``orders``) becomes ``orders``.
 
@@ -100,8 +99,9 @@ class _LagTracker:
         if any(c.alive for c in app.containers):
             log.warning(
                 "App %s is already running: consumer lag is reported for consumers created from now on "
-                "(instrument the App before start() to get it at once)", app.name,
-            )  # fmt: skip
+                "(instrument the App before start() to get it at once)",
+                app.name,
+            )
 
     def add_sink(self, sink: LagSink) -> None:
         """``sink(listener, topic, partition, lag)`` on each update; ``lag=None`` drops the series."""

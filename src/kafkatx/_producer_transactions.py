@@ -80,7 +80,9 @@ class ProducerTransactions:
                 self._counter += 1
                 n = self._counter
             txn_id = f"{self._app.transactional_id_prefix}-{self._app.instance_id}-producer-{n}"
-            producer = TransactionalProducer(self._app.producer_config(None, txn_id), txn_id, retry_timeout=self._app.transaction_retry_timeout)
+            producer = TransactionalProducer(
+                self._app.producer_config(None, txn_id), txn_id, retry_timeout=self._app.transaction_retry_timeout
+            )
             self._local.producer = producer
         return producer
 

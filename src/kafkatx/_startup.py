@@ -29,6 +29,7 @@ log = logging.getLogger("kafkatx.app")
 def _admin(app: App) -> AdminClient:
     return AdminClient({**app._base_config(), "log_level": 3})
 
+
 def check_client_config(app: App) -> None:
     """Create (and drop) each client once, so that a misspelt librdkafka property is a configuration
     error naming it now, not a container dying at start."""
@@ -44,6 +45,7 @@ def check_client_config(app: App) -> None:
         except (KafkaException, ValueError, TypeError) as exc:
             raise InvalidConfigurationError(f"{what}: {_client_error_text(exc)}") from None
 
+
 def prepare_topics(app: App) -> None:
     """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
     admin = _admin(app)
@@ -51,14 +53,18 @@ def prepare_topics(app: App) -> None:
         meta = admin.list_topics(timeout=15)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
-                                                              KafkaError._ALL_BROKERS_DOWN):  # fmt: skip
+        if isinstance(error, KafkaError) and error.code() in (
+            KafkaError._TRANSPORT,
+            KafkaError._TIMED_OUT,
+            KafkaError._ALL_BROKERS_DOWN,
+        ):
             raise ClusterUnreachableError(
                 f"cannot reach Kafka at {app.resolved_bootstrap_servers()} (no answer within 15 s): is the "
                 "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
                 "or use `kafkatx run --local` for an embedded broker",
-                error=error, operation="list_topics (startup)",
-            ) from None  # fmt: skip
+                error=error,
+                operation="list_topics (startup)",
+            ) from None
         raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
     setup = _SetupContext(app, admin, meta)
     for spec in app.listeners:
@@ -72,6 +78,7 @@ def prepare_topics(app: App) -> None:
         spec.recoverer.setup(setup)
     app.cluster_id = meta.cluster_id
     resolve_fencing(app)
+
 
 def resolve_fencing(app: App) -> None:
     """``fencing="auto"``: KIP-447 group fencing, except on a broker known to lack KIP-447.
@@ -92,8 +99,9 @@ def resolve_fencing(app: App) -> None:
             log.warning(
                 "listener %s: fencing='group' on the embedded broker, which does not enforce KIP-447: a worker "
                 "that restarts under a new instance id can commit duplicates. Use fencing='partition' or "
-                "'auto' (the default), or stable instance ids.", spec.name,
-            )  # fmt: skip
+                "'auto' (the default), or stable instance ids.",
+                spec.name,
+            )
 
 
 def _try_consumer(config: dict[str, Any]) -> None:
@@ -136,7 +144,9 @@ class _SetupContext:
             err = exc.args[0]
             raise InvalidConfigurationError(
                 f"could not create {why} {topic!r} ({partitions} partitions): {err.str()}. Create it yourself "
-                "or grant CREATE on the cluster/topic", error=err, operation="create_topics",
-            ) from exc  # fmt: skip
+                "or grant CREATE on the cluster/topic",
+                error=err,
+                operation="create_topics",
+            ) from exc
         self._meta = self._admin.list_topics(timeout=5)
         log.info("created %s %r with %d partition(s)", why, topic, partitions)

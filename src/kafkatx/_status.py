@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, TransactionCommitted
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
     from kafkatx._lag import _LagTracker
+    from kafkatx.app import App
 
 __all__ = ["StatusLine"]
 

@@ -54,8 +54,14 @@ class _Worker:
 class Supervisor:
     """Runs ``command + ["--instance-id", id]`` once per worker id, and keeps them running."""
 
-    def __init__(self, command: Sequence[str], ids: Sequence[str], *, env: dict[str, str] | None = None,
-                 shutdown_timeout: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        command: Sequence[str],
+        ids: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        shutdown_timeout: float = 60.0,
+    ) -> None:
         self.command = list(command)
         self.workers = [_Worker(i) for i in ids]
         self.env = env
@@ -113,8 +119,10 @@ class Supervisor:
             log.info("worker %s finished", worker.instance_id)
             return None
         if code == EX_CONFIG:
-            print(f"kafkatx run: worker {worker.instance_id} stopped with a configuration error; not restarting",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"kafkatx run: worker {worker.instance_id} stopped with a configuration error; not restarting",
+                file=sys.stderr,
+            )
             return EX_CONFIG
         worker.crashes.append(now)
         while worker.crashes and worker.crashes[0] < now - _CRASH_WINDOW_S:
@@ -126,8 +134,12 @@ class Supervisor:
                 file=sys.stderr,
             )
             return 1
-        log.warning("worker %s exited with code %d; restarting it under the same id in %.0fs",
-                    worker.instance_id, code, worker.backoff)  # fmt: skip
+        log.warning(
+            "worker %s exited with code %d; restarting it under the same id in %.0fs",
+            worker.instance_id,
+            code,
+            worker.backoff,
+        )
         worker.restart_at = now + worker.backoff
         worker.backoff = min(worker.backoff * 2, _MAX_BACKOFF_S)
         return None

@@ -107,8 +107,14 @@ class App:
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise InvalidConfigurationError(f"App name must be a non-empty string, got {name!r}")
-        if isinstance(transaction_timeout_ms, bool) or not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1000:
-            raise InvalidConfigurationError(f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}")
+        if (
+            isinstance(transaction_timeout_ms, bool)
+            or not isinstance(transaction_timeout_ms, int)
+            or transaction_timeout_ms < 1000
+        ):
+            raise InvalidConfigurationError(
+                f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
+            )
         self.name = name
         self.bootstrap_servers = bootstrap_servers
         self.group_id = group_id or name
@@ -160,7 +166,9 @@ class App:
 
         return decorator
 
-    def add_listener(self, handler: Callable[..., Any], *topics: str, **options: Unpack[ListenerOptions]) -> ListenerSpec:
+    def add_listener(
+        self, handler: Callable[..., Any], *topics: str, **options: Unpack[ListenerOptions]
+    ) -> ListenerSpec:
         """The non-decorator form of :meth:`listener`."""
         return self.register(build_spec(handler, topics, options, where="listener"))
 
@@ -235,8 +243,10 @@ class App:
                 "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
                 "the transaction this process left open blocks its partitions until transaction.timeout.ms "
                 "(%d ms) expires; a stable id lets the restarted process abort it at once.",
-                ENV_INSTANCE, self._instance_id, self.transaction_timeout_ms,
-            )  # fmt: skip
+                ENV_INSTANCE,
+                self._instance_id,
+                self.transaction_timeout_ms,
+            )
 
     def resolved_bootstrap_servers(self) -> str:
         """The bootstrap servers: the App's, its config's, or $KAFKATX_BOOTSTRAP_SERVERS; a clear error if none."""
@@ -306,9 +316,13 @@ class App:
 
     def _check_consumer_overrides(self, cfg: Mapping[str, Any]) -> None:
         if str(cfg.get("enable.auto.commit", "false")).lower() == "true":
-            raise InvalidConfigurationError(f"enable.auto.commit=true is not allowed: {_FORBIDDEN_CONSUMER['enable.auto.commit']}")
+            raise InvalidConfigurationError(
+                f"enable.auto.commit=true is not allowed: {_FORBIDDEN_CONSUMER['enable.auto.commit']}"
+            )
         if str(cfg.get("isolation.level", "read_committed")) != "read_committed":
-            raise InvalidConfigurationError(f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}")
+            raise InvalidConfigurationError(
+                f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}"
+            )
 
     # -- running --------------------------------------------------------------
     def start(self) -> None:
@@ -317,7 +331,9 @@ class App:
             if self._running:
                 raise RuntimeError(f"App {self.name!r} is already running")
             if not self.listeners:
-                raise InvalidConfigurationError(f"App {self.name!r} has no listeners: declare one with @app.listener(...)")
+                raise InvalidConfigurationError(
+                    f"App {self.name!r} has no listeners: declare one with @app.listener(...)"
+                )
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
             check_client_config(self)
@@ -326,7 +342,9 @@ class App:
             self._stopped.clear()
             self._exited = set()
             workers = [(spec, worker) for spec in self.listeners for worker in range(spec.concurrency)]
-            self.containers = [ListenerContainer(spec, self, worker, index) for index, (spec, worker) in enumerate(workers)]
+            self.containers = [
+                ListenerContainer(spec, self, worker, index) for index, (spec, worker) in enumerate(workers)
+            ]
             self._running = True
             for c in self.containers:
                 c.start()
@@ -353,8 +371,11 @@ class App:
             deadline = time.monotonic() + (self.shutdown_timeout if timeout is None else timeout)
             for c in list(self.containers):
                 if not c.join(max(0.0, deadline - time.monotonic())):
-                    log.warning("listener %s did not stop within the shutdown timeout%s", c.name,
-                                f": blocked in {c.blocked_in()}" if c.blocked_in() else "")  # fmt: skip
+                    log.warning(
+                        "listener %s did not stop within the shutdown timeout%s",
+                        c.name,
+                        f": blocked in {c.blocked_in()}" if c.blocked_in() else "",
+                    )
         with self._lock:
             if all(not c.alive for c in self.containers):
                 self._running = False
@@ -367,7 +388,8 @@ class App:
         deadline = None if timeout is None else time.monotonic() + timeout
         me = threading.current_thread()  # _stopped is set as each thread's last step: join the threads too
         return self._stopped.wait(timeout) and all(
-            c.thread is me or c.join(None if deadline is None else max(0.0, deadline - time.monotonic())) for c in list(self.containers)
+            c.thread is me or c.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            for c in list(self.containers)
         )
 
     @property
@@ -417,7 +439,9 @@ class App:
             raise failure
 
     def _not_stopped_message(self) -> str:
-        stuck = [f"listener {c.name} is blocked in {c.blocked_in() or 'an unknown call'}" for c in self.containers if c.alive]
+        stuck = [
+            f"listener {c.name} is blocked in {c.blocked_in() or 'an unknown call'}" for c in self.containers if c.alive
+        ]
         return (
             f"app {self.name} did not stop within shutdown_timeout={self.shutdown_timeout:g}s: {'; '.join(stuck)}. "
             "Its open transactions are aborted when it restarts with the same instance id; nothing is lost."
@@ -446,7 +470,9 @@ class App:
 App.listener.__signature__ = signature_with_options(App.listener, ListenerOptions, LISTENER_DEFAULTS)  # type: ignore[attr-defined]
 App.add_listener.__signature__ = signature_with_options(App.add_listener, ListenerOptions, LISTENER_DEFAULTS)  # type: ignore[attr-defined]
 App.spark_listener.__signature__ = signature_with_options(  # type: ignore[attr-defined]
-    App.spark_listener, SparkListenerOptions, {**LISTENER_DEFAULTS, "max_batch_records": 50_000, "max_batch_ms": 2_000, "max_bisect_jobs": 128}
+    App.spark_listener,
+    SparkListenerOptions,
+    {**LISTENER_DEFAULTS, "max_batch_records": 50_000, "max_batch_ms": 2_000, "max_bisect_jobs": 128},
 )
 
 

@@ -28,18 +28,27 @@ def _broker(args: argparse.Namespace) -> int:
     try:
         broker = LocalBroker(port=args.port, data_dir=Path(args.data_dir)).start()
     except PortInUseError as exc:
-        print(f"kafkatx broker: port {exc.port} on 127.0.0.1 is already in use. If another `kafkatx broker` "
-              f"runs there, use that one (clients reach it at 127.0.0.1:{exc.port}); otherwise pick another "
-              "port with --port N", file=sys.stderr)  # fmt: skip
+        print(
+            f"kafkatx broker: port {exc.port} on 127.0.0.1 is already in use. If another `kafkatx broker` "
+            f"runs there, use that one (clients reach it at 127.0.0.1:{exc.port}); otherwise pick another "
+            "port with --port N",
+            file=sys.stderr,
+        )
         return 1
     except LocalBrokerError as exc:
         print(f"kafkatx broker: {exc}", file=sys.stderr)
         return 1
     try:
-        print(f"kafkatx: local Kafka broker listening on {broker.bootstrap_servers} (data in {broker.data_dir})", flush=True)
+        print(
+            f"kafkatx: local Kafka broker listening on {broker.bootstrap_servers} (data in {broker.data_dir})",
+            flush=True,
+        )
         servers = broker.bootstrap_servers
-        found = ("kafkatx topics, produce and dlq find it without options; " if broker.port == DEFAULT_PORT
-                 else f"kafkatx topics, produce and dlq: --bootstrap-servers {servers}; ")  # fmt: skip
+        found = (
+            "kafkatx topics, produce and dlq find it without options; "
+            if broker.port == DEFAULT_PORT
+            else f"kafkatx topics, produce and dlq: --bootstrap-servers {servers}; "
+        )
         print(f"{found}kafkatx run: --bootstrap-servers {servers} (or KAFKATX_BOOTSTRAP_SERVERS={servers})", flush=True)
         print("press Ctrl-C to stop", flush=True)
         while not stop.wait(0.5):
@@ -59,8 +68,14 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
     """
     groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not groups:
-        parser.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
-                            help="more logging: -v kafkatx's debug lines, -vv librdkafka's too")  # fmt: skip
+        parser.add_argument(
+            "-v",
+            "--verbose",
+            dest="sub_verbose",
+            action="count",
+            default=0,
+            help="more logging: -v kafkatx's debug lines, -vv librdkafka's too",
+        )
     for action in groups:
         for child in dict.fromkeys(action.choices.values()):
             _add_verbose(child)
@@ -70,13 +85,20 @@ def _build_parser() -> argparse.ArgumentParser:
     from kafkatx._version import __version__
 
     parser = argparse.ArgumentParser(prog="kafkatx", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logging: -v kafkatx's debug lines, -vv librdkafka's too")  # fmt: skip
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging: -v kafkatx's debug lines, -vv librdkafka's too",
+    )
     parser.add_argument("--version", action="version", version=f"kafkatx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("broker", help="run an embedded Kafka broker in the foreground")
-    b.add_argument("--port", type=int, default=9092, help="port on 127.0.0.1 (default 9092, where `kafkatx dlq` looks too)")
+    b.add_argument(
+        "--port", type=int, default=9092, help="port on 127.0.0.1 (default 9092, where `kafkatx dlq` looks too)"
+    )
     b.add_argument("--data-dir", default="./.kafkatx/broker", help="data directory (default ./.kafkatx/broker)")
     b.set_defaults(func=_broker)
 
@@ -101,7 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.verbosity = args.verbose + getattr(args, "sub_verbose", 0)
     from kafkatx.logging import configure as configure_logging
 
-    configure_logging(logging.DEBUG if args.verbosity > 1 else logging.INFO, json=getattr(args, "log_format", "text") == "json")
+    configure_logging(
+        logging.DEBUG if args.verbosity > 1 else logging.INFO, json=getattr(args, "log_format", "text") == "json"
+    )
     if args.verbosity:  # -v: kafkatx's own DEBUG lines; -vv: everything's, librdkafka's included
         logging.getLogger("kafkatx").setLevel(logging.DEBUG)
         for name in _CLIENT_LOGGERS:

@@ -10,8 +10,8 @@ to the sink; outside a handler or ``app.transaction()`` there is none, and
 from __future__ import annotations
 
 import threading
-from contextvars import ContextVar
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -121,7 +121,12 @@ def send(
     if type(topic) is not str or not topic:
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"send() needs a topic name, got {topic!r}")
-    if headers is None and partition is None and (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
+    if (
+        headers is None
+        and partition is None
+        and (type(value) is bytes or value is None)
+        and (type(key) is bytes or key is None)
+    ):
         # The common call, nothing to encode. A record runner whose failures abort the whole transaction
         # lends its sink a stream (confluent-kafka's produce per topic): produced now, unless something
         # is buffered before it (order is kept) or the topic has not been looked up yet.
@@ -139,5 +144,11 @@ def send(
         return
     serializer = sink.serializer
     sink.add(
-        PendingOutput(topic, encode(value, "value", serializer), encode(key, "key", serializer), encode_headers(headers), partition)
+        PendingOutput(
+            topic,
+            encode(value, "value", serializer),
+            encode(key, "key", serializer),
+            encode_headers(headers),
+            partition,
+        )
     )

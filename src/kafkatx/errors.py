@@ -100,7 +100,9 @@ class KafkaTxError(Exception):
         message: str | None = None
         if kafka_error is None and isinstance(error_or_exc, BaseException):
             where = f" in {operation}" if operation else ""
-            message = f"{type(error_or_exc).__name__}{where}: {error_or_exc} [{label(error_class)}: {error_class.reaction}]"
+            message = (
+                f"{type(error_or_exc).__name__}{where}: {error_or_exc} [{label(error_class)}: {error_class.reaction}]"
+            )
         result = CLASS_EXCEPTIONS.get(error_class, KafkaClientError)(
             message, error=kafka_error, error_class=error_class, operation=operation
         )
@@ -273,7 +275,9 @@ class RecoveryError(KafkaTxError):
     """A recoverer failed; the record is kept (not committed) and recovery is retried."""
 
     def __init__(self, record: Record, exception: BaseException, recoverer: str) -> None:
-        super().__init__(f"recoverer {recoverer} failed for {record.coordinates}: {type(exception).__name__}: {exception}")
+        super().__init__(
+            f"recoverer {recoverer} failed for {record.coordinates}: {type(exception).__name__}: {exception}"
+        )
         self.record = record
         self.exception = exception
         self.recoverer = recoverer

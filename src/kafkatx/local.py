@@ -311,9 +311,17 @@ class LocalBroker:
 
     def _spawn(self, binary: Path) -> None:
         cmd = [
-            str(binary), "start", "--only", "kafka", "--kafka-port", str(self.port),
-            "--host", "127.0.0.1", "--data-dir", str(self.data_dir),
-        ]  # fmt: skip
+            str(binary),
+            "start",
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
+            "--host",
+            "127.0.0.1",
+            "--data-dir",
+            str(self.data_dir),
+        ]
         self._close_log()
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _close_log
         self._log_file = log_file

@@ -60,7 +60,6 @@ INSTALL_HINT = "pip install 'kafkatx[metrics]'"
 COMMIT_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-
 def _prometheus() -> Any:
     """Import prometheus_client, or explain how to install it."""
     try:
@@ -111,9 +110,12 @@ class _Families:
             "kafkatx_kafka_errors", "Kafka errors handled, by KIP-1050 error class", ("error_class",)
         )
         self.latency = pc.Histogram(
-            "kafkatx_commit_latency_seconds", "Duration of committed transactions, begin to commit",
-            base, buckets=COMMIT_LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "kafkatx_commit_latency_seconds",
+            "Duration of committed transactions, begin to commit",
+            base,
+            buckets=COMMIT_LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.last_commit = gauge("kafkatx_last_commit_timestamp_seconds", "Unix time of the last committed transaction")
         self.lag = gauge(
             "kafkatx_consumer_lag",

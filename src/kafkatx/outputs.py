@@ -181,7 +181,9 @@ def to_pending(
         if len(item) != 2:
             raise OutputError(f"a returned tuple must be (key, value), got a tuple of {len(item)} items")
         key, value = item
-        return PendingOutput(default_topic, encode(value, "value", serializer), encode(key, "key", serializer), None, None)
+        return PendingOutput(
+            default_topic, encode(value, "value", serializer), encode(key, "key", serializer), None, None
+        )
     return PendingOutput(default_topic, encode(item, "value", serializer), None, None, None)
 
 

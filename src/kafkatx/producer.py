@@ -65,7 +65,9 @@ class TransactionalProducer:
         self.recorder: list[PendingOutput] | None = None
         self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see _bounded.py
         #: Named by an error whose retries ran out (which cluster did not answer, for which id).
-        self._where = f"transactional.id {transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}"
+        self._where = (
+            f"transactional.id {transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}"
+        )
         #: send_offsets_to_transaction calls not made yet: they go with the commit (see commit()).
         self._pending_offsets: list[tuple[list[TopicPartition], Any]] = []
 
@@ -160,9 +162,13 @@ class TransactionalProducer:
             try:
                 if on_error is not None:
                     producer.produce(
-                        out.topic, out.value, out.key, out.partition if out.partition is not None else -1,
-                        headers=out.headers, on_delivery=self._own_delivery(on_error),  # type: ignore[arg-type]
-                    )  # fmt: skip
+                        out.topic,
+                        out.value,
+                        out.key,
+                        out.partition if out.partition is not None else -1,
+                        headers=out.headers,  # type: ignore[arg-type]
+                        on_delivery=self._own_delivery(on_error),
+                    )
                 elif out.partition is None:
                     producer.produce(out.topic, out.value, out.key, headers=out.headers)  # type: ignore[arg-type]
                 else:
@@ -262,8 +268,12 @@ class TransactionalProducer:
             pending.pop(0)
             self.flush_offsets()
             failure = None
-        self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True,
-                   first_failure=failure)  # fmt: skip
+        self._call(
+            "commit_transaction",
+            lambda: producer.commit_transaction(self._api_timeout()),
+            bounded=True,
+            first_failure=failure,
+        )
 
     def abort(self) -> None:
         """Abort the open transaction. Never raises an abortable error (KIP-1050):
@@ -287,7 +297,9 @@ class TransactionalProducer:
             if isinstance(exc, ApplicationRecoverableError):
                 raise
             raise ApplicationRecoverableError(
-                f"abort_transaction failed for {self.transactional_id}: {exc}", error=exc.error, operation="abort_transaction"
+                f"abort_transaction failed for {self.transactional_id}: {exc}",
+                error=exc.error,
+                operation="abort_transaction",
             ) from exc
         finally:
             self.in_transaction = False
@@ -421,7 +433,9 @@ class TransactionalProducer:
             KafkaError._INVALID_ARG,
         ):
             size = len(out.value or b"") + len(out.key or b"")
-            return RecordRejectedError(f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}")
+            return RecordRejectedError(
+                f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}"
+            )
         return KafkaClientError.from_kafka(err, operation="produce", path="produce")
 
     def _own_delivery(self, on_error: Callable[[KafkaError], None]) -> Callable[[KafkaError | None, Message], None]:

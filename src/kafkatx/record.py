@@ -88,7 +88,6 @@ class _MessageRecord(Record):
     _key: bytes | None
     _value: bytes | None
 
-
     def __new__(cls, *args: Any, **kwargs: Any) -> Record:  # type: ignore[misc]
         # dataclasses.replace() and copy() call the class with every field: give them a plain Record.
         return Record(*args, **kwargs)
@@ -140,9 +139,7 @@ def _unshared_refcount() -> int:
 #: per record: as much as the rest of the record's build). -1 (never reuse) where that is not verified: other
 #: interpreters, and CPython from 3.14, whose compiler may pass a local as a borrowed reference in one place
 #: and not in another (verified on 3.11, 3.12 and 3.13).
-UNSHARED_REFCOUNT = (
-    _unshared_refcount() if sys.implementation.name == "cpython" and sys.version_info < (3, 14) else -1
-)
+UNSHARED_REFCOUNT = _unshared_refcount() if sys.implementation.name == "cpython" and sys.version_info < (3, 14) else -1
 
 
 def message_record(msg: ConsumedMessage, topic: str, partition: int, offset: int, attempt: int) -> Record:

@@ -183,8 +183,13 @@ class _DbApiBackend(Backend):
 
         def sub(m: re.Match[str]) -> str:
             names.append(m.group(1))
-            return {"named": m.group(0), "pyformat": f"%({m.group(1)})s", "qmark": "?", "format": "%s",
-                    "numeric": f":{len(names)}"}[style]  # fmt: skip
+            return {
+                "named": m.group(0),
+                "pyformat": f"%({m.group(1)})s",
+                "qmark": "?",
+                "format": "%s",
+                "numeric": f":{len(names)}",
+            }[style]
 
         text = _NAMED.sub(sub, sql)
         if style in ("named", "pyformat"):
@@ -267,7 +272,7 @@ ENDED_BY_HANDLER = (
 #: A handler caught a database error and went on, but PostgreSQL had aborted the transaction.
 ABORTED_BY_HANDLER = (
     "a statement of the handler failed and the handler carried on, but PostgreSQL aborts the whole transaction "
-    "on an error (\"current transaction is aborted\"), so nothing of the unit could commit. To carry on after a "
+    'on an error ("current transaction is aborted"), so nothing of the unit could commit. To carry on after a '
     "statement that may fail, run it in a savepoint: with db().begin_nested(): ... (SQLAlchemy), "
     "with db().transaction(): ... (psycopg)"
 )
@@ -348,7 +353,9 @@ def backend_for(database: Any) -> Backend:
 
 def _check_not_in_memory(engine: Any) -> None:
     url = engine.url
-    if engine.dialect.name == "sqlite" and (url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"):
+    if engine.dialect.name == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    ):
         raise InvalidConfigurationError(
             f"database={url.render_as_string(hide_password=True)!r} is an in-memory SQLite database: each "
             "connection (kafkatx's, yours) gets its own, and it is gone at exit together with the positions "

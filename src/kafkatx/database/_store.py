@@ -56,8 +56,15 @@ def encode_records(outputs: Sequence[PendingOutput]) -> bytes:
         key, value = out.key, out.value
         headers = _headers_out(out.headers)
         hdr = headers.encode() if headers is not None else None
-        parts.append(pack(len(topic), -1 if key is None else len(key), -1 if value is None else len(value),
-                          -1 if hdr is None else len(hdr), -1 if out.partition is None else out.partition))  # fmt: skip
+        parts.append(
+            pack(
+                len(topic),
+                -1 if key is None else len(key),
+                -1 if value is None else len(value),
+                -1 if hdr is None else len(hdr),
+                -1 if out.partition is None else out.partition,
+            )
+        )
         parts.append(topic)
         if key:
             parts.append(key)
@@ -130,16 +137,23 @@ class Store:
             return int(rows[0][0])
         # Lock first, read second: a read before the lock would return the position as it was before the
         # commit of the owner the lock waited for (and, under REPEATABLE READ, would fix the snapshot).
-        b.execute(conn, f"UPDATE {OFFSETS_TABLE} SET next_offset = next_offset "
-                        "WHERE group_id = :g AND topic = :t AND kpartition = :p", params)  # fmt: skip
+        b.execute(
+            conn,
+            f"UPDATE {OFFSETS_TABLE} SET next_offset = next_offset "
+            "WHERE group_id = :g AND topic = :t AND kpartition = :p",
+            params,
+        )
         rows = b.execute(
             conn,
             f"SELECT next_offset FROM {OFFSETS_TABLE} WHERE group_id = :g AND topic = :t AND kpartition = :p",
             params,
         )
         if not rows:
-            b.execute(conn, f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset) "
-                            "VALUES (:g, :t, :p, -1)", params)  # fmt: skip
+            b.execute(
+                conn,
+                f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset) VALUES (:g, :t, :p, -1)",
+                params,
+            )
             return -1
         return int(rows[0][0])
 

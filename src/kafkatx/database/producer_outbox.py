@@ -147,8 +147,10 @@ class ProducerOutbox:
             if outputs:
                 log.warning(
                     "%s: %d record(s) of units committed in the database but not in Kafka (a crash between the "
-                    "two commits?): producing them now", self.producer.transactional_id, len(outputs),
-                )  # fmt: skip
+                    "two commits?): producing them now",
+                    self.producer.transactional_id,
+                    len(outputs),
+                )
                 self.producer.begin()
                 for out in outputs:
                     self.producer.produce(out)

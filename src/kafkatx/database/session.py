@@ -248,7 +248,9 @@ class DatabaseSession:
         for out, source in zip(recorded, recorded.sources):
             if source is None or source not in offsets:
                 self.rollback()
-                raise ContainerError(f"internal: an output of input partition {source} in a unit committing {sorted(offsets)}")
+                raise ContainerError(
+                    f"internal: an output of input partition {source} in a unit committing {sorted(offsets)}"
+                )
             by_source.setdefault(source, []).append(out)
         try:
             for tp in sorted(offsets):
@@ -271,8 +273,10 @@ class DatabaseSession:
         self.commits += 1
         self.unavailable = 0
         if self._crash_after is not None and self.commits >= self._crash_after:
-            log.warning("test hook %s: killing this process between the database and the Kafka commit",
-                        CRASH_AFTER_DB_COMMITS_ENV)  # fmt: skip
+            log.warning(
+                "test hook %s: killing this process between the database and the Kafka commit",
+                CRASH_AFTER_DB_COMMITS_ENV,
+            )
             os.kill(os.getpid(), signal.SIGKILL)
 
     def rollback(self) -> None:

@@ -62,12 +62,16 @@ def check_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
-def group_offsets(servers: str, group: str, topic: str, partitions: Iterable[int], config: Mapping[str, Any]) -> dict[int, int]:
+def group_offsets(
+    servers: str, group: str, topic: str, partitions: Iterable[int], config: Mapping[str, Any]
+) -> dict[int, int]:
     """``group``'s committed offsets of ``topic`` (none for a group that never committed)."""
     consumer = tool_consumer(servers, group, config)
     try:
-        got = kafka_call(lambda: consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=15),
-                     f"read the offsets of group {group!r}")  # fmt: skip
+        got = kafka_call(
+            lambda: consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=15),
+            f"read the offsets of group {group!r}",
+        )
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
@@ -144,7 +148,9 @@ def read_range(
         yield ReadEvent(p, starts[p], None)
     if not pending:
         return
-    consumer.assign([TopicPartition(topic, p, starts[p] if starts[p] >= 0 else _OFFSET_BEGINNING) for p in sorted(pending)])
+    consumer.assign(
+        [TopicPartition(topic, p, starts[p] if starts[p] >= 0 else _OFFSET_BEGINNING) for p in sorted(pending)]
+    )
     last_progress = time.monotonic()
     while pending:
         batch = consumer.consume(500, 0.2)
@@ -166,7 +172,9 @@ def read_range(
                     pending.discard(p)
                     consumer.pause([TopicPartition(topic, p)])
                     yield ReadEvent(p, offset, None)
-                elif err.fatal() or not (err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)):
+                elif err.fatal() or not (
+                    err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+                ):
                     raise DlqToolError(f"reading {topic!r} partition {p} failed: {err.str()}")
                 else:
                     log.debug("transient error reading %s[%d]: %s", topic, p, err.str())

@@ -138,7 +138,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if servers is None:
         return EX_USAGE
     try:
-        entries = inspect_dlq(servers, args.topic, filters=args.filters, config=_client_config(args), idle_timeout=args.timeout)
+        entries = inspect_dlq(
+            servers, args.topic, filters=args.filters, config=_client_config(args), idle_timeout=args.timeout
+        )
     except DlqToolError as exc:
         return _fail("inspect", str(exc))
     shown = entries if args.limit is None else entries[: args.limit]
@@ -154,8 +156,10 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"\n{len(entries)} dead-lettered {what} in {args.topic}{more}; times are UTC")
     passed = sum(1 for e in entries if e.replayed)
     if passed:  # the replay group's offsets say how far it went, not which records a --filter skipped
-        print(f"REPLAYED yes: {passed} record(s) behind the offsets of replay group {default_replay_group(args.topic)}, "
-              "so `kafkatx dlq replay` will not take them again (replayed, or skipped by its --filter)")  # fmt: skip
+        print(
+            f"REPLAYED yes: {passed} record(s) behind the offsets of replay group {default_replay_group(args.topic)}, "
+            "so `kafkatx dlq replay` will not take them again (replayed, or skipped by its --filter)"
+        )
     return 0
 
 
@@ -188,7 +192,9 @@ def _replay(args: argparse.Namespace) -> int:
     except DlqToolError as exc:
         return _fail("replay", str(exc))
     except KeyboardInterrupt:
-        return _fail("replay", "interrupted; committed batches stay replayed, run the same command again to resume", 130)
+        return _fail(
+            "replay", "interrupted; committed batches stay replayed, run the same command again to resume", 130
+        )
     print(_summary(result))
     return 0
 
@@ -214,17 +220,31 @@ def add_parser(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("topic", metavar="TOPIC", help="the dead-letter topic")
-        p.add_argument("--bootstrap-servers",
-                       help=f"Kafka bootstrap servers (default: ${ENV_BOOTSTRAP}, else `kafkatx broker` on 127.0.0.1:9092)")  # fmt: skip
         p.add_argument(
-            "--filter", dest="filters", action="append", type=_filter_arg, default=[], metavar="FIELD=VALUE",
+            "--bootstrap-servers",
+            help=f"Kafka bootstrap servers (default: ${ENV_BOOTSTRAP}, else `kafkatx broker` on 127.0.0.1:9092)",
+        )
+        p.add_argument(
+            "--filter",
+            dest="filters",
+            action="append",
+            type=_filter_arg,
+            default=[],
+            metavar="FIELD=VALUE",
             help=f"only records matching all filters (repeatable): FIELD=VALUE, FIELD!=VALUE, FIELD~=REGEX. {fields}",
-        )  # fmt: skip
+        )
         p.add_argument(
-            "-X", "--config", action="append", type=_config_arg, default=[], metavar="KEY=VALUE",
+            "-X",
+            "--config",
+            action="append",
+            type=_config_arg,
+            default=[],
+            metavar="KEY=VALUE",
             help="librdkafka client setting, e.g. -X security.protocol=SASL_SSL (repeatable)",
-        )  # fmt: skip
-        p.add_argument("--timeout", type=float, default=30.0, help="seconds without progress before giving up (default 30)")
+        )
+        p.add_argument(
+            "--timeout", type=float, default=30.0, help="seconds without progress before giving up (default 30)"
+        )
 
     i = dsub.add_parser("inspect", help="list dead-lettered records: where they came from and why they failed")
     common(i)
@@ -236,9 +256,15 @@ def add_parser(sub: Any) -> None:
     r = dsub.add_parser("replay", help="re-publish dead-lettered records to their original topic, exactly once")
     common(r)
     r.add_argument("--to", metavar="TOPIC", help="publish to this topic instead of each record's original topic")
-    r.add_argument("--group", help="replay group whose offsets on the DLT say where to resume (default kafkatx-dlq-replay.TOPIC)")
+    r.add_argument(
+        "--group", help="replay group whose offsets on the DLT say where to resume (default kafkatx-dlq-replay.TOPIC)"
+    )
     r.add_argument("--dry-run", action="store_true", help="list what would be replayed; produce and commit nothing")
     r.add_argument("--batch-size", type=_positive, default=500, help="records per transaction (default 500)")
-    r.add_argument("--limit", type=_positive, default=None, help="stop after replaying N records (the rest wait for the next run)")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar (it is also off when stderr is not a terminal)")
+    r.add_argument(
+        "--limit", type=_positive, default=None, help="stop after replaying N records (the rest wait for the next run)"
+    )
+    r.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (it is also off when stderr is not a terminal)"
+    )
     r.set_defaults(func=_replay)

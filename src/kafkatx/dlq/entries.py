@@ -155,7 +155,9 @@ class DlqFilter:
     def _test(self, entry: DeadLetterEntry) -> bool:
         i = entry.info
         if self.field in _NUMBER_FIELDS:
-            number = {"partition": i.original_partition, "offset": i.original_offset, "attempts": i.attempts}[self.field]
+            number = {"partition": i.original_partition, "offset": i.original_offset, "attempts": i.attempts}[
+                self.field
+            ]
             if number is None:
                 return False
             assert self._range is not None

@@ -16,11 +16,21 @@ from kafkatx.record import Headers, Record
 from kafkatx.rollback.classifier import cause_chain, exception_fqcn, root_cause
 
 __all__ = [
-    "ORIGINAL_TOPIC", "ORIGINAL_PARTITION", "ORIGINAL_OFFSET", "ORIGINAL_TIMESTAMP",
-    "ORIGINAL_TIMESTAMP_TYPE", "ORIGINAL_CONSUMER_GROUP", "EXCEPTION_FQCN", "EXCEPTION_CAUSE_FQCN",
-    "EXCEPTION_MESSAGE", "EXCEPTION_STACKTRACE", "ATTEMPTS", "DeadLetterInfo", "dead_letter_headers",
+    "ORIGINAL_TOPIC",
+    "ORIGINAL_PARTITION",
+    "ORIGINAL_OFFSET",
+    "ORIGINAL_TIMESTAMP",
+    "ORIGINAL_TIMESTAMP_TYPE",
+    "ORIGINAL_CONSUMER_GROUP",
+    "EXCEPTION_FQCN",
+    "EXCEPTION_CAUSE_FQCN",
+    "EXCEPTION_MESSAGE",
+    "EXCEPTION_STACKTRACE",
+    "ATTEMPTS",
+    "DeadLetterInfo",
+    "dead_letter_headers",
     "parse_dead_letter_headers",
-]  # fmt: skip
+]
 
 ORIGINAL_TOPIC = "kafka_dlt-original-topic"
 ORIGINAL_PARTITION = "kafka_dlt-original-partition"

@@ -123,9 +123,12 @@ class DeadLetterPublishingRecoverer(Recoverer):
                 "not dead-lettering %s back to its own topic %r: %s: %s is not retryable, so it would fail again "
                 "forever; the record is skipped (its offset committed). Pass skip_same_topic_fatal=False to "
                 "republish it anyway.",
-                record.coordinates, topic, type(exception).__name__, exception,
+                record.coordinates,
+                topic,
+                type(exception).__name__,
+                exception,
                 extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
-            )  # fmt: skip
+            )
             return
         count = ctx.partition_count(topic)
         if count is None:
@@ -152,9 +155,20 @@ class DeadLetterPublishingRecoverer(Recoverer):
             headers += [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
         error = ctx.deliver(PendingOutput(topic, record.value, record.key, encode_headers(headers), partition))
         if error is not None:
-            raise DeadLetterPublishError(f"dead-letter publication of {record.coordinates} to {topic!r} failed: {error}")
+            raise DeadLetterPublishError(
+                f"dead-letter publication of {record.coordinates} to {topic!r} failed: {error}"
+            )
         log.info(
             "dead-lettered %s to %s after %d attempt(s): %s: %s",
-            record.coordinates, topic, record.attempt, type(exception).__name__, exception,
-            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset, "attempt": record.attempt},
-        )  # fmt: skip
+            record.coordinates,
+            topic,
+            record.attempt,
+            type(exception).__name__,
+            exception,
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "attempt": record.attempt,
+            },
+        )

@@ -41,7 +41,15 @@ from kafkatx.outputs import PendingOutput
 from kafkatx.producer import TransactionalProducer
 from kafkatx.record import Headers
 
-__all__ = ["REPLAYED_FROM", "RecordHook", "ReplayResult", "default_replay_group", "replay_dlq", "replay_transactional_id", "replayed_headers"]
+__all__ = [
+    "REPLAYED_FROM",
+    "RecordHook",
+    "ReplayResult",
+    "default_replay_group",
+    "replay_dlq",
+    "replay_transactional_id",
+    "replayed_headers",
+]
 
 log = logging.getLogger("kafkatx.dlq.tools")
 
@@ -195,8 +203,6 @@ def replay_dlq(
         consumer.close()
 
 
-
-
 class _Replay:
     """One replay run: reads events, groups them into transactions, keeps the counts."""
 
@@ -238,7 +244,9 @@ class _Replay:
         batch: list[PendingOutput] = []
         handled = 0  # records in the open batch, replayed or skipped
         total = sum(max(0, stops[p] - starts[p]) for p in starts)
-        bar = tqdm(total=total, desc=f"replay {self.topic}", unit="rec", disable=not progress or total == 0, leave=False)
+        bar = tqdm(
+            total=total, desc=f"replay {self.topic}", unit="rec", disable=not progress or total == 0, leave=False
+        )
         try:
             events = read_range(self.consumer, self.topic, starts, stops, idle_timeout)
             for event in events:
@@ -298,7 +306,9 @@ class _Replay:
             except UnknownTopicError as exc:
                 raise DlqToolError(f"cannot replay {entry.coordinates} to {target!r}: {exc}") from exc
             except (KafkaClientError, KafkaException) as exc:
-                raise DlqToolError(f"producing {entry.coordinates} to {target!r} failed: {why(exc)}; run again to resume") from exc
+                raise DlqToolError(
+                    f"producing {entry.coordinates} to {target!r} failed: {why(exc)}; run again to resume"
+                ) from exc
         batch.append(out)
         if self.on_record is not None:
             self.on_record(entry, target)

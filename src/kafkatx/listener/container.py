@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from kafkatx._bounded import BoundedCaller
+from kafkatx._offsets import first_offsets
+from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import (
     FencedTooOftenError,
     GroupMembershipChanged,
@@ -34,15 +36,20 @@ from kafkatx.errors import (
     KafkaTxError,
     StuckCallError,
 )
-from kafkatx.database.session import DatabaseSession
-from kafkatx.events import ContainerIdle, ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
-from kafkatx.producer import TransactionalProducer
+from kafkatx.events import (
+    ContainerIdle,
+    ContainerStarted,
+    ContainerStopped,
+    Event,
+    PartitionsAssigned,
+    PartitionsRevoked,
+)
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
-from kafkatx._offsets import first_offsets
 from kafkatx.listener.unit import TP, TransactionUnit
+from kafkatx.producer import TransactionalProducer
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 
@@ -176,7 +183,9 @@ class ListenerContainer:
         if spec.fencing == "group":
             # init_transactions now: it fences a predecessor with the same id and
             # aborts the transaction it left open, before we fetch any offsets.
-            self._group_producer = self._new_producer(self.runtime.group_transactional_id(self.group_id, self.txn_index))
+            self._group_producer = self._new_producer(
+                self.runtime.group_transactional_id(self.group_id, self.txn_index)
+            )
             self._group_producer.ensure()
         self.consumer = Consumer(self._consumer_config)
         self.consumer.subscribe(
@@ -184,8 +193,13 @@ class ListenerContainer:
         )
         log.info(
             "listener %s consuming %s as group %r (fencing=%s, batch<=%d records/%d ms)",
-            self.name, ",".join(spec.topics), self.group_id, spec.fencing, spec.max_batch_records, spec.max_batch_ms,
-        )  # fmt: skip
+            self.name,
+            ",".join(spec.topics),
+            self.group_id,
+            spec.fencing,
+            spec.max_batch_records,
+            spec.max_batch_ms,
+        )
 
     def _close(self) -> None:
         if self.consumer is not None and self.failure is None:
@@ -202,8 +216,12 @@ class ListenerContainer:
                 # a broker that stopped answering must not keep the process from exiting.
                 BoundedCaller(self.name).call("consumer.close", consumer.close, _CLOSE_DEADLINE_S)
             except StuckCallError:
-                log.warning("listener %s: leaving the group did not finish within %.0fs; exiting anyway "
-                            "(the group notices after session.timeout.ms)", self.name, _CLOSE_DEADLINE_S)  # fmt: skip
+                log.warning(
+                    "listener %s: leaving the group did not finish within %.0fs; exiting anyway "
+                    "(the group notices after session.timeout.ms)",
+                    self.name,
+                    _CLOSE_DEADLINE_S,
+                )
             except Exception:
                 log.debug("consumer close failed", exc_info=True)
         if self.database is not None:
@@ -265,8 +283,12 @@ class ListenerContainer:
         try:
             committed = consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout=10)
         except Exception as exc:
-            log.warning("listener %s: could not read committed offsets of %s (%s); attempt counts start at 1",
-                        self.name, _fmt_tps([(p.topic, p.partition) for p in partitions]), exc)  # fmt: skip
+            log.warning(
+                "listener %s: could not read committed offsets of %s (%s); attempt counts start at 1",
+                self.name,
+                _fmt_tps([(p.topic, p.partition) for p in partitions]),
+                exc,
+            )
             return
         self.guard.restore(committed)
 
@@ -507,7 +529,11 @@ class ListenerContainer:
         consumer = self.consumer
         if consumer is None or not self._committed:
             return
-        tps = [TopicPartition(t, p) for (t, p) in self._committed if (t, p) in self.assigned and (t, p) not in self._paused_until]
+        tps = [
+            TopicPartition(t, p)
+            for (t, p) in self._committed
+            if (t, p) in self.assigned and (t, p) not in self._paused_until
+        ]
         if not tps:
             return
         by_producer: dict[int, tuple[TransactionalProducer, dict[TP, int]]] = {}

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
+from kafkatx._offsets import first_offsets
 from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
 from kafkatx.events import RecordRecovered
-from kafkatx._offsets import first_offsets
 from kafkatx.listener.unit import TP, TransactionUnit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
@@ -107,20 +107,33 @@ class CrashGuard:
             if state.inflight and self.enabled and state.owner == self._owner:
                 # Our own claim, from before this process lost the partition (a rebalance, a broker restart):
                 # whatever was in flight was aborted or fenced, not a crash. Careful mode goes on where it was.
-                log.debug("listener %s: %s[%d] comes back with this process's own claim at %d: no crash",
-                          c.name, *key, tp.offset)  # fmt: skip
+                log.debug(
+                    "listener %s: %s[%d] comes back with this process's own claim at %d: no crash",
+                    c.name,
+                    *key,
+                    tp.offset,
+                )
             elif state.inflight and self.enabled:
                 if until is not None and tp.offset < until:
                     failures += 1  # one record was in flight: it is the one that died
-                    log.warning("listener %s: the previous owner of %s[%d] died while handling offset %d "
-                                "(%d failed attempt(s) so far)", c.name, *key, tp.offset, failures)  # fmt: skip
+                    log.warning(
+                        "listener %s: the previous owner of %s[%d] died while handling offset %d "
+                        "(%d failed attempt(s) so far)",
+                        c.name,
+                        *key,
+                        tp.offset,
+                        failures,
+                    )
                 else:
                     until = tp.offset + c.spec.max_batch_records
                     log.warning(
                         "listener %s: the previous owner of %s[%d] died while handling a batch from offset %d; "
                         "handling offsets up to %d one per transaction to find the record that killed it",
-                        c.name, *key, tp.offset, until,
-                    )  # fmt: skip
+                        c.name,
+                        *key,
+                        tp.offset,
+                        until,
+                    )
             if failures:
                 c.tracker.seed(tp.topic, tp.partition, tp.offset, failures)
             if self.enabled and until is not None and until > tp.offset:
@@ -193,8 +206,10 @@ class CrashGuard:
             # make the new owner wait for its predecessor's pending offsets), handling it would repeat
             # committed records, and claiming it would move the offset back: re-read from the commit.
             try:
-                current = {(tp.topic, tp.partition): tp.offset
-                           for tp in consumer.committed([TopicPartition(*tp) for tp in first], timeout=10)}  # fmt: skip
+                current = {
+                    (tp.topic, tp.partition): tp.offset
+                    for tp in consumer.committed([TopicPartition(*tp) for tp in first], timeout=10)
+                }
             except Exception as exc:  # cannot tell: hand nothing over, fetch this poll again
                 log.warning("listener %s: could not read the committed offsets of %s: %s", c.name, sorted(first), exc)
                 for tp, offset in first_offsets(batch).items():
@@ -203,8 +218,14 @@ class CrashGuard:
             stale = {tp: current[tp] for tp, offset in first.items() if current.get(tp, -1) > offset}
             if stale:
                 for tp, offset in stale.items():
-                    log.warning("listener %s: %s[%d] was fetched from %d but %d is committed: fetching again "
-                                "from the commit", c.name, tp[0], tp[1], first[tp], offset)  # fmt: skip
+                    log.warning(
+                        "listener %s: %s[%d] was fetched from %d but %d is committed: fetching again from the commit",
+                        c.name,
+                        tp[0],
+                        tp[1],
+                        first[tp],
+                        offset,
+                    )
                 for tp, offset in first_offsets(batch).items():  # nothing of this poll is handled: rewind it all
                     c.seek(tp, stale.get(tp, offset))
                 return False

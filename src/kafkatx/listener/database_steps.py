@@ -25,7 +25,6 @@ __all__ = ["isolate", "redeliver_stored", "wait_for_database"]
 log = logging.getLogger("kafkatx.container")
 
 
-
 def redeliver_stored(unit: TransactionUnit, stored: Mapping[TP, tuple[int, int]]) -> None:
     """Records whose database work committed but whose Kafka transaction did not (a crash between the two).
 
@@ -51,8 +50,13 @@ def redeliver_stored(unit: TransactionUnit, stored: Mapping[TP, tuple[int, int]]
             log.warning(
                 "listener %s: %s[%d] %d..%d already committed in the database but not in Kafka (a crash "
                 "between the two commits?): producing its %d stored record(s) instead of running the handler",
-                unit.listener, tp[0], tp[1], start, position - 1, len(outputs),
-            )  # fmt: skip
+                unit.listener,
+                tp[0],
+                tp[1],
+                start,
+                position - 1,
+                len(outputs),
+            )
             for out in outputs:
                 unit.produce(out)
             replay[tp] = position
@@ -96,9 +100,12 @@ def isolate(unit: TransactionUnit, exc: BaseException, records: int) -> None:
     log.warning(
         "listener %s: the database commit of a unit of %d records failed (%s: %s), which does not say which "
         "record caused it: handling %s one record per transaction to find it",
-        unit.listener, len(unit.messages), type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        unit.listener,
+        len(unit.messages),
+        type(exc).__name__,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
         ", ".join(f"{t}[{p}] {first[(t, p)]}..{until[(t, p)] - 1}" for t, p in sorted(first)),
-    )  # fmt: skip
+    )
     unit._c.guard.isolate(until)
     unit.rewind()
 

@@ -53,7 +53,9 @@ class StallCheck:
             self._positions.clear()
             return
         try:
-            positions = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in tps])}
+            positions = {
+                (p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in tps])
+            }
         except Exception:
             return
         previous, self._positions = self._positions, positions
@@ -69,8 +71,13 @@ class StallCheck:
                     "listener %s owns %s[%d] but has fetched nothing from it for %.0fs although %d record(s) "
                     "are behind its position %d. Possible causes: an open transaction of a crashed producer "
                     "holds back the last stable offset (read_committed), or the partition is paused outside kafkatx.",
-                    c.name, tp[0], tp[1], STALL_CHECK_S, high - position, position,
-                )  # fmt: skip
+                    c.name,
+                    tp[0],
+                    tp[1],
+                    STALL_CHECK_S,
+                    high - position,
+                    position,
+                )
             elif not stuck and tp in self.stalled:
                 self.stalled.discard(tp)
                 log.info("listener %s: %s[%d] is fetching again", c.name, tp[0], tp[1])
@@ -103,5 +110,8 @@ class UnassignedWatch:
             "listener %s has had no partition of %s for %.0fs (group %r). Likely causes: more consumers than "
             "partitions; another live process using the same instance id; or, on the embedded broker, its group "
             "coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id).",
-            c.name, ",".join(c.spec.topics), now - self._since, c.group_id,
-        )  # fmt: skip
+            c.name,
+            ",".join(c.spec.topics),
+            now - self._since,
+            c.group_id,
+        )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
+from kafkatx._offsets import first_offsets
 from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
     ApplicationRecoverableError,
@@ -36,13 +37,12 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
-from kafkatx._offsets import first_offsets
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
-    from kafkatx.producer import TransactionalProducer
     from kafkatx.listener.unit import TransactionUnit
+    from kafkatx.producer import TransactionalProducer
 
 __all__ = ["KafkaErrorReactions"]
 
@@ -87,7 +87,12 @@ class KafkaErrorReactions:
         return False
 
     def recreate_producer(
-        self, producer: TransactionalProducer, exc: KafkaClientError, msgs: Sequence[ConsumedMessage], *, escalated: bool = False
+        self,
+        producer: TransactionalProducer,
+        exc: KafkaClientError,
+        msgs: Sequence[ConsumedMessage],
+        *,
+        escalated: bool = False,
     ) -> None:
         """Application-recoverable: drop the producer, rewind to the committed offsets, carry on."""
         c = self._c
@@ -97,8 +102,11 @@ class KafkaErrorReactions:
             self._recreations.popleft()
         log.warning(
             "listener %s: %s%s; replacing producer %s and rewinding to the committed offsets",
-            c.name, "escalated: " if escalated else "", exc, producer.transactional_id,
-        )  # fmt: skip
+            c.name,
+            "escalated: " if escalated else "",
+            exc,
+            producer.transactional_id,
+        )
         producer.discard()
         c.publish(ProducerRecreated(c.name, c.worker, producer.transactional_id, exc))
         self.note(exc, "recreate producer")
@@ -124,8 +132,13 @@ class KafkaErrorReactions:
             # partition until the group says whose it is: a revoke ends the hold, and if it is
             # still ours after a couple of heartbeats, the next transaction takes the id back.
             for tp in first_offsets(msgs):
-                log.warning("listener %s: holding %s[%d] for %.0fs after fencing (was it reassigned?)",
-                            c.name, tp[0], tp[1], c.fence_hold)  # fmt: skip
+                log.warning(
+                    "listener %s: holding %s[%d] for %.0fs after fencing (was it reassigned?)",
+                    c.name,
+                    tp[0],
+                    tp[1],
+                    c.fence_hold,
+                )
                 c.pause(tp, c.fence_hold)
 
     def rewind_to_committed(self, msgs: Sequence[ConsumedMessage]) -> None:

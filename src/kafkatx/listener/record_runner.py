@@ -137,14 +137,18 @@ class RecordRunner:
             stopped_at = self._stopped_at
             handled = len(msgs) if stopped_at < 0 else stopped_at
             current.publish(
-                TransactionCommitted(current.listener, current.worker, handled, current.outputs,
-                                     time.perf_counter() - started)
-            )  # fmt: skip
+                TransactionCommitted(
+                    current.listener, current.worker, handled, current.outputs, time.perf_counter() - started
+                )
+            )
             if stopped_at >= 0:  # the rest of the poll is fetched again for the next transaction
                 log.debug(
                     "listener %s: transaction time budget (%.3gs) used after %d of %d records",
-                    current.listener, self._c.transaction_budget, stopped_at, len(msgs),
-                )  # fmt: skip
+                    current.listener,
+                    self._c.transaction_budget,
+                    stopped_at,
+                    len(msgs),
+                )
                 current.rewind(msgs[stopped_at:])
             return
 
@@ -231,8 +235,11 @@ class RecordRunner:
                 if failing:
                     state = tracker.state_at(topic, partition, offset)
                     if state is not None and state.pending_recovery:  # its recovery failed: retry that, not the handler
-                        raise HandlerFailure(next_check - left - 1, state.last_exception or RuntimeError("recovery pending"),
-                                             to_record(msg, state.failures))  # fmt: skip
+                        raise HandlerFailure(
+                            next_check - left - 1,
+                            state.last_exception or RuntimeError("recovery pending"),
+                            to_record(msg, state.failures),
+                        )
                     record.attempt = 1 if state is None else state.failures + 1
                 else:
                     record.attempt = 1
@@ -277,9 +284,12 @@ class RecordRunner:
                                         fast = directs[target] = unit.direct(target)
                                 value, key, headers = result.value, result.key, result.headers
                                 if (
-                                    fast is not None and not buf and result.partition is None
-                                    and (type(value) is bytes or value is None) and (type(key) is bytes or key is None)
-                                ):  # fmt: skip
+                                    fast is not None
+                                    and not buf
+                                    and result.partition is None
+                                    and (type(value) is bytes or value is None)
+                                    and (type(key) is bytes or key is None)
+                                ):
                                     # A dict of headers with str names goes to confluent-kafka as given: it
                                     # encodes the values as kafkatx would (bytes, str as UTF-8, None) and refuses
                                     # others with TypeError, which falls back to kafkatx's encoding below (that
@@ -313,7 +323,9 @@ class RecordRunner:
                                         itype = type(item)
                                         if itype is tuple and len(item) == 2:
                                             key, value = item
-                                            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
+                                            if (type(value) is bytes or value is None) and (
+                                                type(key) is bytes or key is None
+                                            ):
                                                 try:
                                                     stream(default_topic, value, key)
                                                     outputs += 1
@@ -334,7 +346,9 @@ class RecordRunner:
                                     value = serializer(result)  # type: ignore[misc]
                                 except Exception as exc:
                                     failure = exc
-                                if failure is not None:  # outside the except block: only the serializer's error is chained
+                                if (
+                                    failure is not None
+                                ):  # outside the except block: only the serializer's error is chained
                                     raise serializer_failure(result, "value", failure) from failure
                                 if type(value) is not bytes:
                                     value = serialized_bytes(value, "value")
@@ -353,7 +367,9 @@ class RecordRunner:
                 if error is not None:
                     if not in_place:
                         raise HandlerFailure(next_check - left - 1, error, record)
-                    self._retry_in_place(unit, record, error, next_check - left - 1)  # outside the except block: no chained context
+                    self._retry_in_place(
+                        unit, record, error, next_check - left - 1
+                    )  # outside the except block: no chained context
                 if buf:
                     output_error = None
                     try:
@@ -367,8 +383,13 @@ class RecordRunner:
                                     if out_headers is None and out_partition is None:
                                         fast(out_topic, out_value, out_key)
                                     else:
-                                        fast(out_topic, out_value, out_key, -1 if out_partition is None else out_partition,
-                                             headers=out_headers)  # fmt: skip
+                                        fast(
+                                            out_topic,
+                                            out_value,
+                                            out_key,
+                                            -1 if out_partition is None else out_partition,
+                                            headers=out_headers,
+                                        )
                                     continue
                                 except (BufferError, KafkaException):
                                     pass  # produce() waits for queue space, or classifies the error
@@ -411,7 +432,9 @@ class RecordRunner:
             if verdict.action is Action.ABANDON:
                 raise _Abandoned
             if verdict.action is Action.RETRY:
-                unit.publish(RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay))
+                unit.publish(
+                    RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay)
+                )
                 if unit.wait(verdict.delay):
                     raise _Abandoned
                 record = replace(record, attempt=state.failures + 1)

@@ -30,9 +30,15 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 #: Options that make up the failure policy; with after_rollback=DefaultAfterRollbackProcessor(...) they live there.
 _POLICY_OPTIONS = (
-    "max_attempts", "backoff", "dlq", "not_retryable", "retryable", "default_not_retryable",
-    "max_recovery_failures", "recovery_backoff",
-)  # fmt: skip
+    "max_attempts",
+    "backoff",
+    "dlq",
+    "not_retryable",
+    "retryable",
+    "default_not_retryable",
+    "max_recovery_failures",
+    "recovery_backoff",
+)
 
 
 def validate_topic(name: Any, what: str) -> str:
@@ -122,7 +128,9 @@ def build_spec(
     if output is not None:
         validate_topic(output, "output topic")
         if output in topics:
-            raise InvalidConfigurationError(f"output topic {output!r} is also an input topic of the same listener (a loop)")
+            raise InvalidConfigurationError(
+                f"output topic {output!r} is also an input topic of the same listener (a loop)"
+            )
     sends_to = opts["sends_to"]
     if isinstance(sends_to, str):
         sends_to = (sends_to,)
@@ -216,7 +224,7 @@ def _failure_handling(
     if after_rollback is not None and retry == "in_place":
         raise InvalidConfigurationError(
             'retry="in_place" cannot follow a custom after_rollback processor (in-place retries decide inside the '
-            "batch's transaction, without calling it): use retry=\"rollback\", or pass a DefaultAfterRollbackProcessor"
+            'batch\'s transaction, without calling it): use retry="rollback", or pass a DefaultAfterRollbackProcessor'
         )
     try:
         classifier = ExceptionClassifier(

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from kafkatx._offsets import TP, first_offsets, next_offsets
 from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import (
@@ -43,7 +44,6 @@ from kafkatx.errors import (
     RecoveryError,
     TransactionAbortableError,
 )
-from kafkatx._offsets import TP, first_offsets, next_offsets
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import isolate, redeliver_stored, wait_for_database
 from kafkatx.outputs import PendingOutput
@@ -52,8 +52,8 @@ from kafkatx.rollback.after_rollback import HandlerFailure
 
 if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
-    from kafkatx.producer import TransactionalProducer
     from kafkatx.listener.spec import ListenerSpec
+    from kafkatx.producer import TransactionalProducer
     from kafkatx.recoverers import Recoverer
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.tracker import FailureTracker
@@ -74,10 +74,25 @@ class TransactionUnit:
     container's failure counts), ``listener``, ``group_id``, ``worker``.
     """
 
-    __slots__ = ("_c", "_producer", "messages", "spec", "policy", "tracker", "listener", "group_id", "worker",
-                 "_offsets", "_membership", "outputs", "_stored")  # fmt: skip
+    __slots__ = (
+        "_c",
+        "_producer",
+        "messages",
+        "spec",
+        "policy",
+        "tracker",
+        "listener",
+        "group_id",
+        "worker",
+        "_offsets",
+        "_membership",
+        "outputs",
+        "_stored",
+    )
 
-    def __init__(self, container: ListenerContainer, producer: TransactionalProducer, messages: list[ConsumedMessage]) -> None:
+    def __init__(
+        self, container: ListenerContainer, producer: TransactionalProducer, messages: list[ConsumedMessage]
+    ) -> None:
         self._c = container
         self._producer = producer
         self.messages = messages
@@ -233,10 +248,12 @@ class TransactionUnit:
         claims = self._c.guard.metadata(offsets)
         meta = {**claims, **metadata} if claims is not None and metadata else (claims or metadata or {})
         self._producer.send_offsets(
-            [TopicPartition(t, p, o, metadata=meta[(t, p)]) if (t, p) in meta else TopicPartition(t, p, o)
-             for (t, p), o in offsets.items()],
+            [
+                TopicPartition(t, p, o, metadata=meta[(t, p)]) if (t, p) in meta else TopicPartition(t, p, o)
+                for (t, p), o in offsets.items()
+            ],
             membership,
-        )  # fmt: skip
+        )
         self._offsets.update(offsets)
         self._membership = membership
 
@@ -292,11 +309,14 @@ class TransactionUnit:
         previous_sink = bind_sink(sink)
         previous_ctx = bind_recovery(
             RecoveryContext(
-                self.listener, self.group_id, producer.partition_count,
+                self.listener,
+                self.group_id,
+                producer.partition_count,
                 sink.deliver if confirm else sink.deliver_unconfirmed,
-                producer.flush if confirm else list, self.policy.is_retryable,
+                producer.flush if confirm else list,
+                self.policy.is_retryable,
             )
-        )  # fmt: skip
+        )
         failure: Exception | None = None
         try:
             recoverer(record, exception)
@@ -383,4 +403,3 @@ class _DirectSink:
     def deliver_unconfirmed(self, output: PendingOutput) -> str | None:
         self.add(output)
         return None
-

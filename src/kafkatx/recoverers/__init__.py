@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kafkatx.record import Record
 from kafkatx.context import RecoveryContext, current_recovery
+from kafkatx.record import Record
 
 __all__ = ["Recoverer", "LoggingRecoverer", "CompositeRecoverer", "as_recoverer", "RecoveryContext", "current_recovery"]
 
@@ -57,7 +57,12 @@ class LoggingRecoverer(Recoverer):
             record.attempt,
             type(exception).__name__,
             exception,
-            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset, "attempt": record.attempt},
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "attempt": record.attempt,
+            },
         )
 
 
@@ -105,4 +110,3 @@ def as_recoverer(obj: Callable[[Record, BaseException], Any] | Recoverer) -> Rec
     if callable(obj):
         return _CallableRecoverer(obj)
     raise TypeError(f"a recoverer must be a Recoverer or a callable (record, exception) -> None, got {obj!r}")
-

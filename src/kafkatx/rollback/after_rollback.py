@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
 from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
 from kafkatx.outputs import PendingOutput
@@ -79,7 +78,9 @@ def after_rollback(
         again: HandlerFailure | None = None
         recovery: RecoveryError | None = None
         try:
-            if not scope.unit.transact(functools.partial(_process, processor, scope), what="after-rollback transaction"):
+            if not scope.unit.transact(
+                functools.partial(_process, processor, scope), what="after-rollback transaction"
+            ):
                 return []
         except HandlerFailure as exc:  # a replayed batch-mate failed this time (the transaction was aborted)
             again = exc
@@ -93,9 +94,15 @@ def after_rollback(
             return []
         rest = scope.apply(keep_in_memory=keep_in_memory and not unit.stopping)
         unit.publish(
-            TransactionCommitted(unit.listener, unit.worker, scope.committed_records, scope.unit.outputs,
-                                 time.perf_counter() - started, "after_rollback")
-        )  # fmt: skip
+            TransactionCommitted(
+                unit.listener,
+                unit.worker,
+                scope.committed_records,
+                scope.unit.outputs,
+                time.perf_counter() - started,
+                "after_rollback",
+            )
+        )
         return rest
 
 
@@ -116,7 +123,9 @@ def recovery_failed(
     """
     record = exc.record
     state = unit.tracker.record_recovery_failure(record, failure.exc)
-    unit.publish(RecoveryFailed(unit.listener, unit.worker, record, failure.exc, exc.exception, state.recovery_failures))
+    unit.publish(
+        RecoveryFailed(unit.listener, unit.worker, record, failure.exc, exc.exception, state.recovery_failures)
+    )
     delay = unit.policy.recovery_delay(state.recovery_failures)
     if delay is None:
         raise RecoveryExhaustedError(
@@ -127,15 +136,21 @@ def recovery_failed(
         ) from exc.exception
     log.error(
         "recovery of %s failed (%d time(s)): %s: %s; keeping the record, retrying recovery in %.3gs",
-        record.coordinates, state.recovery_failures, type(exc.exception).__name__, exc.exception, delay,
+        record.coordinates,
+        state.recovery_failures,
+        type(exc.exception).__name__,
+        exc.exception,
+        delay,
         extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
-    )  # fmt: skip
+    )
     if not _commit_processed(unit, msgs, failure, replay):
         unit.with_messages(msgs).rewind()
     unit.pause((record.topic, record.partition), delay)
 
 
-def _commit_processed(unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> bool:
+def _commit_processed(
+    unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay
+) -> bool:
     """Commit the batch-mates before a record whose recovery failed, keeping only that record.
 
     Without this, every failed recovery (a dead-letter topic that is down)
@@ -161,7 +176,9 @@ def _commit_processed(unit: TransactionUnit, msgs: list[ConsumedMessage], failur
 class RollbackScope:
     """The :class:`~kafkatx.rollback.processor.RollbackContext` of one after-rollback transaction."""
 
-    def __init__(self, unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> None:
+    def __init__(
+        self, unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay
+    ) -> None:
         self.unit = unit
         self._msgs = msgs
         self._replay = replay

@@ -16,7 +16,14 @@ from tenacity.retry import retry_base
 from kafkatx.database._backend import permanent_database_error_class
 from kafkatx.errors import DeserializationError, OutputError
 
-__all__ = ["DEFAULT_NOT_RETRYABLE", "ExceptionClassifier", "retry_if_retryable", "cause_chain", "root_cause", "exception_fqcn"]
+__all__ = [
+    "DEFAULT_NOT_RETRYABLE",
+    "ExceptionClassifier",
+    "retry_if_retryable",
+    "cause_chain",
+    "root_cause",
+    "exception_fqcn",
+]
 
 
 DEFAULT_NOT_RETRYABLE: tuple[type[BaseException], ...] = (

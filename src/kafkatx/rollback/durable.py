@@ -89,10 +89,12 @@ def decode(metadata: str | None, offset: int) -> PartitionState | None:
     try:
         data = json.loads(metadata[len(_PREFIX) :])
         state = PartitionState(
-            int(data["offset"]), int(data.get("failures", 0)), bool(data.get("inflight", False)),
+            int(data["offset"]),
+            int(data.get("failures", 0)),
+            bool(data.get("inflight", False)),
             None if data.get("careful_until") is None else int(data["careful_until"]),
             None if data.get("owner") is None else str(data["owner"]),
-        )  # fmt: skip
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if state.offset != offset or state.offset < 0 or state.failures < 0:

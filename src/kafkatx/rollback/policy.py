@@ -73,7 +73,9 @@ class FailurePolicy:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         if max_recovery_failures is not None and (
-            isinstance(max_recovery_failures, bool) or not isinstance(max_recovery_failures, int) or max_recovery_failures < 1
+            isinstance(max_recovery_failures, bool)
+            or not isinstance(max_recovery_failures, int)
+            or max_recovery_failures < 1
         ):
             raise ValueError(f"max_recovery_failures must be an integer >= 1, got {max_recovery_failures!r}")
         self.recoverer: Recoverer = as_recoverer(recoverer) if recoverer is not None else LoggingRecoverer()

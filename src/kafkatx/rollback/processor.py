@@ -163,23 +163,37 @@ class DefaultAfterRollbackProcessor:
             context.replay_processed()
             coords = _coords(failed, state.failures)
             if verdict.action is Action.ABANDON:
-                log.info("%s failed on attempt %d; the container is stopping, so it is left for the next start",
-                         failed.coordinates, state.failures, extra=coords)  # fmt: skip
+                log.info(
+                    "%s failed on attempt %d; the container is stopping, so it is left for the next start",
+                    failed.coordinates,
+                    state.failures,
+                    extra=coords,
+                )
                 return
             if verdict.action is Action.RETRY:
                 log.info(
                     "%s failed on attempt %d/%d (%s: %s); retrying%s",
-                    failed.coordinates, state.failures, policy.max_attempts, type(exc).__name__, exc,
-                    f" in {verdict.delay:.3g}s" if verdict.delay else "", extra=coords,
-                )  # fmt: skip
+                    failed.coordinates,
+                    state.failures,
+                    policy.max_attempts,
+                    type(exc).__name__,
+                    exc,
+                    f" in {verdict.delay:.3g}s" if verdict.delay else "",
+                    extra=coords,
+                )
                 context.seek_unprocessed(include_failed=True)
                 context.backoff(failed, verdict.delay)
                 context.publish(RecordRetryScheduled(context.listener, 0, failed, state.failures + 1, verdict.delay))
                 return
             log.warning(
                 "%s failed (%s: %s), %s; recovering with %s",
-                failed.coordinates, type(exc).__name__, exc, verdict.reason, policy.recoverer.name, extra=coords,
-            )  # fmt: skip
+                failed.coordinates,
+                type(exc).__name__,
+                exc,
+                verdict.reason,
+                policy.recoverer.name,
+                extra=coords,
+            )
         context.recover(policy.recoverer, replace(failed, attempt=state.failures), exc)
         context.commit_offset(failed)
         context.seek_unprocessed(include_failed=False)

@@ -271,9 +271,13 @@ def as_job_error(exc: BaseException) -> BaseException:
         # A Spark-side error (AnalysisException, ArithmeticException...): the PySpark
         # class is the original. Chained, so not_retryable=[AnalysisException] matches.
         error = _make(
-            str(exc).strip(), _fqcn(type(exc)), type(exc), exc, None,
+            str(exc).strip(),
+            _fqcn(type(exc)),
+            type(exc),
+            exc,
+            None,
             data_independent=isinstance(exc, AnalysisException),
-        )  # fmt: skip
+        )
         error.__cause__ = exc
         return error
     if type(exc).__name__ == "Py4JJavaError":
@@ -285,8 +289,15 @@ def as_job_error(exc: BaseException) -> BaseException:
                 if job_error is not None:
                     return _detached(job_error)
             return _detached(_make(message or cls_name, cls_name, None, exc, None))
-        return _detached(_make(str(exc).strip().splitlines()[0] if str(exc).strip() else "Py4JJavaError",
-                               _fqcn(type(exc)), None, exc, None))  # fmt: skip
+        return _detached(
+            _make(
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "Py4JJavaError",
+                _fqcn(type(exc)),
+                None,
+                exc,
+                None,
+            )
+        )
     return exc
 
 

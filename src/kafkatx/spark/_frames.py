@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 
 from kafkatx.outputs import PendingOutput
-from kafkatx.spark._errors import SparkOutputError
 from kafkatx.record import ConsumedMessage
+from kafkatx.spark._errors import SparkOutputError
 
 __all__ = ["INPUT_SCHEMA", "messages_to_table", "table_to_outputs", "OUTPUT_COLUMNS"]
 
@@ -75,9 +75,12 @@ def messages_to_table(msgs: Sequence[ConsumedMessage]) -> pa.Table:
 
 def _is_text_or_binary(t: pa.DataType) -> bool:
     return bool(
-        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
         or pa.types.is_null(t)
-    )  # fmt: skip
+    )
 
 
 def _bytes_column(table: pa.Table, name: str, listener: str) -> list[bytes | None] | None:

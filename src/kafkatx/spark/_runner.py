@@ -186,17 +186,29 @@ class SparkUnitRunner:
             if verdict.action is Action.RETRY:
                 log.info(
                     "spark listener %s: job over %d record(s) from %s failed on attempt %d/%d (%s: %s); retrying%s",
-                    tx.listener, len(candidates), first.coordinates, attempts, policy.max_attempts,
-                    type(exc).__name__, exc, f" in {verdict.delay:.3g}s" if verdict.delay else "",
-                )  # fmt: skip
+                    tx.listener,
+                    len(candidates),
+                    first.coordinates,
+                    attempts,
+                    policy.max_attempts,
+                    type(exc).__name__,
+                    exc,
+                    f" in {verdict.delay:.3g}s" if verdict.delay else "",
+                )
                 tx.publish(RecordRetryScheduled(tx.listener, tx.worker, first, attempts + 1, verdict.delay))
                 if tx.wait(verdict.delay):
                     raise _Stopping
                 continue
             log.warning(
                 "spark listener %s: job over %d record(s) from %s failed (%s: %s), %s; isolating the records that "
-                "make it fail", tx.listener, len(candidates), first.coordinates, type(exc).__name__, exc, verdict.reason,
-            )  # fmt: skip
+                "make it fail",
+                tx.listener,
+                len(candidates),
+                first.coordinates,
+                type(exc).__name__,
+                exc,
+                verdict.reason,
+            )
             return self._isolate(batch, candidates, exc, attempts, tx)
 
     # -- running the job -------------------------------------------------------------
@@ -303,9 +315,13 @@ class SparkUnitRunner:
         ordered = sorted(poison)
         log.warning(
             "spark listener %s: %d poison record(s) out of %d isolated in %d job(s) (%.1fs): %s",
-            tx.listener, len(ordered), len(candidates), self.jobs_run - jobs_before, time.perf_counter() - started,
+            tx.listener,
+            len(ordered),
+            len(candidates),
+            self.jobs_run - jobs_before,
+            time.perf_counter() - started,
             batch.describe(ordered),
-        )  # fmt: skip
+        )
         return _Outcome(outputs, {i: _Poison(poison[i], attempts) for i in ordered}, failed=True)
 
     def _check_session(self, failure: BaseException, tx: TransactionUnit) -> None:
@@ -340,9 +356,7 @@ class SparkUnitRunner:
                 failing, failure = failing[:mid], left_failure
         return {failing[0]: failure}
 
-    def _probe(
-        self, batch: _Batch, indices: list[int], budget: _Budget, tx: TransactionUnit
-    ) -> BaseException | None:
+    def _probe(self, batch: _Batch, indices: list[int], budget: _Budget, tx: TransactionUnit) -> BaseException | None:
         if tx.stopping:
             raise _Stopping
         budget.used += 1
@@ -396,8 +410,10 @@ class SparkUnitRunner:
                 log.error(
                     "spark listener %s: an output of the job over %d record(s) was rejected (%s); its rows cannot "
                     "be traced to records, so all of them go to the recoverer",
-                    tx.listener, len(msgs) - len(outcome.poison), rejected,
-                )  # fmt: skip
+                    tx.listener,
+                    len(msgs) - len(outcome.poison),
+                    rejected,
+                )
                 rest = {i: _Poison(rejected, 1) for i in range(len(msgs)) if i not in outcome.poison}
                 outcome = _Outcome([], {**outcome.poison, **rest}, failed=True)
                 continue
@@ -408,10 +424,14 @@ class SparkUnitRunner:
             tx.publish(RecordRecovered(tx.listener, tx.worker, records[i], p.exc, tx.policy.recoverer.name))
         tx.publish(
             TransactionCommitted(
-                tx.listener, tx.worker, len(msgs), len(outcome.outputs), time.perf_counter() - started,
+                tx.listener,
+                tx.worker,
+                len(msgs),
+                len(outcome.outputs),
+                time.perf_counter() - started,
                 "after_rollback" if outcome.failed else "batch",
             )
-        )  # fmt: skip
+        )
 
     def _recovery_failed(self, batch: _Batch, outcome: _Outcome, exc: RecoveryError, tx: TransactionUnit) -> None:
         """Keep every poison record (skip the job for them next time), back off, rewind; stop at the limit."""
@@ -434,8 +454,13 @@ class SparkUnitRunner:
             ) from exc.exception
         log.error(
             "spark listener %s: recovery of %s failed (%d time(s)): %s: %s; nothing committed, retrying in %.3gs",
-            tx.listener, record.coordinates, failures, type(exc.exception).__name__, exc.exception, delay,
-        )  # fmt: skip
+            tx.listener,
+            record.coordinates,
+            failures,
+            type(exc.exception).__name__,
+            exc.exception,
+            delay,
+        )
         tx.rewind()
         tx.pause((record.topic, record.partition), delay)
 

@@ -86,7 +86,9 @@ def configure(
     if session is not None and not callable(getattr(session, "createDataFrame", None)):
         raise InvalidConfigurationError(f"session must be a SparkSession, got {type(session).__name__}")
     if session is not None and (master is not None or conf):
-        raise InvalidConfigurationError("pass either session= or master=/conf=, not both: a given session is used as is")
+        raise InvalidConfigurationError(
+            "pass either session= or master=/conf=, not both: a given session is used as is"
+        )
     level = str(log_level).upper()
     if level not in _LOG_LEVELS:
         raise InvalidConfigurationError(f"log_level must be one of {sorted(_LOG_LEVELS)}, got {log_level!r}")
@@ -151,8 +153,10 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
     try:
         session = builder.getOrCreate()
     except Exception as exc:
-        hint = "is a Spark Connect server listening there?" if master.startswith("sc://") else (
-            "is Java 17 or 21 installed (JAVA_HOME)?"
+        hint = (
+            "is a Spark Connect server listening there?"
+            if master.startswith("sc://")
+            else ("is Java 17 or 21 installed (JAVA_HOME)?")
         )
         raise InvalidConfigurationError(
             f"could not start a SparkSession with master {master!r}: {type(exc).__name__}: {exc} ({hint})"
@@ -181,7 +185,9 @@ def _warm_up(session: Any) -> None:
         df = session.createDataFrame(pa.table({"x": pa.array([1, 2, 1], pa.int64())}))
         df.groupBy("x").count().toArrow()
     except Exception as exc:
-        raise InvalidConfigurationError(f"the SparkSession cannot run a trivial job: {type(exc).__name__}: {exc}") from exc
+        raise InvalidConfigurationError(
+            f"the SparkSession cannot run a trivial job: {type(exc).__name__}: {exc}"
+        ) from exc
     log.info("SparkSession warmed up in %.1fs", time.perf_counter() - started)
 
 
@@ -246,8 +252,10 @@ class SessionLease:
                     if (first.master, first.conf) != (settings.master, settings.conf):
                         log.warning(
                             "App %s shares the SparkSession App %s created (one per process); its own "
-                            "master/conf settings are ignored", self._app.name, name,
-                        )  # fmt: skip
+                            "master/conf settings are ignored",
+                            self._app.name,
+                            name,
+                        )
                 _Shared.users += 1
                 return _Shared.session
             existing = _existing_session()

@@ -206,7 +206,9 @@ def committed_offsets(
     Partitions without a committed offset are left out. Pending transactional
     offsets are not returned until their transaction ends.
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False, **_QUIET})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False, **_QUIET}
+    )
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         tps = consumer.committed([TopicPartition(topic, p) for p in sorted(parts)], timeout=timeout)

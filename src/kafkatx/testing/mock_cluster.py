@@ -367,11 +367,7 @@ class MockCluster:
             raise ValueError(f"topic name must be a non-empty str, got {name!r}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-        if (
-            isinstance(replication_factor, bool)
-            or not isinstance(replication_factor, int)
-            or replication_factor < 1
-        ):
+        if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) or replication_factor < 1:
             raise ValueError(f"replication_factor must be an int >= 1, got {replication_factor!r}")
         with self._lock:
             err = self._lib.rd_kafka_mock_topic_create(self._handle(), name.encode(), partitions, replication_factor)

