@@ -1,7 +1,7 @@
 """Experiment: a TCP proxy in front of noida-db that empties the aborted-transactions list.
 
-    python bench/probes/noida_fetch_proxy.py check     # the live-consumer scenario, direct vs through the proxy
-    python bench/probes/noida_fetch_proxy.py serve     # a LocalBroker behind the proxy, until Ctrl-C; then e.g.
+    python tools/probes/noida_fetch_proxy.py check     # the live-consumer scenario, direct vs through the proxy
+    python tools/probes/noida_fetch_proxy.py serve     # a LocalBroker behind the proxy, until Ctrl-C; then e.g.
     pytest tests/test_chained_listeners.py --kafka-bootstrap 127.0.0.1:PORT
 
 Not used by kafkatx. It tests the diagnosis in docs/BROKERS.md: noida lists

@@ -1,8 +1,8 @@
 """Probe: cooperative (incremental) rebalancing on noida-db.
 
-    python bench/probes/cooperative_rebalance.py [--strategy cooperative-sticky|range] [--reps N]
+    python tools/probes/cooperative_rebalance.py [--strategy cooperative-sticky|range] [--reps N]
 
-Plain confluent-kafka members in subprocesses (bench/probes/_member.py),
+Plain confluent-kafka members in subprocesses (tools/probes/_member.py),
 a 6-partition topic, session.timeout.ms=6000, max.poll.interval.ms=30000,
 partition.assignment.strategy as given. Steps: m1 joins; m2 joins; m3
 joins; m2 closes cleanly; m3 is SIGKILLed. After each step it waits until

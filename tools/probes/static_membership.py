@@ -1,9 +1,9 @@
 """Probe: static group membership (group.instance.id, KIP-345) on noida-db.
 
-    python bench/probes/static_membership.py [SCENARIO ...] [--reps N]
+    python tools/probes/static_membership.py [SCENARIO ...] [--reps N]
 
 Scenarios (default: all), each with two plain confluent-kafka members in
-subprocesses (bench/probes/_member.py), a 4-partition topic, a fresh group,
+subprocesses (tools/probes/_member.py), a 4-partition topic, a fresh group,
 session.timeout.ms=6000, heartbeat.interval.ms=500, max.poll.interval.ms=30000:
 
 - ``kill-same-id``   SIGKILL w0, restart it 2 s later under the same group.instance.id

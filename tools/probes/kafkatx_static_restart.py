@@ -1,6 +1,6 @@
 """Probe: a kafkatx worker SIGKILLed and restarted, with static membership, on noida-db.
 
-    python bench/probes/kafkatx_static_restart.py [--new-id] [--reps N]
+    python tools/probes/kafkatx_static_restart.py [--new-id] [--reps N]
 
 Two `kafkatx run` workers (instance ids w0, w1; group fencing) copy a
 4-partition topic to an output topic while records keep arriving (200/s).

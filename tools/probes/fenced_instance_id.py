@@ -1,6 +1,6 @@
 """Probe: two live consumers with the same group.instance.id on noida-db.
 
-    python bench/probes/fenced_instance_id.py
+    python tools/probes/fenced_instance_id.py
 
 Apache Kafka (KIP-345) lets the newest JoinGroup with an instance id replace
 the old member: the old one gets FENCED_INSTANCE_ID on its next heartbeat,

@@ -1,6 +1,6 @@
 """One consumer-group member in its own process, for the group probes.
 
-    python bench/probes/_member.py '<json>'
+    python tools/probes/_member.py '<json>'
 
 json: bootstrap, group, topic, name, and optional instance_id
 (group.instance.id), config (extra librdkafka properties), close_after

@@ -1,4 +1,4 @@
-"""Run group members as subprocesses (bench/probes/_member.py) and watch who owns what."""
+"""Run group members as subprocesses (tools/probes/_member.py) and watch who owns what."""
 
 from __future__ import annotations
 

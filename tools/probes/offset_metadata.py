@@ -1,6 +1,6 @@
 """Probe: offset-commit metadata sent through send_offsets_to_transaction, on noida-db.
 
-    python bench/probes/offset_metadata.py
+    python tools/probes/offset_metadata.py
 
 Checks that TopicPartition(topic, p, offset, metadata=...) given to
 send_offsets_to_transaction is stored when the transaction commits, not when

@@ -1,14 +1,14 @@
 """Probe: why a read_committed consumer loses committed records on noida-db.
 
-    python bench/probes/noida_read_committed_skip.py wire            # the FetchResponse, field by field
-    python bench/probes/noida_read_committed_skip.py live [REPS]     # client settings, REPS runs each (default 20)
-    python bench/probes/noida_read_committed_skip.py fresh           # a fresh reader whose read takes several fetches
+    python tools/probes/noida_read_committed_skip.py wire            # the FetchResponse, field by field
+    python tools/probes/noida_read_committed_skip.py live [REPS]     # client settings, REPS runs each (default 20)
+    python tools/probes/noida_read_committed_skip.py fresh           # a fresh reader whose read takes several fetches
 
 Each mode starts its own LocalBroker (kafkatx.local) and needs nothing else.
 
 ``wire`` writes commit/abort/commit/commit/abort/commit from one
 transactional producer plus one commit from another, then fetches
-read_committed from every offset with a raw Fetch v5 (bench/probes/_wire.py)
+read_committed from every offset with a raw Fetch v5 (tools/probes/_wire.py)
 and prints what noida answers next to what Apache Kafka would list as
 aborted transactions, and which committed records librdkafka delivers from
 that response (librdkafka's rule, src/rdkafka_msgset_reader.c: a
