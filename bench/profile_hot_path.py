@@ -2,7 +2,7 @@
 
     python bench/profile_hot_path.py                 # 100k records, 8 partitions
     python bench/profile_hot_path.py --rounds 5      # CPU-per-record comparison only, 5 rounds each
-    python bench/profile_hot_path.py --shape keyed   # another return shape (see bench/workers.py SHAPES)
+    python bench/profile_hot_path.py --shape keyed   # another return shape (see bench/workload.py SHAPES)
     PYTHONPATH=/tmp/patched/src python bench/profile_hot_path.py   # measure a patched copy
 
 Two measurements on one broker and one preloaded input:
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument(
-        "--shape", default="bytes", help="what the handler returns (bench/workers.py SHAPES; batch scenario)"
+        "--shape", default="bytes", help="what the handler returns (bench/workload.py SHAPES; batch scenario)"
     )
     ap.add_argument(
         "--scenario",

@@ -2,7 +2,7 @@
 
     python bench/run.py                      # all runs, 200k x 100 B records, 8 partitions
     python bench/run.py --runs 1k,2k,1h,2h   # return shapes beside their hand-written twins
-    python bench/run.py --quick              # small smoke run (under a minute)
+    python bench/run.py --quick              # small smoke run (1-2 minutes)
     python bench/run.py --runs 1,2 --repeat 3 --json /tmp/out.json
 
 Starts the embedded broker (kafkatx.local.LocalBroker), preloads the input,
@@ -31,12 +31,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from workload import expected_outputs, is_poison, make_key, make_value  # bench/ is sys.path[0]
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 QUIX_VENV = HERE / ".venv-quix"
 QUIX_VERSION = "3.28.1"
-POISON_OFFSET = 50  # see is_poison()
 
 G = {"fencing": "group"}  # fencing="auto" picks per-partition producers on the embedded broker (it lacks KIP-447)
 K = {**G, "max_batch_records": 1000}  # run 1's transaction size: the ratio to the twin is kafkatx's own cost
@@ -166,30 +167,7 @@ ORDER = ["1", "2", "2b", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "
 SHAPE_RUNS = ["1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j"]
 
 
-# -- workload ------------------------------------------------------------------
-def is_poison(i: int, poison_every: int, partitions: int) -> bool:
-    """Record i (partition i % P, offset i // P) is poison once per ``poison_every`` offsets of
-    each partition, at a different offset in each partition, so poison is spread evenly
-    over partitions and time (``i % 100 == 50`` would put it all in 2 of 8 partitions)."""
-    if not poison_every:
-        return False
-    offset, partition = divmod(i, partitions)
-    return (offset + 13 * partition) % poison_every == POISON_OFFSET
-
-
-def make_key(i: int) -> bytes:
-    """Record i's key (every input record has one: keeping it is what most transforms do)."""
-    return b"key-%09d" % i
-
-
-def make_value(i: int, size: int, poison_every: int, partitions: int) -> bytes:
-    """``000000042:record:abcdefghij...`` padded to ``size`` bytes; lower case so upper() changes it."""
-    kind = "poison" if is_poison(i, poison_every, partitions) else "record"
-    head = f"{i:09d}:{kind}:"
-    filler = "abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1)
-    return (head + filler)[: max(size, len(head))].encode()
-
-
+# -- the input (records from workload.py) -------------------------------------
 def preload(bootstrap: str, topic: str, n: int, partitions: int, size: int, poison_every: int) -> float:
     """Produce record i to partition i % partitions (so offset = i // partitions)."""
     from kafkatx.testing import produce
@@ -378,8 +356,6 @@ def verify(
 ) -> dict[str, Any]:
     """Read outputs under read_committed: every expected record (key, value, headers) exactly once, DLT == poison records."""
     from collections import Counter
-
-    from workers import expected_outputs
 
     from kafkatx.local import LocalBroker
     from kafkatx.testing import read_topic

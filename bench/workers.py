@@ -6,7 +6,7 @@ its own, and reads the last stdout line (``RESULT {...}``). Runs:
 - ``raw``      hand-written confluent-kafka EOS loop, consume(batch) per transaction (runs 1*, 3b)
 - ``kafkatx``  kafkatx App + @app.listener, options from the config (runs 2*, 3, 4, 4b)
 
-``shape`` says what each record becomes (see SHAPES): the kafkatx handler
+``shape`` says what each record becomes (see workload.SHAPES): the kafkatx handler
 returns it in that shape, and the hand-written loop produces the same
 records with confluent-kafka's ``produce`` directly (its twin).
 
@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from workload import HEADERS, dumps_json, is_poison  # bench/ is sys.path[0]
 
 perf = time.perf_counter
 #: BENCH_CONSUMER_CONFIG (JSON): extra consumer properties for every runner, for experiments.
@@ -184,39 +186,6 @@ def _producer_config(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-HEADERS = {"source": b"bench"}
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj).encode()
-
-
-#: shape -> (what the kafkatx handler does, how many records each input record becomes)
-SHAPES: dict[str, tuple[str, int]] = {
-    "bytes": ("return record.value.upper()", 1),
-    "keyed": ("return (record.key, record.value.upper())", 1),
-    "output": ("return Output(value.upper(), key=key, headers={'source': b'bench'})", 1),
-    "generator": ("yield (key, value.upper()); yield (key, value)", 2),
-    "send": ("send(out, value.upper(), key); return None", 1),
-    "serializer": ("return {'v': value.decode().upper(), 'o': offset}, serializer=json", 1),
-}
-
-
-def expected_outputs(shape: str, key: bytes | None, value: bytes, offset: int) -> list[tuple[bytes | None, bytes, Any]]:
-    """(key, value, headers) of the records one input record becomes, as read back."""
-    if shape == "bytes":
-        return [(None, value.upper(), None)]
-    if shape in ("keyed", "send"):
-        return [(key, value.upper(), None)]
-    if shape == "output":
-        return [(key, value.upper(), list(HEADERS.items()))]
-    if shape == "generator":
-        return [(key, value.upper(), None), (key, value, None)]
-    if shape == "serializer":
-        return [(None, _dumps({"v": value.decode().upper(), "o": offset}), None)]
-    raise SystemExit(f"unknown shape {shape!r}")
-
-
 def raw_batch(shape: str) -> Any:
     """The hand-written loop's body for ``shape``: (produce, out, msgs, seen, every) -> None.
 
@@ -281,7 +250,7 @@ def raw_batch(shape: str) -> Any:
                 o = m.offset()
                 if o % every == 0:
                     seen(m.partition(), o)
-                produce(out, _dumps({"v": m.value().decode().upper(), "o": o}))
+                produce(out, dumps_json({"v": m.value().decode().upper(), "o": o}))
 
     else:
         raise SystemExit(f"unknown shape {shape!r}")
@@ -360,7 +329,7 @@ def kafkatx_handler(shape: str, tr: Tracker, out: str) -> tuple[Any, dict[str, A
                 seen(record.partition, o)
             return {"v": record.value.decode().upper(), "o": o}
 
-        return handler, {"output": out, "serializer": _dumps}
+        return handler, {"output": out, "serializer": dumps_json}
     raise SystemExit(f"unknown shape {shape!r}")
 
 
@@ -482,8 +451,6 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     res["kafkatx_path"] = str(Path(sys.modules["kafkatx"].__file__ or "").parent)
     res["handler_failures"] = failures[0]
     if calls is not None:
-        from run import is_poison  # bench/ is sys.path[0]
-
         poison_idx = {i for i in range(n) if is_poison(i, cfg["poison_every"], parts)}
         nonpoison = [c for i, c in enumerate(calls) if i not in poison_idx]
         res["handler_calls"] = sum(calls)
