@@ -106,10 +106,10 @@ class ListenerContainer:
         self._positions_checked = True
         self._last_idle_event = self._last_activity
         self._stall_check = StallCheck(self)
-        self._consumer_config = runtime.consumer_config(spec, self.group_id, worker)
-        self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self._consumer_config)
-        self.fence_hold = _fence_hold(self._consumer_config)
-        self._unassigned = UnassignedWatch(self, self._consumer_config)
+        self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
+        self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
+        self.fence_hold = _fence_hold(self.consumer_config)
+        self._unassigned = UnassignedWatch(self, self.consumer_config)
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
         self._runner: Callable[[TransactionUnit], None] = (
@@ -148,11 +148,6 @@ class ListenerContainer:
     def paused_until(self) -> Mapping[TP, float]:
         """The partitions kafkatx holds (a back-off, fencing), and until when (``time.monotonic()``)."""
         return self._paused_until
-
-    @property
-    def consumer_config(self) -> Mapping[str, Any]:
-        """The librdkafka configuration of this container's consumer."""
-        return self._consumer_config
 
     @property
     def max_producer_recreations(self) -> int:
@@ -206,7 +201,7 @@ class ListenerContainer:
                 self.runtime.group_transactional_id(self.group_id, self.txn_index)
             )
             self._group_producer.ensure()
-        self.consumer = Consumer(self._consumer_config)
+        self.consumer = Consumer(self.consumer_config)
         self.consumer.subscribe(
             list(spec.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
