@@ -96,3 +96,17 @@ def test_the_scope_rewinds_whatever_the_transaction_did_not_commit() -> None:
     scope.commit_offset(scope.failed)  # a custom processor recovered the failed record, and decided nothing more
     assert scope.apply() == []
     assert host.seeks == [(IN, 12), (("in", 1), 20)], "every record not committed is fetched again"
+
+
+def test_the_default_processor_takes_the_policys_settings_or_a_ready_policy_not_both() -> None:
+    def recoverer(record: Record, exc: BaseException) -> None:
+        pass
+
+    processor = DefaultAfterRollbackProcessor(recoverer=recoverer, max_attempts=4, backoff=2.0, max_recovery_failures=2)
+    policy = processor.policy
+    assert (processor.max_attempts, policy.max_recovery_failures) == (4, 2)
+    assert processor.recoverer.name.endswith("recoverer")
+    assert policy.decide(1, ValueError("x")).delay == 2.0
+    assert DefaultAfterRollbackProcessor(policy=policy).policy is policy
+    with pytest.raises(TypeError, match="not both"):
+        DefaultAfterRollbackProcessor(policy=policy, max_attempts=2)
