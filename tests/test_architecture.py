@@ -109,3 +109,104 @@ def test_importing_kafkatx_leaves_the_dead_letter_tools_for_their_first_use() ->
         "try:\n    dlq.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n"
     )
     assert _in_a_fresh_interpreter(code) == "module 'kafkatx.dlq' has no attribute 'no_such_name'"
+
+
+#: Packages held to the two checks below (no import circle at all, nothing private of another module).
+#: Widen it as the other packages get their ports: every module of src/ belongs here eventually.
+STRICT_SCOPE: tuple[str, ...] = ("listener", "rollback")
+
+#: Deliberate exceptions, each with its reason. The record runner's hot path fills the record class
+#: ``record.message_record`` builds, inlined (docs/BENCHMARKS.md: a call per record is measurable).
+_PRIVATE_ALLOWED = {("listener/record_runner.py", "_MessageRecord"), ("listener/record_runner.py", "_msg")}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _in_scope(path: Path) -> bool:
+    rel = path.relative_to(SRC).parts
+    return rel[0].removesuffix(".py") in STRICT_SCOPE
+
+
+def _all_imports(path: Path, modules: set[str]) -> set[str]:
+    """kafkatx modules ``path`` imports anywhere: TYPE_CHECKING blocks and function bodies included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            base = node.module or ""
+            for alias in node.names:  # ``from kafkatx.listener import health`` imports the module
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in modules}
+
+
+def test_no_import_circle_between_modules_type_checking_imports_included() -> None:
+    paths = {_module_name(p): p for p in SRC.rglob("*.py")}
+    modules = set(paths)
+    edges = {name: _all_imports(path, modules) - {name} for name, path in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for name in sorted(modules):
+        if name not in index:
+            visit(name)
+    ours = [c for c in circles if any(_in_scope(paths[m]) for m in c)]
+    assert ours == [], f"import circles through {STRICT_SCOPE}: {ours}"
+
+
+def test_no_module_uses_another_modules_private_members() -> None:
+    offences: list[tuple[str, str, str]] = []
+    for path in sorted(SRC.rglob("*.py")):
+        if not _in_scope(path):
+            continue
+        rel = str(path.relative_to(SRC))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        foreign: set[str] = (
+            set()
+        )  # names bound by imports from outside kafkatx: their private members are their business
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("kafkatx"):
+                foreign.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                foreign.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "kafkatx")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kafkatx"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                offences += [(rel, name, f"from {node.module} import {name}") for name in private]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in foreign):
+                    continue
+                offences.append((rel, node.attr, f"line {node.lineno}: {ast.unparse(node)}"))
+    offences = [o for o in offences if (o[0], o[1]) not in _PRIVATE_ALLOWED]
+    assert offences == [], "\n".join(f"{rel}: {what}" for rel, _, what in offences)

@@ -1,1 +1,1 @@
-"""The listener container: spec, outputs, send() context, transactional producer, consume loop."""
+"""The listener container: consume loop, transaction units, runners, after-rollback driver and their ports."""

@@ -19,20 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from kafkatx._bounded import BoundedCaller
-from kafkatx._offsets import first_offsets
+from kafkatx._offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import (
     FencedTooOftenError,
     GroupMembershipChanged,
     InvalidConfigurationError,
-    KafkaClientError,
     KafkaTxError,
     StuckCallError,
 )
@@ -46,9 +45,10 @@ from kafkatx.events import (
 )
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
+from kafkatx.listener.host import Runner
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
-from kafkatx.listener.unit import TP, TransactionUnit
+from kafkatx.listener.unit import TransactionUnit, commit_offsets
 from kafkatx.producer import TransactionalProducer
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
@@ -61,17 +61,18 @@ __all__ = ["ListenerContainer", "Runner"]
 
 log = logging.getLogger("kafkatx.container")
 
-#: What a listener's runner is: called once per transaction unit.
-Runner = Callable[[TransactionUnit], None]
-
 _IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
 _CLOSE_DEADLINE_S = 10.0  # how long leaving the group may take at exit
 
 
 class ListenerContainer:
-    """Runs one listener's consumer loop on its own thread."""
+    """Runs one listener's consumer loop on its own thread.
 
-    def __init__(self, spec: ListenerSpec, runtime: Runtime, worker: int, txn_index: int) -> None:
+    It implements :class:`~kafkatx.listener.host.ContainerHost`, the services
+    its helpers (unit, crash guard, reactions, health checks) are written on.
+    """
+
+    def __init__(self, spec: ListenerSpec, runtime: Runtime[ListenerContainer], worker: int, txn_index: int) -> None:
         self.spec = spec
         self.runtime = runtime
         self.worker = worker
@@ -105,12 +106,15 @@ class ListenerContainer:
         self._positions_checked = True
         self._last_idle_event = self._last_activity
         self._stall_check = StallCheck(self)
-        self._consumer_config = runtime.consumer_config(spec, self.group_id, worker)
-        self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self._consumer_config)
-        self.fence_hold = _fence_hold(self._consumer_config)
-        self._unassigned = UnassignedWatch(self, self._consumer_config)
+        self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
+        self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
+        self.fence_hold = _fence_hold(self.consumer_config)
+        self._unassigned = UnassignedWatch(self, self.consumer_config)
         factory = spec.runner
-        self._runner: Runner = factory(self) if factory is not None else RecordRunner(self, spec.processor)
+        # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
+        self._runner: Callable[[TransactionUnit], None] = (
+            factory(self) if factory is not None else RecordRunner(self, spec.processor)
+        )
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -139,6 +143,16 @@ class ListenerContainer:
     @property
     def assignment(self) -> set[TP]:
         return set(self.assigned)
+
+    @property
+    def paused_until(self) -> Mapping[TP, float]:
+        """The partitions kafkatx holds (a back-off, fencing), and until when (``time.monotonic()``)."""
+        return self._paused_until
+
+    @property
+    def max_producer_recreations(self) -> int:
+        """How many producer replacements within a minute stop the container (the App's setting)."""
+        return self.runtime.max_producer_recreations
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
@@ -187,7 +201,7 @@ class ListenerContainer:
                 self.runtime.group_transactional_id(self.group_id, self.txn_index)
             )
             self._group_producer.ensure()
-        self.consumer = Consumer(self._consumer_config)
+        self.consumer = Consumer(self.consumer_config)
         self.consumer.subscribe(
             list(spec.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -536,20 +550,13 @@ class ListenerContainer:
         ]
         if not tps:
             return
-        by_producer: dict[int, tuple[TransactionalProducer, dict[TP, int]]] = {}
+        moved: dict[TP, int] = {}
         for tp in consumer.position(tps):
             key = (tp.topic, tp.partition)
             if tp.offset > self._committed.get(key, tp.offset):
-                producer = self._producer_for(key)
-                by_producer.setdefault(id(producer), (producer, {}))[1][key] = tp.offset
-        for producer, offsets in by_producer.values():
-            unit = TransactionUnit(self, producer, [])
-            try:
-                unit.transact(lambda: unit.send_offsets(offsets), records=0, what="offset fix-up")
-            except KafkaClientError as exc:
-                log.debug("offset fix-up skipped: %s", exc)
-                continue
-            log.debug("listener %s committed positions past transaction markers: %s", self.name, offsets)
+                moved[key] = tp.offset
+        if moved and commit_offsets(self, moved, what="offset fix-up", tolerate_errors=True):
+            log.debug("listener %s committed positions past transaction markers: %s", self.name, moved)
 
     def _resume_due(self) -> list[ConsumedMessage]:
         """Resume the partitions whose pause has ended; return the records deferred to that moment."""

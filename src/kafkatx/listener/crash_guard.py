@@ -19,24 +19,20 @@ Record listeners only: a Spark job cannot be run one record at a time.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Mapping, Sequence, Set
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence, Set
 
 from confluent_kafka import TopicPartition
 
-from kafkatx._offsets import first_offsets
+from kafkatx._offsets import TP, first_offsets
 from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
 from kafkatx.events import RecordRecovered
-from kafkatx.listener.unit import TP, TransactionUnit
+from kafkatx.listener.after_rollback import recovery_failed
+from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
-from kafkatx.rollback.after_rollback import HandlerFailure, recovery_failed
 from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight, process_token
-
-if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer, Runner
 
 __all__ = ["CrashGuard"]
 
@@ -46,7 +42,7 @@ log = logging.getLogger("kafkatx.container")
 class CrashGuard:
     """Claims, careful mode and crash recovery of one container."""
 
-    def __init__(self, container: ListenerContainer) -> None:
+    def __init__(self, container: ContainerHost) -> None:
         self._c = container
         self.enabled = container.spec.count_crashes
         self._owner = process_token()  # written into in-flight claims: our own claim found again is no crash
@@ -160,19 +156,11 @@ class CrashGuard:
         claims = {tp: offset for tp, offset in claims.items() if latest.get(tp) == offset}
         if not claims:
             return
-        by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
+        meta = {}
         for tp, offset in claims.items():
-            producer = self._c.producer_for(tp)
-            by_producer.setdefault(id(producer), (TransactionUnit(self._c, producer, []), {}))[1][tp] = offset
-        for unit, offsets in by_producer.values():
-            meta = {}
-            for tp, offset in offsets.items():
-                state = self._c.tracker.state_at(tp[0], tp[1], offset)
-                meta[tp] = encode(PartitionState(offset, state.failures if state else 0, False, self._careful.get(tp)))
-            try:
-                unit.transact(functools.partial(unit.send_offsets, offsets, meta), records=0, what="release")
-            except KafkaClientError as exc:
-                log.debug("could not withdraw in-flight claims of %s: %s", offsets, exc)
+            state = self._c.tracker.state_at(tp[0], tp[1], offset)
+            meta[tp] = encode(PartitionState(offset, state.failures if state else 0, False, self._careful.get(tp)))
+        commit_offsets(self._c, claims, what="release", metadata=meta, tolerate_errors=True)
         for tp in tps:
             self._careful.pop(tp, None)
             self._marked.discard(tp)
@@ -229,14 +217,7 @@ class CrashGuard:
                 for tp, offset in first_offsets(batch).items():  # nothing of this poll is handled: rewind it all
                     c.seek(tp, stale.get(tp, offset))
                 return False
-        by_producer: dict[int, tuple[TransactionUnit, dict[TP, int]]] = {}
-        for tp, offset in first.items():
-            producer = c.producer_for(tp)
-            by_producer.setdefault(id(producer), (TransactionUnit(c, producer, []), {}))[1][tp] = offset
-        claimed = True
-        for unit, offsets in by_producer.values():
-            if not unit.transact(functools.partial(unit.send_offsets, offsets), records=0, what="claim"):
-                claimed = False
+        claimed = commit_offsets(c, first, what="claim")
         if not claimed:
             unit = TransactionUnit(c, c.producer_for(next(iter(first))), batch)
             unit.rewind_to_committed()
@@ -255,7 +236,7 @@ class CrashGuard:
         until = self._careful.get((msg.topic(), msg.partition()))
         return until is not None and msg.offset() < until
 
-    def run_careful(self, msg: ConsumedMessage, runner: Runner) -> bool:
+    def run_careful(self, msg: ConsumedMessage, runner: Callable[[TransactionUnit], None]) -> bool:
         """Handle one record of a careful partition in its own transaction. True if it was committed."""
         c = self._c
         tp, offset = (msg.topic(), msg.partition()), msg.offset()

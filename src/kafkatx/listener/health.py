@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from kafkatx.listener.unit import TP
-
-if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer
+from kafkatx._offsets import TP
+from kafkatx.listener.host import ContainerHost
 
 __all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "unassigned_grace"]
 
@@ -34,7 +33,7 @@ class StallCheck:
     high watermark librdkafka last saw (no network round trip).
     """
 
-    def __init__(self, container: ListenerContainer) -> None:
+    def __init__(self, container: ContainerHost) -> None:
         self._c = container
         self._next = time.monotonic() + STALL_CHECK_S
         self._positions: dict[TP, int] = {}
@@ -48,7 +47,7 @@ class StallCheck:
         consumer = c.consumer
         if consumer is None:
             return
-        tps = [tp for tp in c.assigned if tp not in c._paused_until]
+        tps = [tp for tp in c.assigned if tp not in c.paused_until]
         if not tps:
             self._positions.clear()
             return
@@ -83,7 +82,7 @@ class StallCheck:
                 log.info("listener %s: %s[%d] is fetching again", c.name, tp[0], tp[1])
 
 
-def unassigned_grace(consumer_config: dict[str, Any]) -> float:
+def unassigned_grace(consumer_config: Mapping[str, Any]) -> float:
     """Seconds without any partition worth a warning: two session timeouts, at least 30 s."""
     return max(30.0, 2 * int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0)
 
@@ -91,7 +90,7 @@ def unassigned_grace(consumer_config: dict[str, Any]) -> float:
 class UnassignedWatch:
     """Says so when a container has had no partition for a while, and what usually causes it."""
 
-    def __init__(self, container: ListenerContainer, consumer_config: dict[str, Any]) -> None:
+    def __init__(self, container: ContainerHost, consumer_config: Mapping[str, Any]) -> None:
         self._c = container
         self._grace = unassigned_grace(consumer_config)
         self.restart()

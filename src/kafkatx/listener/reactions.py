@@ -1,5 +1,8 @@
 """KIP-1050 reactions to Kafka errors (inside a transaction, and from a poll), and producer replacement.
 
+Inside a transaction the unit decides (``TransactionUnit.transact``) and
+calls on this module for what outlives it: the producer and the positions.
+
 - Abortable: abort and redo the transaction from memory, up to
   ``max_abortable_retries`` times in a row; then escalate to a new producer.
 - Application-recoverable (fencing, a producer gone fatal, a stuck call):
@@ -27,21 +30,17 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from kafkatx._offsets import first_offsets
 from kafkatx.classification import ErrorClass, classify
 from kafkatx.errors import (
-    ApplicationRecoverableError,
     FencedTooOftenError,
-    GroupMembershipChanged,
     InvalidConfigurationError,
     KafkaClientError,
     KafkaTxError,
     StuckCallError,
-    TransactionAbortableError,
 )
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
+from kafkatx.listener.host import ContainerHost
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.unit import TransactionUnit
     from kafkatx.producer import TransactionalProducer
 
 __all__ = ["KafkaErrorReactions"]
@@ -52,39 +51,16 @@ _FENCE_WINDOW_S = 60.0
 
 
 class KafkaErrorReactions:
-    """The reactions of one container (its producers share the recreation budget)."""
+    """The reactions of one container (its producers share the recreation budget).
 
-    def __init__(self, container: ListenerContainer) -> None:
+    The reaction to an error inside a transaction is the unit's
+    (:meth:`TransactionUnit.transact <kafkatx.listener.unit.TransactionUnit.transact>`);
+    it calls on these for what outlives the unit: the producer and the consumer's positions.
+    """
+
+    def __init__(self, container: ContainerHost) -> None:
         self._c = container
         self._recreations: collections.deque[float] = collections.deque()
-
-    def react(
-        self,
-        unit: TransactionUnit,
-        exc: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged,
-        abortable: int,
-        action: str,
-    ) -> bool:
-        """React to ``exc`` raised in ``unit``'s transaction. True: run the transaction again from memory.
-
-        ``abortable`` counts the abortable errors of this unit in a row.
-        """
-        c = self._c
-        if isinstance(exc, TransactionAbortableError):
-            self.note(exc, action)
-            if not unit.abort(len(unit.messages), f"abortable error: {exc}"):
-                return False
-            if abortable > c.spec.max_abortable_retries:
-                self.recreate_producer(unit._producer, exc, unit.messages, escalated=True)
-                return False
-            return True
-        if isinstance(exc, ApplicationRecoverableError):
-            self.recreate_producer(unit._producer, exc, unit.messages)
-            return False
-        log.warning("%s", exc)
-        if unit.abort(len(unit.messages), str(exc)):
-            self.rewind_to_committed(unit.messages)
-        return False
 
     def recreate_producer(
         self,
@@ -110,7 +86,7 @@ class KafkaErrorReactions:
         producer.discard()
         c.publish(ProducerRecreated(c.name, c.worker, producer.transactional_id, exc))
         self.note(exc, "recreate producer")
-        limit = c.runtime.max_producer_recreations
+        limit = c.max_producer_recreations
         if len(self._recreations) > limit:
             raise FencedTooOftenError(
                 f"listener {c.name!r}: producer {producer.transactional_id} had to be replaced "
@@ -180,7 +156,7 @@ class KafkaErrorReactions:
         if code == KafkaError.FENCED_INSTANCE_ID or (code == KafkaError._FATAL and "group.instance.id" in err.str()):
             # confluent-kafka reports it as _FATAL, with fatal() False: another live consumer took this
             # consumer's static identity. Two processes share an instance id; carrying on is impossible.
-            instance = c._consumer_config.get("group.instance.id")
+            instance = c.consumer_config.get("group.instance.id")
             raise InvalidConfigurationError(
                 f"listener {c.name!r}: another live process uses group.instance.id {instance!r} (the same "
                 f"instance id): give each process its own --instance-id ({err.str()})",

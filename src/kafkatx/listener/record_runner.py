@@ -4,7 +4,7 @@ Per unit: begin; for each record, call the handler and produce what it
 returns (and what it ``send()``\\ s); send the next offsets with the
 consumer's group metadata; commit. A handler failure aborts the transaction
 and hands the unit to the after-rollback path
-(:mod:`kafkatx.rollback.after_rollback`); with ``retry="in_place"`` the
+(:mod:`kafkatx.listener.after_rollback`); with ``retry="in_place"`` the
 failed record is retried (or recovered) inside the open transaction instead,
 asking the same :class:`~kafkatx.rollback.policy.FailurePolicy`.
 
@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
 
+from kafkatx._offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
+from kafkatx.listener.after_rollback import after_rollback, recovery_failed
+from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.outputs import (
     MANY,
     OUTPUT,
@@ -43,11 +46,9 @@ from kafkatx.outputs import (
     to_pending,
 )
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Output, Record, _MessageRecord, to_record
-from kafkatx.rollback.after_rollback import HandlerFailure, after_rollback, recovery_failed
 from kafkatx.rollback.policy import Action
 
 if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer
     from kafkatx.listener.unit import TransactionUnit
     from kafkatx.rollback.processor import AfterRollbackProcessor
 
@@ -55,7 +56,6 @@ __all__ = ["RecordRunner"]
 
 log = logging.getLogger("kafkatx.container")
 
-TP = tuple[str, int]
 _UNKNOWN: Any = object()  # a topic not looked up yet
 
 
@@ -95,7 +95,7 @@ class _InPlaceRecoveryFailed(Exception):
 class RecordRunner:
     """``runner(unit)`` for record listeners (one handler call per record)."""
 
-    def __init__(self, container: ListenerContainer, processor: AfterRollbackProcessor) -> None:
+    def __init__(self, container: ContainerHost, processor: AfterRollbackProcessor) -> None:
         self._c = container
         self.spec = container.spec
         self.processor = processor
@@ -188,7 +188,7 @@ class RecordRunner:
         failing = tracker.failing  # non-empty only while a record is failing
         buf = self._buffer
         buf.clear()
-        produce = unit._producer.produce
+        produce = unit.producer.produce
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = 0

@@ -2,21 +2,25 @@
 
 The :class:`~kafkatx.App` implements it; the container knows only this
 protocol, so ``listener/`` never imports ``app`` (packages import downwards).
+It is generic in the container it is told about (``Runtime[ListenerContainer]``),
+so this module needs no import of the container either.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from kafkatx.events import EventBus
-    from kafkatx.listener.container import ListenerContainer
     from kafkatx.listener.spec import ListenerSpec
 
 __all__ = ["Runtime"]
 
+#: The container a runtime is told about when it exits.
+C_contra = TypeVar("C_contra", contravariant=True)
 
-class Runtime(Protocol):
+
+class Runtime(Protocol[C_contra]):
     """Client configuration, identity and the event bus of the process running the containers."""
 
     group_id: str
@@ -40,5 +44,5 @@ class Runtime(Protocol):
     def partition_transactional_id(self, group_id: str, topic: str, partition: int) -> str:
         """The transactional.id of an input partition in ``fencing="partition"`` mode."""
 
-    def container_exited(self, container: ListenerContainer) -> None:
+    def container_exited(self, container: C_contra) -> None:
         """Called by a container's thread as it ends."""

@@ -22,7 +22,7 @@ from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer, Runner
+    from kafkatx.listener.host import RunnerFactory
 
 __all__ = ["ListenerSpec", "build_spec", "validate_topic"]
 
@@ -92,7 +92,7 @@ class ListenerSpec:
     #: ``database=``: the database whose transaction joins each Kafka transaction (kafkatx.database).
     database: Backend | None = None
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
-    runner: Callable[[ListenerContainer], Runner] | None = None
+    runner: RunnerFactory | None = None
 
     @property
     def recoverer(self) -> Recoverer:
@@ -105,7 +105,7 @@ def build_spec(
     options: Mapping[str, Any],
     *,
     kind: Literal["record", "batch"] = "record",
-    runner: Callable[[ListenerContainer], Runner] | None = None,
+    runner: RunnerFactory | None = None,
     where: str = "listener",
 ) -> ListenerSpec:
     """Validate listener ``options`` (see :class:`~kafkatx.listener.options.ListenerOptions`) into a spec."""

@@ -8,7 +8,7 @@ written on this interface only, and so can yours:
 
 .. code-block:: python
 
-    def run(unit: TransactionUnit) -> None:
+    def run(unit: Unit) -> None:
         outputs = my_batch_job(unit.records())          # outside the transaction
         def work() -> None:
             for out in outputs:
@@ -27,6 +27,7 @@ decide (usually: ask :attr:`TransactionUnit.policy`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,28 +46,31 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
-from kafkatx.listener.database_steps import isolate, redeliver_stored, wait_for_database
+from kafkatx.listener.database_steps import DatabaseSteps
+from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerSettings
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
-from kafkatx.rollback.after_rollback import HandlerFailure
 
 if TYPE_CHECKING:
-    from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.spec import ListenerSpec
+    import threading
+
     from kafkatx.producer import TransactionalProducer
     from kafkatx.recoverers import Recoverer
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["TransactionUnit", "TP"]
+__all__ = ["TransactionUnit", "TP", "commit_offsets"]
 
 log = logging.getLogger("kafkatx.container")
 
 _KAFKA_REACTIONS = (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged)
 
 
-class TransactionUnit:
+class TransactionUnit(DatabaseSteps):
     """One slice of consumed records, the transactional producer that owns them, and the container's services.
+
+    It implements :class:`~kafkatx.listener.host.Unit` (the interface runners are written on) over a
+    :class:`~kafkatx.listener.host.ContainerHost`.
 
     Attributes: ``messages`` (the consumed ``confluent_kafka.ConsumedMessage``\\ s, in
     partition order), ``spec`` (the listener's declaration), ``policy`` (its
@@ -91,12 +95,12 @@ class TransactionUnit:
     )
 
     def __init__(
-        self, container: ListenerContainer, producer: TransactionalProducer, messages: list[ConsumedMessage]
+        self, container: ContainerHost, producer: TransactionalProducer, messages: list[ConsumedMessage]
     ) -> None:
         self._c = container
         self._producer = producer
         self.messages = messages
-        self.spec: ListenerSpec = container.spec
+        self.spec: ListenerSettings = container.spec
         self.policy: FailurePolicy = container.spec.policy
         self.tracker: FailureTracker = container.tracker
         self.listener: str = container.name
@@ -122,9 +126,14 @@ class TransactionUnit:
         return self._c.stop_event.is_set()
 
     @property
-    def stop_event(self) -> Any:
-        """The container's stop event (``threading.Event``), for tenacity's ``stop_when_event_set``."""
+    def stop_event(self) -> threading.Event:
+        """The container's stop event, for tenacity's ``stop_when_event_set``."""
         return self._c.stop_event
+
+    @property
+    def producer(self) -> TransactionalProducer:
+        """The transactional producer that owns this unit's offsets (for the record runner's hot path)."""
+        return self._producer
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early if the container stops. True if it is stopping."""
@@ -180,7 +189,7 @@ class TransactionUnit:
             try:
                 self.begin()
                 if self._stored:
-                    redeliver_stored(self, self._stored)
+                    self.redeliver_stored(self._stored)
                     return False
                 work()
                 self.commit()
@@ -201,20 +210,47 @@ class TransactionUnit:
                     unavailable = database.lost_connection(failure)  # the server went away under the handler
                 database.rollback()
             if isinstance(failure, _Isolate):
-                isolate(self, failure.exc, count)
+                self.isolate(failure.exc, count)
                 return False
             if unavailable is not None:
-                wait_for_database(self, unavailable, count)
+                self.wait_for_database(unavailable, count)
                 return False
             if reaction is not None:
                 abortable = abortable + 1 if isinstance(reaction, TransactionAbortableError) else 0
-                if self._c.reactions.react(self, reaction, abortable, f"abort and reprocess the {what}"):
+                if self._react(reaction, abortable, f"abort and reprocess the {what}"):
                     continue
                 return False
             assert failure is not None
             if not self.abort(count, f"{what} failed: {type(failure).__name__}"):
                 return False
             raise failure
+
+    def _react(
+        self,
+        exc: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged,
+        abortable: int,
+        action: str,
+    ) -> bool:
+        """The KIP-1050 reaction to ``exc`` raised in this unit's transaction. True: run the work again from memory.
+
+        ``abortable`` counts the abortable errors of this unit in a row.
+        """
+        reactions = self._c.reactions
+        if isinstance(exc, TransactionAbortableError):
+            reactions.note(exc, action)
+            if not self.abort(len(self.messages), f"abortable error: {exc}"):
+                return False
+            if abortable > self.spec.max_abortable_retries:
+                reactions.recreate_producer(self._producer, exc, self.messages, escalated=True)
+                return False
+            return True
+        if isinstance(exc, ApplicationRecoverableError):
+            reactions.recreate_producer(self._producer, exc, self.messages)
+            return False
+        log.warning("%s", exc)
+        if self.abort(len(self.messages), str(exc)):
+            reactions.rewind_to_committed(self.messages)
+        return False
 
     def begin(self) -> None:
         """Begin a transaction (what :meth:`transact` does first); with ``database=``, the database's too."""
@@ -380,12 +416,12 @@ class _DirectSink:
         self._errors: list[str] = []
 
     def add(self, output: PendingOutput) -> None:
-        self._unit._producer.produce(output)  # not counted in the unit's outputs: recoveries have their own events
+        self._unit.producer.produce(output)  # not counted in the unit's outputs: recoveries have their own events
 
     def deliver(self, output: PendingOutput) -> str | None:
         """Produce ``output`` and wait for its own delivery; its error, or None."""
         errors: list[KafkaError] = []
-        producer = self._unit._producer
+        producer = self._unit.producer
         producer.produce(output, on_error=errors.append)
         undelivered = producer.wait_for_deliveries()
         if errors:
@@ -403,3 +439,36 @@ class _DirectSink:
     def deliver_unconfirmed(self, output: PendingOutput) -> str | None:
         self.add(output)
         return None
+
+
+def commit_offsets(
+    host: ContainerHost,
+    offsets: Mapping[TP, int],
+    *,
+    what: str,
+    metadata: Mapping[TP, str] | None = None,
+    tolerate_errors: bool = False,
+) -> bool:
+    """Commit ``offsets`` with no records: one empty transaction per producer that owns some of them.
+
+    For claims, their withdrawal and positions past transaction markers.
+    True if every transaction committed. With ``tolerate_errors`` a Kafka
+    client error of one producer is logged and the others still commit.
+    """
+    by_producer: dict[int, tuple[TransactionalProducer, dict[TP, int]]] = {}
+    for tp, offset in offsets.items():
+        producer = host.producer_for(tp)
+        by_producer.setdefault(id(producer), (producer, {}))[1][tp] = offset
+    committed = True
+    for producer, own in by_producer.values():
+        unit = TransactionUnit(host, producer, [])
+        meta = {tp: metadata[tp] for tp in own if tp in metadata} if metadata else None
+        try:
+            if not unit.transact(functools.partial(unit.send_offsets, own, meta), records=0, what=what):
+                committed = False
+        except KafkaClientError as exc:
+            if not tolerate_errors:
+                raise
+            log.debug("listener %s: %s of %s skipped: %s", host.name, what, own, exc)
+            committed = False
+    return committed

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import tenacity
 from tenacity import RetryCallState, Retrying, stop_after_attempt, stop_when_event_set
@@ -30,7 +30,7 @@ from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
 from kafkatx.rollback.backoff import as_wait
 from kafkatx.rollback.classifier import ExceptionClassifier, retry_if_retryable
 
-__all__ = ["Action", "FailurePolicy", "Verdict"]
+__all__ = ["Action", "FailurePolicy", "PolicyOptions", "Verdict"]
 
 _DEFAULT_RECOVERY_WAIT = tenacity.wait_exponential(multiplier=0.5, max=30)
 
@@ -49,6 +49,16 @@ class Verdict:
     attempt: int
     delay: float = 0.0
     reason: str = ""
+
+
+class PolicyOptions(TypedDict, total=False):
+    """The keyword options of :class:`FailurePolicy` (for the classes that forward them to it)."""
+
+    max_attempts: int
+    backoff: wait_base | float | None
+    classifier: ExceptionClassifier | None
+    max_recovery_failures: int | None
+    recovery_backoff: wait_base | float | None
 
 
 class FailurePolicy:

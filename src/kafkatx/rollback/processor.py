@@ -25,15 +25,12 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
-
-from tenacity.wait import wait_base
+from typing import Any, Protocol, Unpack, runtime_checkable
 
 from kafkatx.events import Event, HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.record import Record
 from kafkatx.recoverers import Recoverer
-from kafkatx.rollback.classifier import ExceptionClassifier
-from kafkatx.rollback.policy import Action, FailurePolicy
+from kafkatx.rollback.policy import Action, FailurePolicy, PolicyOptions
 from kafkatx.rollback.tracker import FailureTracker
 
 __all__ = ["AfterRollbackProcessor", "DefaultAfterRollbackProcessor", "RollbackContext"]
@@ -109,30 +106,19 @@ class DefaultAfterRollbackProcessor:
 
     ``max_attempts`` counts every delivery, the first included (1 = no retry).
     A record whose exception the classifier marks not retryable is recovered
-    at its first failure. The settings form a
-    :class:`~kafkatx.rollback.policy.FailurePolicy` (``.policy``), which a
-    listener's in-place retries follow too.
+    at its first failure. The settings (``recoverer`` and the keyword options
+    of :class:`~kafkatx.rollback.policy.FailurePolicy`: ``max_attempts``,
+    ``backoff``, ``classifier``, ``max_recovery_failures``,
+    ``recovery_backoff``) form its ``.policy``, which a listener's in-place
+    retries follow too; or pass a ready ``policy=``.
     """
 
     def __init__(
-        self,
-        recoverer: Any = None,
-        *,
-        max_attempts: int = 3,
-        backoff: wait_base | float | None = None,
-        classifier: ExceptionClassifier | None = None,
-        max_recovery_failures: int | None = None,
-        recovery_backoff: wait_base | float | None = None,
-        policy: FailurePolicy | None = None,
+        self, recoverer: Any = None, *, policy: FailurePolicy | None = None, **options: Unpack[PolicyOptions]
     ) -> None:
-        self.policy = policy or FailurePolicy(
-            recoverer,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            classifier=classifier,
-            max_recovery_failures=max_recovery_failures,
-            recovery_backoff=recovery_backoff,
-        )
+        if policy is not None and (recoverer is not None or options):
+            raise TypeError("DefaultAfterRollbackProcessor takes either policy= or the policy's settings, not both")
+        self.policy = policy or FailurePolicy(recoverer, **options)
 
     @property
     def recoverer(self) -> Recoverer:

@@ -28,12 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kafkatx._offsets import TP
 from kafkatx.record import Record
 from kafkatx.rollback.classifier import exception_fqcn
 
 __all__ = ["FailureTracker", "FailureState"]
-
-TopicPartition = tuple[str, int]
 
 
 @dataclass(slots=True)
@@ -48,17 +47,13 @@ class FailureState:
     # instead of calling the handler again.
     pending_recovery: bool = False
 
-    @property
-    def next_attempt(self) -> int:
-        return self.failures + 1
-
 
 class FailureTracker:
     """Per-record failure state of one container (one consumer thread)."""
 
     def __init__(self, *, reset_on_exception_change: bool = True) -> None:
         self.reset_on_exception_change = reset_on_exception_change
-        self._slots: dict[TopicPartition, dict[int, FailureState]] = {}
+        self._slots: dict[TP, dict[int, FailureState]] = {}
         #: The failing partitions' slots; empty in normal operation, so the hot path checks it once per record.
         self.failing = self._slots
 
@@ -110,7 +105,7 @@ class FailureTracker:
         slots = self._slots.get((topic, partition))
         return slots.get(offset) if slots is not None else None
 
-    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+    def committed(self, offsets: Mapping[TP, int]) -> None:
         """Forget every record below the committed offsets: it succeeded or was recovered."""
         for tp, next_offset in offsets.items():
             slots = self._slots.get(tp)
@@ -126,12 +121,9 @@ class FailureTracker:
         if slots is not None and slots.pop(record.offset, None) is not None and not slots:
             del self._slots[(record.topic, record.partition)]
 
-    def clear_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+    def clear_partitions(self, partitions: Iterable[TP]) -> None:
         for tp in partitions:
             self._slots.pop(tp, None)
-
-    def clear_all(self) -> None:
-        self._slots.clear()
 
 
 def _same_kind(previous: BaseException | None, exc: BaseException) -> bool:

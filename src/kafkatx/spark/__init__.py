@@ -37,7 +37,7 @@ from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkSettings, conf
 
 if TYPE_CHECKING:
     from kafkatx.app import App
-    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.host import ContainerHost
 
 __all__ = [
     "DEFAULT_MAX_BATCH_MS",
@@ -119,7 +119,7 @@ def spark_listener(app: App, topics: Sequence[str], options: Mapping[str, Any]) 
                 f"a spark listener handler must be callable (DataFrame -> DataFrame or None), got {handler!r}"
             )
 
-        def runner(container: ListenerContainer) -> SparkUnitRunner:
+        def runner(container: ContainerHost) -> SparkUnitRunner:
             # Called by each container as the App starts: the session is created and
             # warmed up here, before any consumer polls or any transaction begins.
             return SparkUnitRunner(spec, lease.acquire(), max_bisect_jobs)

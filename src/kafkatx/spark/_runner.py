@@ -46,7 +46,7 @@ from kafkatx.errors import (
     RecoveryExhaustedError,
 )
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, RecoveryFailed, TransactionCommitted
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.host import Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, to_record
 from kafkatx.rollback.policy import Action
@@ -149,7 +149,7 @@ class SparkUnitRunner:
         self.jobs_run = 0
 
     # -- the unit ---------------------------------------------------------------
-    def __call__(self, tx: TransactionUnit) -> None:
+    def __call__(self, tx: Unit) -> None:
         msgs = tx.messages
         started = time.perf_counter()
         batch = _Batch(msgs)
@@ -167,7 +167,7 @@ class SparkUnitRunner:
         outcome.poison.update(known)
         self._commit(batch, outcome, tx, started)
 
-    def _process(self, batch: _Batch, candidates: list[int], tx: TransactionUnit) -> _Outcome:
+    def _process(self, batch: _Batch, candidates: list[int], tx: Unit) -> _Outcome:
         if not candidates:
             return _Outcome([], failed=True)
         policy = tx.policy
@@ -212,7 +212,7 @@ class SparkUnitRunner:
             return self._isolate(batch, candidates, exc, attempts, tx)
 
     # -- running the job -------------------------------------------------------------
-    def _run(self, batch: _Batch, indices: Sequence[int], tx: TransactionUnit) -> list[PendingOutput]:
+    def _run(self, batch: _Batch, indices: Sequence[int], tx: Unit) -> list[PendingOutput]:
         """Run the handler over ``indices`` and return its encoded outputs; raises _JobFailed."""
         self.jobs_run += 1
         sent = _SendBuffer(self._spec.serializer)
@@ -248,7 +248,7 @@ class SparkUnitRunner:
             data_independent=True,
         )
 
-    def _check_destinations(self, outputs: list[PendingOutput], tx: TransactionUnit) -> None:
+    def _check_destinations(self, outputs: list[PendingOutput], tx: Unit) -> None:
         """Missing topics and partitions fail the job now, so that bisection can find the rows' records."""
         wanted: dict[str, int] = {}
         for out in outputs:
@@ -269,9 +269,7 @@ class SparkUnitRunner:
                 )
 
     # -- poison isolation ------------------------------------------------------------
-    def _isolate(
-        self, batch: _Batch, candidates: list[int], exc: BaseException, attempts: int, tx: TransactionUnit
-    ) -> _Outcome:
+    def _isolate(self, batch: _Batch, candidates: list[int], exc: BaseException, attempts: int, tx: Unit) -> _Outcome:
         """Find the records whose presence makes the job fail; run it once over the rest.
 
         Rounds of binary search: run the job on the first half of the failing
@@ -324,7 +322,7 @@ class SparkUnitRunner:
         )
         return _Outcome(outputs, {i: _Poison(poison[i], attempts) for i in ordered}, failed=True)
 
-    def _check_session(self, failure: BaseException, tx: TransactionUnit) -> None:
+    def _check_session(self, failure: BaseException, tx: Unit) -> None:
         """Blame records only if Spark itself works: a dead JVM or an unreachable
         Connect server fails every probe, and would dead-letter whole batches."""
         try:
@@ -342,7 +340,7 @@ class SparkUnitRunner:
         failing: list[int],
         failure: BaseException,
         budget: _Budget,
-        tx: TransactionUnit,
+        tx: Unit,
     ) -> dict[int, BaseException]:
         """One poison record of ``failing`` (a set known to fail with ``failure``), with its error."""
         while len(failing) > 1:
@@ -356,7 +354,7 @@ class SparkUnitRunner:
                 failing, failure = failing[:mid], left_failure
         return {failing[0]: failure}
 
-    def _probe(self, batch: _Batch, indices: list[int], budget: _Budget, tx: TransactionUnit) -> BaseException | None:
+    def _probe(self, batch: _Batch, indices: list[int], budget: _Budget, tx: Unit) -> BaseException | None:
         if tx.stopping:
             raise _Stopping
         budget.used += 1
@@ -367,7 +365,7 @@ class SparkUnitRunner:
         return None
 
     def _suspects(
-        self, failing: list[int], failure: BaseException, budget: _Budget, tx: TransactionUnit
+        self, failing: list[int], failure: BaseException, budget: _Budget, tx: Unit
     ) -> dict[int, BaseException]:
         note = (
             f"kafkatx: bisection stopped at max_bisect_jobs={budget.limit}; this record was dead-lettered as one "
@@ -379,7 +377,7 @@ class SparkUnitRunner:
         return {i: failure for i in failing}
 
     # -- the transaction ---------------------------------------------------------------
-    def _commit(self, batch: _Batch, outcome: _Outcome, tx: TransactionUnit, started: float) -> None:
+    def _commit(self, batch: _Batch, outcome: _Outcome, tx: Unit, started: float) -> None:
         """One transaction: the job's outputs, the poison records recovered, the offsets of the whole unit."""
         msgs = batch.msgs
         offsets = tx.next_offsets()
@@ -433,7 +431,7 @@ class SparkUnitRunner:
             )
         )
 
-    def _recovery_failed(self, batch: _Batch, outcome: _Outcome, exc: RecoveryError, tx: TransactionUnit) -> None:
+    def _recovery_failed(self, batch: _Batch, outcome: _Outcome, exc: RecoveryError, tx: Unit) -> None:
         """Keep every poison record (skip the job for them next time), back off, rewind; stop at the limit."""
         for i, p in outcome.poison.items():
             self._known[batch.coords(i)] = p
@@ -464,7 +462,7 @@ class SparkUnitRunner:
         tx.rewind()
         tx.pause((record.topic, record.partition), delay)
 
-    def _forget_stale(self, tx: TransactionUnit) -> None:
+    def _forget_stale(self, tx: Unit) -> None:
         """Drop remembered poison of partitions we lost, or offsets already committed by someone."""
         if not self._known and not self._recovery_failures:
             return

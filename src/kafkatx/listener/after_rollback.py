@@ -9,8 +9,9 @@ forgetting to seek. :func:`recovery_failed` is what happens when the
 recoverer itself fails: the batch-mates before the record are committed,
 the record is kept, and its partition backs off before recovery is retried.
 
-The unit interface (:class:`~kafkatx.listener.unit.TransactionUnit`) is the
-only thing this module uses of the container.
+The public unit interface (:class:`~kafkatx.listener.host.Unit`) is the only
+thing this module uses of the container; the decisions it carries out are
+the processor's (:mod:`kafkatx.rollback`, which does no client I/O).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from kafkatx._offsets import TP
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
 from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
+from kafkatx.listener.host import HandlerFailure, Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.recoverers import Recoverer
@@ -31,32 +34,16 @@ from kafkatx.rollback.processor import AfterRollbackProcessor
 if TYPE_CHECKING:
     import threading
 
-    from kafkatx.listener.unit import TransactionUnit
-
-__all__ = ["HandlerFailure", "RollbackScope", "after_rollback", "recovery_failed", "Replay"]
+__all__ = ["RollbackScope", "after_rollback", "recovery_failed", "Replay"]
 
 log = logging.getLogger("kafkatx.rollback")
 
-TP = tuple[str, int]
 #: Runs the handler for one record and returns its encoded outputs (raising what the handler raised).
 Replay = Callable[[Record], Sequence[PendingOutput]]
 
 
-class HandlerFailure(Exception):
-    """Internal signal: the handler (or its outputs) failed for record ``index`` of a unit.
-
-    It never reaches users: the record's own exception is ``exc``, raised
-    and kept outside any ``except`` block of kafkatx, so its
-    ``__context__`` chain is the handler's alone.
-    """
-
-    def __init__(self, index: int, exc: BaseException, record: Record) -> None:
-        super().__init__(index, exc, record)
-        self.index, self.exc, self.record = index, exc, record
-
-
 def after_rollback(
-    unit: TransactionUnit,
+    unit: Unit,
     msgs: list[ConsumedMessage],
     failure: HandlerFailure,
     processor: AfterRollbackProcessor,
@@ -69,7 +56,8 @@ def after_rollback(
     Those are the records the transaction did not commit on partitions not
     held for a back-off (Spring seeks back and polls them again; the result
     is the same without the round trip). Records of partitions held for a
-    back-off are kept in memory by the container until it ends (:meth:`~kafkatx.TransactionUnit.defer`); everything is rewound
+    back-off are kept in memory by the container until it ends
+    (:meth:`~kafkatx.listener.host.Unit.defer`); everything is rewound
     instead when ``keep_in_memory`` is False.
     """
     while True:
@@ -112,7 +100,7 @@ def _process(processor: AfterRollbackProcessor, scope: RollbackScope) -> None:
 
 
 def recovery_failed(
-    unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
+    unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
 ) -> None:
     """The recoverer failed (the transaction was aborted): keep the record, commit its batch-mates, back off.
 
@@ -148,9 +136,7 @@ def recovery_failed(
     unit.pause((record.topic, record.partition), delay)
 
 
-def _commit_processed(
-    unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay
-) -> bool:
+def _commit_processed(unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> bool:
     """Commit the batch-mates before a record whose recovery failed, keeping only that record.
 
     Without this, every failed recovery (a dead-letter topic that is down)
@@ -176,9 +162,7 @@ def _commit_processed(
 class RollbackScope:
     """The :class:`~kafkatx.rollback.processor.RollbackContext` of one after-rollback transaction."""
 
-    def __init__(
-        self, unit: TransactionUnit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay
-    ) -> None:
+    def __init__(self, unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, replay: Replay) -> None:
         self.unit = unit
         self._msgs = msgs
         self._replay = replay
