@@ -230,14 +230,14 @@ def _supervise(args: argparse.Namespace) -> int:
 
 def _no_servers(app: Any) -> str:
     """What to do when the App has no bootstrap servers, in this command's words."""
-    from kafkatx.local import DEFAULT_PORT, _port_in_use
+    from kafkatx._embedded import DEFAULT_PORT, port_in_use
 
     running = (
         (
             f" (something listens on 127.0.0.1:{DEFAULT_PORT}, where `kafkatx broker` runs: "
             f"--bootstrap-servers 127.0.0.1:{DEFAULT_PORT})"
         )
-        if _port_in_use(DEFAULT_PORT)
+        if port_in_use(DEFAULT_PORT)
         else ""
     )
     return (

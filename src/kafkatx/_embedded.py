@@ -10,29 +10,72 @@ a real cluster never imports that module.
 from __future__ import annotations
 
 import logging
+import socket
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from kafkatx.local import LocalBroker
+from typing import Protocol
 
 __all__ = [
+    "DEFAULT_PORT",
     "EMBEDDED_CLUSTER_ID",
     "ListenerTopics",
     "chained_listeners",
     "is_embedded_broker",
+    "RunningBroker",
+    "live_brokers",
     "local_broker_at",
+    "port_in_use",
+    "track",
+    "untrack",
     "warn_about_chained_listeners",
 ]
 
 log = logging.getLogger("kafkatx.local")  # the logger these warnings always had, for logging configs that name it
 
-#: The running LocalBrokers of this process (LocalBroker adds and removes itself).
-_LIVE: weakref.WeakSet[LocalBroker] = weakref.WeakSet()
+#: The port `kafkatx broker` listens on unless told otherwise.
+DEFAULT_PORT = 9092
 
 
-def local_broker_at(bootstrap_servers: str) -> LocalBroker | None:
+class RunningBroker(Protocol):
+    """What the registry needs of an embedded broker (:class:`kafkatx.local.LocalBroker`)."""
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def port(self) -> int: ...
+
+
+#: The running embedded brokers of this process (each one tracks and untracks itself).
+_LIVE: weakref.WeakSet[RunningBroker] = weakref.WeakSet()
+
+
+def track(broker: RunningBroker) -> None:
+    """Register a broker this process started, so that Apps pointed at it know it is the embedded one."""
+    _LIVE.add(broker)
+
+
+def untrack(broker: RunningBroker) -> None:
+    """Forget a broker that stopped."""
+    _LIVE.discard(broker)
+
+
+def live_brokers() -> list[RunningBroker]:
+    """The tracked brokers (a copy: stopping one untracks it)."""
+    return list(_LIVE)
+
+
+def port_in_use(port: int) -> bool:
+    """True if something listens on 127.0.0.1:``port`` (e.g. ``kafkatx broker`` on its default port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def local_broker_at(bootstrap_servers: str) -> RunningBroker | None:
     """The running :class:`LocalBroker` of this process that ``bootstrap_servers`` names, if any.
 
     An embedded broker started in another process (``kafkatx broker``) is

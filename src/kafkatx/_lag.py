@@ -42,7 +42,7 @@ def _listener_label(listener: str, worker: int) -> str:
     return listener[: -len(suffix)] if listener.endswith(suffix) else listener
 
 
-class _LagTracker:
+class LagTracker:
     """Per-partition consumer lag of one App's listeners, from librdkafka statistics.
 
     Why not librdkafka's own ``consumer_lag``: it is measured from the
@@ -219,15 +219,15 @@ def _partition_lag(p: dict[str, Any]) -> int | None:
     return max(0, end - position)
 
 
-_TRACKERS: weakref.WeakKeyDictionary[App, _LagTracker] = weakref.WeakKeyDictionary()
+_TRACKERS: weakref.WeakKeyDictionary[App, LagTracker] = weakref.WeakKeyDictionary()
 _TRACKERS_LOCK = threading.Lock()
 
 
-def _shared_lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> _LagTracker:
+def shared_lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> LagTracker:
     """The App's lag tracker, created and installed once (shared by metrics and the status line)."""
     with _TRACKERS_LOCK:
         tracker = _TRACKERS.get(app)
         if tracker is None:
-            tracker = _TRACKERS[app] = _LagTracker(app)
+            tracker = _TRACKERS[app] = LagTracker(app)
     tracker.install(interval_ms)
     return tracker

@@ -16,7 +16,7 @@ from kafkatx.outputs import PendingOutput, encode, encode_headers
 from kafkatx.producer import TransactionalProducer
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
+    from kafkatx._config import ClientConfig
 
 __all__ = ["ProducerTransactions", "Transaction"]
 
@@ -26,8 +26,9 @@ log = logging.getLogger("kafkatx.app")
 class ProducerTransactions:
     """An App's producer-initiated transactions: a transactional producer per thread, outboxes per database."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, client: ClientConfig) -> None:
+        self._client = client
+        self._lock = threading.Lock()  # guards the backends and the producer counter
         self._local = threading.local()
         self._backends: dict[object, Backend] = {}  # transaction(database=...): one per database given
         self._counter = 0
@@ -62,7 +63,7 @@ class ProducerTransactions:
                 raise
 
     def _producer_outbox(self, database: Any, producer: TransactionalProducer) -> ProducerOutbox:
-        with self._app._lock:
+        with self._lock:
             key = database if isinstance(database, str) else id(database)
             backend = self._backends.get(key)
             if backend is None:
@@ -70,18 +71,18 @@ class ProducerTransactions:
         outboxes: dict[int, ProducerOutbox] = self._local.__dict__.setdefault("outboxes", {})
         outbox = outboxes.get(id(backend))
         if outbox is None or outbox.producer is not producer:
-            outbox = outboxes[id(backend)] = ProducerOutbox(backend, producer, self._app._base_config())
+            outbox = outboxes[id(backend)] = ProducerOutbox(backend, producer, self._client.base_config())
         return outbox
 
     def _thread_producer(self) -> TransactionalProducer:
         producer: TransactionalProducer | None = getattr(self._local, "producer", None)
         if producer is None:
-            with self._app._lock:
+            with self._lock:
                 self._counter += 1
                 n = self._counter
-            txn_id = f"{self._app.transactional_id_prefix}-{self._app.instance_id}-producer-{n}"
+            txn_id = self._client.producer_transactional_id(n)
             producer = TransactionalProducer(
-                self._app.producer_config(None, txn_id), txn_id, retry_timeout=self._app.transaction_retry_timeout
+                self._client.producer_config(None, txn_id), txn_id, retry_timeout=self._client.transaction_retry_timeout
             )
             self._local.producer = producer
         return producer

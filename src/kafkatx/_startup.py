@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -19,24 +19,25 @@ from kafkatx.errors import (
 )
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
+    from kafkatx._config import ClientConfig
+    from kafkatx.listener.spec import ListenerSpec
 
 __all__ = ["check_client_config", "prepare_topics", "resolve_fencing"]
 
 log = logging.getLogger("kafkatx.app")
 
 
-def _admin(app: App) -> AdminClient:
-    return AdminClient({**app._base_config(), "log_level": 3})
+def _admin(client: ClientConfig) -> AdminClient:
+    return AdminClient({**client.base_config(), "log_level": 3})
 
 
-def check_client_config(app: App) -> None:
+def check_client_config(client: ClientConfig, listeners: Sequence[ListenerSpec]) -> None:
     """Create (and drop) each client once, so that a misspelt librdkafka property is a configuration
     error naming it now, not a container dying at start."""
-    checks: list[tuple[str, Callable[[], Any]]] = [("App config", functools.partial(_admin, app))]
-    for spec in app.listeners:
-        consumer_cfg = app.consumer_config(spec, spec.group_id or app.group_id, 0)
-        producer_cfg = app.producer_config(spec, f"{app.transactional_id_prefix}-check")
+    checks: list[tuple[str, Callable[[], Any]]] = [("App config", functools.partial(_admin, client))]
+    for spec in listeners:
+        consumer_cfg = client.consumer_config(spec, spec.group_id or client.group_id, 0)
+        producer_cfg = client.producer_config(spec, f"{client.transactional_id_prefix}-check")
         checks.append((f"consumer config of listener {spec.name!r}", functools.partial(_try_consumer, consumer_cfg)))
         checks.append((f"producer config of listener {spec.name!r}", functools.partial(Producer, producer_cfg)))
     for what, create in checks:
@@ -46,9 +47,11 @@ def check_client_config(app: App) -> None:
             raise InvalidConfigurationError(f"{what}: {_client_error_text(exc)}") from None
 
 
-def prepare_topics(app: App) -> None:
-    """Fail fast, before any consumer starts, on missing topics (or create them if allowed)."""
-    admin = _admin(app)
+def prepare_topics(
+    client: ClientConfig, listeners: Sequence[ListenerSpec], *, create_topics: bool, topic_partitions: int
+) -> str | None:
+    """Fail fast, before any consumer starts, on missing topics (or create them if allowed); the cluster id."""
+    admin = _admin(client)
     try:
         meta = admin.list_topics(timeout=15)
     except KafkaException as exc:
@@ -59,15 +62,15 @@ def prepare_topics(app: App) -> None:
             KafkaError._ALL_BROKERS_DOWN,
         ):
             raise ClusterUnreachableError(
-                f"cannot reach Kafka at {app.resolved_bootstrap_servers()} (no answer within 15 s): is the "
+                f"cannot reach Kafka at {client.resolved_bootstrap_servers()} (no answer within 15 s): is the "
                 "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
                 "or use `kafkatx run --local` for an embedded broker",
                 error=error,
                 operation="list_topics (startup)",
             ) from None
         raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
-    setup = _SetupContext(app, admin, meta)
-    for spec in app.listeners:
+    setup = _SetupContext(admin, meta, create_topics=create_topics, topic_partitions=topic_partitions)
+    for spec in listeners:
         for topic in spec.topics:
             setup.require(topic, f"input topic of listener {spec.name!r}")
         if spec.output:
@@ -76,11 +79,11 @@ def prepare_topics(app: App) -> None:
             setup.require(topic, f"send() target of listener {spec.name!r}")
         setup.input_topics = spec.topics
         spec.recoverer.setup(setup)
-    app.cluster_id = meta.cluster_id
-    resolve_fencing(app)
+    cluster_id: str | None = meta.cluster_id
+    return cluster_id
 
 
-def resolve_fencing(app: App) -> None:
+def resolve_fencing(client: ClientConfig, listeners: Sequence[ListenerSpec], cluster_id: str | None) -> None:
     """``fencing="auto"``: KIP-447 group fencing, except on a broker known to lack KIP-447.
 
     The embedded broker accepts offsets sent with a stale group generation,
@@ -89,8 +92,8 @@ def resolve_fencing(app: App) -> None:
     thousands of duplicates). Per-partition transactional.ids fence by
     themselves (KIP-98), which it does honour.
     """
-    embedded = is_embedded_broker(app.resolved_bootstrap_servers(), app.cluster_id)
-    for spec in app.listeners:
+    embedded = is_embedded_broker(client.resolved_bootstrap_servers(), cluster_id)
+    for spec in listeners:
         if spec.fencing == "auto":
             spec.fencing = "partition" if embedded else "group"
             if embedded:
@@ -117,8 +120,9 @@ def _client_error_text(exc: BaseException) -> str:
 class _SetupContext:
     """What recoverers see at startup: topic metadata and topic creation."""
 
-    def __init__(self, app: App, admin: AdminClient, meta: Any) -> None:
-        self._app, self._admin, self._meta = app, admin, meta
+    def __init__(self, admin: AdminClient, meta: Any, *, create_topics: bool, topic_partitions: int) -> None:
+        self._admin, self._meta = admin, meta
+        self._create_topics, self._topic_partitions = create_topics, topic_partitions
         self.input_topics: tuple[str, ...] = ()
 
     def partitions(self, topic: str) -> int | None:
@@ -130,12 +134,12 @@ class _SetupContext:
     def require(self, topic: str, what: str) -> None:
         if self.partitions(topic) is not None:
             return
-        if not self._app.create_topics:
+        if not self._create_topics:
             raise InvalidConfigurationError(
                 f"{what}: topic {topic!r} does not exist. Create it, or pass App(create_topics=True) "
                 "to let kafkatx create missing topics"
             )
-        self.create_topic(topic, self._app.topic_partitions, why=what)
+        self.create_topic(topic, self._topic_partitions, why=what)
 
     def create_topic(self, topic: str, partitions: int, *, why: str) -> None:
         try:

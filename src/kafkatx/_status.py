@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, TransactionCommitted
 
 if TYPE_CHECKING:
-    from kafkatx._lag import _LagTracker
+    from kafkatx._lag import LagTracker
     from kafkatx.app import App
 
 __all__ = ["StatusLine"]
@@ -52,7 +52,7 @@ class StatusLine:
         self._thread: threading.Thread | None = None
         self._shown = False
         self._active = False
-        self._lag: _LagTracker | None = None
+        self._lag: LagTracker | None = None
         self._wrapped: list[tuple[logging.StreamHandler[Any], Any]] = []
 
     @property
@@ -73,9 +73,9 @@ class StatusLine:
         on(RecordRecovered, self._on_recovered)
         on(HandlerFailed, self._on_failed)
         try:
-            from kafkatx._lag import _shared_lag_tracker
+            from kafkatx._lag import shared_lag_tracker
 
-            self._lag = _shared_lag_tracker(self.app, _STATS_INTERVAL_MS)
+            self._lag = shared_lag_tracker(self.app, _STATS_INTERVAL_MS)
         except Exception:  # lag is a nice-to-have; never keep the App from running
             log.debug("status line without consumer lag", exc_info=True)
         self._redirect_logging()

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from kafkatx._lag import (
     DEFAULT_STATS_INTERVAL_MS,
-    _LagTracker,
+    LagTracker,
     _listener_label,
-    _shared_lag_tracker,
+    shared_lag_tracker,
 )
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
@@ -138,7 +138,7 @@ class Metrics:
     passed one), so two Apps in one process never clash.
     """
 
-    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: _LagTracker) -> None:
+    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: LagTracker) -> None:
         self._app_ref = weakref.ref(app)
         self.registry = registry
         self._f = families
@@ -264,14 +264,14 @@ def instrument(
                 raise InvalidConfigurationError(
                     f"App {app.name!r} is already instrumented with another registry; call instrument() once per App"
                 )
-            _shared_lag_tracker(app, stats_interval_ms)
+            shared_lag_tracker(app, stats_interval_ms)
             return existing
         if registry is None:
             registry = pc.CollectorRegistry(auto_describe=True)
         families = _FAMILIES.get(registry)
         if families is None:
             families = _FAMILIES[registry] = _Families(registry)
-        metrics = _METRICS[app] = Metrics(app, registry, families, _shared_lag_tracker(app, stats_interval_ms))
+        metrics = _METRICS[app] = Metrics(app, registry, families, shared_lag_tracker(app, stats_interval_ms))
     return metrics
 
 

@@ -43,9 +43,9 @@ def resolve_bootstrap_servers(bootstrap_servers: str | None) -> str:
     servers = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
     if servers:
         return servers
-    from kafkatx.local import DEFAULT_PORT, _port_in_use
+    from kafkatx._embedded import DEFAULT_PORT, port_in_use
 
-    if _port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
+    if port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
         return f"127.0.0.1:{DEFAULT_PORT}"
     raise DlqToolError(
         f"no bootstrap servers: pass --bootstrap-servers HOST:PORT or set ${ENV_BOOTSTRAP} "

@@ -33,10 +33,9 @@ from kafkatx.listener.spec import build_spec
 from kafkatx.spark._errors import SparkJobError, SparkOutputError, as_job_error
 from kafkatx.spark._frames import INPUT_SCHEMA, OUTPUT_COLUMNS
 from kafkatx.spark._runner import SparkSessionError, SparkUnitRunner
-from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkSettings, configure, default_conf
+from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkHost, SparkSettings, configure, default_conf
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
     from kafkatx.listener.container import ListenerContainer
 
 __all__ = [
@@ -75,14 +74,14 @@ _NOT_FOR_SPARK = {
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 
 
-def _lease(app: App) -> SessionLease:
+def _lease(app: SparkHost) -> SessionLease:
     lease = _leases.get(app)
     if lease is None:
         lease = _leases[app] = SessionLease(app)
     return lease
 
 
-def spark_listener(app: App, topics: Sequence[str], options: Mapping[str, Any]) -> Callable[[F], F]:
+def spark_listener(app: SparkHost, topics: Sequence[str], options: Mapping[str, Any]) -> Callable[[F], F]:
     """The decorator behind :meth:`kafkatx.App.spark_listener`.
 
     Takes the usual listener options (``output``, ``max_attempts``,
