@@ -230,7 +230,8 @@ def _supervise(args: argparse.Namespace) -> int:
 
 def _no_servers(app: Any) -> str:
     """What to do when the App has no bootstrap servers, in this command's words."""
-    from kafkatx._embedded import DEFAULT_PORT, port_in_use
+    from kafkatx._embedded import port_in_use
+    from kafkatx.local import DEFAULT_PORT  # read at call time: tests point it at their broker
 
     running = (
         (

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Protocol
 
 __all__ = [
-    "DEFAULT_PORT",
     "EMBEDDED_CLUSTER_ID",
     "ListenerTopics",
     "chained_listeners",
@@ -31,9 +30,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kafkatx.local")  # the logger these warnings always had, for logging configs that name it
-
-#: The port `kafkatx broker` listens on unless told otherwise.
-DEFAULT_PORT = 9092
 
 
 class RunningBroker(Protocol):

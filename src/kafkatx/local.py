@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
-from kafkatx._embedded import (  # DEFAULT_PORT, chained_listeners and warn_about_chained_listeners re-exported
-    DEFAULT_PORT,
+from kafkatx._embedded import (  # chained_listeners and warn_about_chained_listeners re-exported
     chained_listeners,
     live_brokers,
     port_in_use,
@@ -37,7 +36,6 @@ from kafkatx._embedded import (  # DEFAULT_PORT, chained_listeners and warn_abou
 from kafkatx._embedded import local_broker_at as _running_broker_at
 
 __all__ = [
-    "DEFAULT_PORT",
     "LocalBroker",
     "LocalBrokerError",
     "PortInUseError",
@@ -50,6 +48,9 @@ __all__ = [
 log = logging.getLogger("kafkatx.local")
 
 _INSTALL_HINT = "pip install 'kafkatx[local]'"
+
+#: The port `kafkatx broker` listens on unless told otherwise.
+DEFAULT_PORT = 9092
 
 
 class LocalBrokerError(RuntimeError):

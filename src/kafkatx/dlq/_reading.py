@@ -43,7 +43,8 @@ def resolve_bootstrap_servers(bootstrap_servers: str | None) -> str:
     servers = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
     if servers:
         return servers
-    from kafkatx._embedded import DEFAULT_PORT, port_in_use
+    from kafkatx._embedded import port_in_use
+    from kafkatx.local import DEFAULT_PORT  # read at call time: tests point it at their broker
 
     if port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
         return f"127.0.0.1:{DEFAULT_PORT}"
