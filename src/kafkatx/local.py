@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
-from kafkatx._embedded import (  # chained_listeners and warn_about_chained_listeners re-exported
+from kafkatx.client.brokers import (  # chained_listeners and warn_about_chained_listeners re-exported
     chained_listeners,
     live_brokers,
     port_in_use,
@@ -33,7 +33,7 @@ from kafkatx._embedded import (  # chained_listeners and warn_about_chained_list
     untrack,
     warn_about_chained_listeners,
 )
-from kafkatx._embedded import local_broker_at as _running_broker_at
+from kafkatx.client.brokers import local_broker_at as _running_broker_at
 
 __all__ = [
     "LocalBroker",

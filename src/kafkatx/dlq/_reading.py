@@ -10,9 +10,9 @@ from typing import Any, NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from kafkatx.classification import FENCING_CODES
 from kafkatx.dlq.entries import DlqToolError
 from kafkatx.errors import KafkaClientError
+from kafkatx.errors.classification import FENCING_CODES
 from kafkatx.record import ConsumedMessage
 
 log = logging.getLogger("kafkatx.dlq.tools")
@@ -43,7 +43,7 @@ def resolve_bootstrap_servers(bootstrap_servers: str | None) -> str:
     servers = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
     if servers:
         return servers
-    from kafkatx._embedded import port_in_use
+    from kafkatx.client.brokers import port_in_use
     from kafkatx.local import DEFAULT_PORT  # read at call time: tests point it at their broker
 
     if port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it

@@ -22,12 +22,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kafkatx._lag import (
-    DEFAULT_STATS_INTERVAL_MS,
-    LagTracker,
-    _listener_label,
-    shared_lag_tracker,
-)
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
     ContainerStarted,
@@ -42,6 +36,12 @@ from kafkatx.events import (
     RecoveryFailed,
     TransactionAborted,
     TransactionCommitted,
+)
+from kafkatx.metrics.lag import (
+    DEFAULT_STATS_INTERVAL_MS,
+    LagTracker,
+    listener_label,
+    shared_lag_tracker,
 )
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class Metrics:
         return self._app_ref()
 
     def _labels(self, event: Any) -> tuple[str, str]:
-        return self._app_name, _listener_label(event.listener, event.worker)
+        return self._app_name, listener_label(event.listener, event.worker)
 
     def _simple(self, family: Any) -> Callable[[Any], None]:
         def count(event: Any) -> None:
@@ -216,10 +216,10 @@ class Metrics:
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""
-        listener = _listener_label(container, worker)
+        listener = listener_label(container, worker)
         with self._lock:
             self._assigned[(container, worker)] = max(0, count)
-            total = sum(n for (c, w), n in self._assigned.items() if _listener_label(c, w) == listener)
+            total = sum(n for (c, w), n in self._assigned.items() if listener_label(c, w) == listener)
         self._f.assigned.labels(self._app_name, listener).set(total)
 
     def _lag_update(self, listener: str, topic: str, partition: int, lag: int | None) -> None:

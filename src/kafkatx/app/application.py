@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
-from kafkatx._config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
-from kafkatx._embedded import warn_about_chained_listeners
-from kafkatx._producer_transactions import ProducerTransactions, Transaction
-from kafkatx._startup import check_client_config, prepare_topics, resolve_fencing
+from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
+from kafkatx.app.transactions import ProducerTransactions, Transaction
+from kafkatx.client.brokers import warn_about_chained_listeners
 from kafkatx.errors import (
     ContainerError,
     InvalidConfigurationError,

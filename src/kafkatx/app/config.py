@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from kafkatx._client_log import client_log
+from kafkatx.client.log import client_log
 from kafkatx.errors import InvalidConfigurationError
 
 if TYPE_CHECKING:
