@@ -12,17 +12,18 @@ import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from kafkatx._validate import is_int
+from kafkatx.client.brokers import ENV_BOOTSTRAP, bootstrap_from_env
 from kafkatx.client.log import client_log
 from kafkatx.errors import InvalidConfigurationError
 
 if TYPE_CHECKING:
     from kafkatx.listener.spec import ListenerSpec
 
-__all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "ENV_BOOTSTRAP", "ENV_INSTANCE", "ClientConfig", "bootstrap_from_env"]
+__all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "ENV_INSTANCE", "ClientConfig"]
 
 log = logging.getLogger("kafkatx.app")
 
-ENV_BOOTSTRAP = "KAFKATX_BOOTSTRAP_SERVERS"
 ENV_INSTANCE = "KAFKATX_INSTANCE_ID"
 
 #: Default transaction.timeout.ms. Shorter means an instance that crashed
@@ -40,11 +41,6 @@ _FORBIDDEN_PRODUCER = {
     "transactional.id": "kafkatx derives it from the app name, group and instance id (see fencing=)",
     "enable.idempotence": "transactions require idempotence",
 }
-
-
-def bootstrap_from_env() -> str | None:
-    """``$KAFKATX_BOOTSTRAP_SERVERS``, the fallback every kafkatx tool uses when given no servers."""
-    return os.environ.get(ENV_BOOTSTRAP) or None
 
 
 class ClientConfig:
@@ -68,11 +64,7 @@ class ClientConfig:
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise InvalidConfigurationError(f"App name must be a non-empty string, got {name!r}")
-        if (
-            isinstance(transaction_timeout_ms, bool)
-            or not isinstance(transaction_timeout_ms, int)
-            or transaction_timeout_ms < 1000
-        ):
+        if not is_int(transaction_timeout_ms, 1000):
             raise InvalidConfigurationError(
                 f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
             )

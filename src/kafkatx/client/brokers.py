@@ -10,6 +10,7 @@ a real cluster never imports that module.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import weakref
 from collections.abc import Iterable
@@ -17,6 +18,8 @@ from typing import Protocol
 
 __all__ = [
     "EMBEDDED_CLUSTER_ID",
+    "ENV_BOOTSTRAP",
+    "bootstrap_from_env",
     "ListenerTopics",
     "chained_listeners",
     "is_embedded_broker",
@@ -30,6 +33,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("kafkatx.local")  # the logger these warnings always had, for logging configs that name it
+
+#: Where every kafkatx client (Apps, the CLI, the dead-letter tools) looks when given no bootstrap servers.
+ENV_BOOTSTRAP = "KAFKATX_BOOTSTRAP_SERVERS"
+
+
+def bootstrap_from_env() -> str | None:
+    """``$KAFKATX_BOOTSTRAP_SERVERS``, if set and not empty."""
+    return os.environ.get(ENV_BOOTSTRAP) or None
 
 
 class RunningBroker(Protocol):

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
     ContainerStarted,
@@ -316,7 +317,7 @@ def serve_metrics(app: App, port: int, addr: str = "127.0.0.1") -> MetricsServer
     Prometheus running elsewhere.
     """
     pc = _prometheus()
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port, 0, 65535):
         raise InvalidConfigurationError(f"metrics port must be an integer in 0..65535, got {port!r}")
     metrics = instrument(app)
     try:

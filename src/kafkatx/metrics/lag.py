@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kafkatx._validate import is_int
+from kafkatx.client.offsets import TP
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import ContainerStopped, PartitionsAssigned, PartitionsRevoked
 
@@ -30,7 +32,6 @@ DEFAULT_STATS_INTERVAL_MS = 5_000
 _LIVE_STATES = frozenset({"active", "offset-query", "offset-wait", "validate-epoch-wait"})
 _INVALID = -1001  # RD_KAFKA_OFFSET_INVALID in librdkafka statistics
 
-TP = tuple[str, int]
 LagSink = Callable[[str, str, int, "int | None"], None]
 
 
@@ -78,7 +79,7 @@ class LagTracker:
         user set still receives every statistics JSON. Only consumers created
         after this call report lag, hence the warning for a running App.
         """
-        if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or interval_ms < 1:
+        if not is_int(interval_ms, 1):
             raise InvalidConfigurationError(f"stats_interval_ms must be an integer >= 1, got {interval_ms!r}")
         app = self._app_ref()
         if app is None:

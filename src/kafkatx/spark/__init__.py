@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow  # noqa: F401  - fail at import (the App turns it into a clear message) without the extra
 import pyspark  # noqa: F401
 
+from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import SparkListenerOptions, check_option_names
 from kafkatx.listener.spec import build_spec
@@ -106,7 +107,7 @@ def spark_listener(app: SparkHost, topics: Sequence[str], options: Mapping[str, 
             raise InvalidConfigurationError(f"spark_listener does not take {key!r}: {why}")
     check_option_names(opts, SparkListenerOptions.__annotations__, "spark_listener")
     max_bisect_jobs = opts.pop("max_bisect_jobs", DEFAULT_MAX_BISECT_JOBS)
-    if isinstance(max_bisect_jobs, bool) or not isinstance(max_bisect_jobs, int) or max_bisect_jobs < 0:
+    if not is_int(max_bisect_jobs, 0):
         raise InvalidConfigurationError(f"max_bisect_jobs must be an integer >= 0, got {max_bisect_jobs!r}")
     opts.setdefault("max_batch_records", DEFAULT_MAX_BATCH_RECORDS)
     opts.setdefault("max_batch_ms", DEFAULT_MAX_BATCH_MS)
