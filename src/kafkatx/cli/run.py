@@ -176,11 +176,11 @@ def _local_broker_line(bootstrap_servers: str) -> str:
 
 
 def _start_local_broker(args: argparse.Namespace) -> Any:
-    """The embedded broker of ``--local``, or None after printing why it could not start."""
+    """The embedded broker of ``--local``, announced on stdout; or None after printing why it could not start."""
     from kafkatx.local import LocalBroker, LocalBrokerError, PortInUseError
 
     try:
-        return LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
+        broker = LocalBroker(port=args.local_port, data_dir=args.local_data_dir).start()
     except PortInUseError as exc:
         print(
             f"kafkatx run: the embedded broker cannot listen on port {exc.port}: it is already in use on "
@@ -188,9 +188,12 @@ def _start_local_broker(args: argparse.Namespace) -> Any:
             "one",
             file=sys.stderr,
         )
+        return None
     except LocalBrokerError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)
-    return None
+        return None
+    print(_local_broker_line(broker.bootstrap_servers), flush=True)
+    return broker
 
 
 def _supervise(args: argparse.Namespace) -> int:
@@ -216,7 +219,6 @@ def _supervise(args: argparse.Namespace) -> int:
             broker = _start_local_broker(args)
             if broker is None:
                 return 1
-            print(_local_broker_line(broker.bootstrap_servers), flush=True)
             command += ["--bootstrap-servers", broker.bootstrap_servers, "--create-topics", "--embedded-broker"]
         elif args.bootstrap_servers:
             command += ["--bootstrap-servers", args.bootstrap_servers]
@@ -268,8 +270,40 @@ def _run(args: argparse.Namespace) -> int:
             print("kafkatx run: --workers must be at least 1", file=sys.stderr)
             return EX_USAGE
         return _supervise(args)
+    app = _load(args.target)
+    if isinstance(app, int):
+        return app
+    if args.instance_id:
+        app.instance_id = args.instance_id
+    if args.bootstrap_servers:
+        app.bootstrap_servers = args.bootstrap_servers
+    if args.create_topics:
+        app.create_topics = True
+    broker = None
     try:
-        app = load_app(args.target)
+        if args.local:
+            broker = _start_local_broker(args)
+            if broker is None:
+                return 1
+            app.bootstrap_servers = broker.bootstrap_servers
+            app.create_topics = True  # a fresh embedded broker has no topics yet
+        if args.local or args.embedded_broker:  # --embedded-broker: a worker of a supervisor that runs one
+            from kafkatx.local import LocalBroker
+
+            for key, value in LocalBroker.client_config.items():
+                app.config.setdefault(key, value)
+        return _serve(app, args)
+    except (Exception, KeyboardInterrupt) as exc:
+        return _failed(exc, app, args)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _load(target: str) -> Any:
+    """The App ``target`` names, or the exit code after printing why it could not be loaded."""
+    try:
+        return load_app(target)
     except InvalidConfigurationError as exc:  # raised while the module made its App and declared its listeners
         print(f"kafkatx run: configuration error: {_where(exc)}{exc}", file=sys.stderr)
         return EX_CONFIG
@@ -285,71 +319,50 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kafkatx run: {exc}", file=sys.stderr)
         return EX_USAGE
-    if args.instance_id:
-        app.instance_id = args.instance_id
-    if args.bootstrap_servers:
-        app.bootstrap_servers = args.bootstrap_servers
-    if args.create_topics:
-        app.create_topics = True
-    broker = None
+
+
+def _serve(app: Any, args: argparse.Namespace) -> int:
+    """Run the App with the command's metrics server and status line until it stops."""
     try:
-        if args.local:
-            from kafkatx.local import LocalBroker
+        app.resolved_bootstrap_servers()
+    except InvalidConfigurationError:
+        print(f"kafkatx run: configuration error: {_no_servers(app)}", file=sys.stderr)
+        return EX_CONFIG
+    if args.metrics_port is not None:
+        from kafkatx.metrics import serve_metrics
 
-            broker = _start_local_broker(args)
-            if broker is None:
-                return 1
-            app.bootstrap_servers = broker.bootstrap_servers
-            app.create_topics = True  # a fresh embedded broker has no topics yet
-            for key, value in LocalBroker.client_config.items():
-                app.config.setdefault(key, value)
-            print(_local_broker_line(broker.bootstrap_servers), flush=True)
-        elif args.embedded_broker:  # a worker of a supervisor that runs the embedded broker
-            from kafkatx.local import LocalBroker
-
-            for key, value in LocalBroker.client_config.items():
-                app.config.setdefault(key, value)
+        server = serve_metrics(app, args.metrics_port, args.metrics_addr)
+        print(f"kafkatx: metrics at {server.url}", flush=True)
+    status = None
+    if args.status or (args.status is None and sys.stderr.isatty()):
         try:
-            app.resolved_bootstrap_servers()
-        except InvalidConfigurationError:
-            print(f"kafkatx run: configuration error: {_no_servers(app)}", file=sys.stderr)
-            return EX_CONFIG
-        if args.metrics_port is not None:
-            from kafkatx.metrics import serve_metrics
+            from kafkatx.cli.status import StatusLine
 
-            server = serve_metrics(app, args.metrics_port, args.metrics_addr)
-            print(f"kafkatx: metrics at {server.url}", flush=True)
-        status = None
-        if args.status or (args.status is None and sys.stderr.isatty()):
-            try:
-                from kafkatx.cli.status import StatusLine
+            status = StatusLine(app).start()
+        except ImportError:
+            status = None
+    try:
+        app.run()
+    finally:
+        if status is not None:
+            status.stop()
+    return 0
 
-                status = StatusLine(app).start()
-            except ImportError:
-                status = None
-        try:
-            app.run()
-        finally:
-            if status is not None:
-                status.stop()
-    except InvalidConfigurationError as exc:
+
+def _failed(exc: BaseException, app: Any, args: argparse.Namespace) -> int:
+    """The exit code of a run that ``exc`` ended, after saying why in one line."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, InvalidConfigurationError):
         print(f"kafkatx run: configuration error: {_cli_words(str(exc))}", file=sys.stderr)
         return EX_CONFIG
-    except KeyboardInterrupt:
-        return 130
-    except ClusterUnreachableError:
+    if isinstance(exc, ClusterUnreachableError):
         print(f"kafkatx run: {_unreachable(app, args)}", file=sys.stderr)
-        return 1
-    except KafkaTxError as exc:  # kafkatx's messages say what happened and what to check
+    elif isinstance(exc, KafkaTxError):  # kafkatx's messages say what happened and what to check
         print(f"kafkatx run: {_cli_words(str(exc))}", file=sys.stderr)
-        return 1
-    except Exception as exc:
+    else:
         print(f"kafkatx run: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if broker is not None:
-            broker.stop()
-    return 0
+    return 1
 
 
 def add_parser(sub: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["add_parsers"]
@@ -118,8 +119,11 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Record headers as confluent-kafka takes them.
+_Headers = list[tuple[str, str | bytes | None]]
+
+
 def _produce(args: argparse.Namespace) -> int:
-    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
     from kafkatx.dlq.tools import DlqToolError
@@ -129,13 +133,9 @@ def _produce(args: argparse.Namespace) -> int:
     except DlqToolError as exc:
         print(f"kafkatx produce: {exc}", file=sys.stderr)
         return EX_USAGE
-    headers = []
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep:
-            print(f"kafkatx produce: a header is name=value, got {item!r}", file=sys.stderr)
-            return 2
-        headers.append((name, value.encode()))
+    headers = _headers(args.header)
+    if headers is None:
+        return 2
     try:  # a missing topic would be created by a broker that auto-creates them: a typo must not be
         existing = _user_topics(_metadata(AdminClient(_client_config(servers)), servers))
     except _ToolError as exc:
@@ -154,6 +154,25 @@ def _produce(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     lines = args.value if args.value else (line.rstrip("\n") for line in sys.stdin)
+    return _send(args, servers, lines, headers)
+
+
+def _headers(items: list[str]) -> _Headers | None:
+    """``--header name=value`` options as record headers; None after saying which one is malformed."""
+    headers: _Headers = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"kafkatx produce: a header is name=value, got {item!r}", file=sys.stderr)
+            return None
+        headers.append((name, value.encode()))
+    return headers
+
+
+def _send(args: argparse.Namespace, servers: str, lines: Iterable[str], headers: _Headers) -> int:
+    """Produce one record per line (``key<TAB>value`` with ``--kv``) and wait for every acknowledgement."""
+    from confluent_kafka import Producer
+
     producer = Producer(
         {**_client_config(servers), "enable.idempotence": True, "message.timeout.ms": int(_DELIVERY_TIMEOUT * 1000)}
     )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
@@ -80,63 +81,70 @@ def retry_call(
             return fn()  # the common case, without the retry machinery below (~10 us per call)
         except KafkaException as exc:
             first_failure = exc  # replayed as attempt 1 below: classification, callbacks and backoff unchanged
-
-    def should_retry(exc: BaseException) -> bool:
-        return isinstance(exc, KafkaException) and classify(exc, path=path).retriable
-
-    def stop(retry_state: RetryCallState) -> bool:
-        return clock() >= deadline
-
-    def wait(retry_state: RetryCallState) -> float:
-        return max(0.0, min(_BACKOFF(retry_state), deadline - clock()))
-
-    def before_sleep(retry_state: RetryCallState) -> None:
-        exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
-        error_class = classify(exc, path=path)
-        kafka_error = kafka_error_of(exc)
-        log.debug(
-            "%s failed with %s (%s), attempt %d; retrying in %.3f s",
-            operation,
-            kafka_error.name() if kafka_error is not None else exc,
-            error_class.value,
-            retry_state.attempt_number,
-            retry_state.next_action.sleep if retry_state.next_action is not None else 0.0,
-        )
-        if error_class is ErrorClass.REFRESH_RETRIABLE and refresh is not None:
-            try:
-                refresh()
-            except Exception:  # a failed refresh must not end the retries; the next attempt will tell
-                log.warning("metadata refresh before retrying %s failed", operation, exc_info=True)
-        if on_retry is not None and kafka_error is not None:
-            on_retry(error_class, kafka_error, retry_state.attempt_number)
-
-    attempts = 0
-
-    def attempt() -> T:
-        nonlocal attempts, first_failure
-        attempts += 1
-        if first_failure is not None:
-            failure, first_failure = first_failure, None
-            raise failure
-        return fn()
-
+    attempts = _Attempts(fn, first_failure)
     retrying = Retrying(
-        retry=retry_if_exception(should_retry),
-        stop=stop,
-        wait=wait,
+        retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException) and classify(exc, path=path).retriable),
+        stop=lambda _state: clock() >= deadline,
+        wait=lambda state: max(0.0, min(_BACKOFF(state), deadline - clock())),
         sleep=sleep,
-        before_sleep=before_sleep,
+        before_sleep=functools.partial(
+            _before_retry, operation=operation, path=path, refresh=refresh, on_retry=on_retry
+        ),
         reraise=True,
     )
     try:
-        return retrying(attempt)
+        return retrying(attempts)
     except KafkaException as exc:
         error_class = classify(exc, path=path)
         if error_class is ErrorClass.HANDLER_FAILURE:
             raise
         if not error_class.retriable:
             raise KafkaTxError.from_kafka(exc, operation=operation, path=path) from exc
-        raise _exhausted(exc, operation, path, timeout, attempts, where) from exc
+        raise _exhausted(exc, operation, path, timeout, attempts.count, where) from exc
+
+
+class _Attempts(Generic[T]):
+    """``fn`` as tenacity calls it, counting the attempts; a first attempt that failed elsewhere is replayed."""
+
+    def __init__(self, fn: Callable[[], T], first_failure: KafkaException | None) -> None:
+        self._fn, self._first_failure = fn, first_failure
+        self.count = 0
+
+    def __call__(self) -> T:
+        self.count += 1
+        if self._first_failure is not None:
+            failure, self._first_failure = self._first_failure, None
+            raise failure
+        return self._fn()
+
+
+def _before_retry(
+    retry_state: RetryCallState,
+    *,
+    operation: str,
+    path: ErrorPath,
+    refresh: Callable[[], None] | None,
+    on_retry: Callable[[ErrorClass, KafkaError, int], None] | None,
+) -> None:
+    """Between two attempts: log the failure, refresh metadata if the error class asks for it, tell ``on_retry``."""
+    exc = retry_state.outcome.exception() if retry_state.outcome is not None else None
+    error_class = classify(exc, path=path)
+    kafka_error = kafka_error_of(exc)
+    log.debug(
+        "%s failed with %s (%s), attempt %d; retrying in %.3f s",
+        operation,
+        kafka_error.name() if kafka_error is not None else exc,
+        error_class.value,
+        retry_state.attempt_number,
+        retry_state.next_action.sleep if retry_state.next_action is not None else 0.0,
+    )
+    if error_class is ErrorClass.REFRESH_RETRIABLE and refresh is not None:
+        try:
+            refresh()
+        except Exception:  # a failed refresh must not end the retries; the next attempt will tell
+            log.warning("metadata refresh before retrying %s failed", operation, exc_info=True)
+    if on_retry is not None and kafka_error is not None:
+        on_retry(error_class, kafka_error, retry_state.attempt_number)
 
 
 def _exhausted(
