@@ -164,6 +164,12 @@ class StatusLine:
             self._shown = False
 
     # -- sharing the terminal with logging ---------------------------------------------
+    def write_over(self, stream: TextIO, text: str) -> int:
+        """Erase the status line, then write ``text`` to ``stream`` (the line is redrawn next tick)."""
+        with self._lock:
+            self._clear_locked()
+            return stream.write(text)
+
     def _redirect_logging(self) -> None:
         """Make log handlers on our stream erase the status line before each record."""
         for handler in _all_handlers():
@@ -186,9 +192,7 @@ class _ClearingStream:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        with self._status._lock:
-            self._status._clear_locked()
-            return self._stream.write(text)
+        return self._status.write_over(self._stream, text)
 
     def flush(self) -> None:
         self._stream.flush()
