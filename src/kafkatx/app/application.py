@@ -1,8 +1,10 @@
 """The App: listeners declared with a decorator, run inside Kafka transactions.
 
-An App owns the client configuration, the process identity used in
-transactional.ids, the event bus, and the containers (one thread each) that
-run its listeners.
+An App owns its client configuration (:class:`~kafkatx.app.config.ClientConfig`:
+bootstrap servers, the process identity used in transactional.ids, librdkafka
+settings), the event bus, and the containers (one thread each) that run its
+listeners. The startup checks and ``app.transaction()`` are given the
+configuration, not the App.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ E = TypeVar("E", bound=Event)
 
 
 class _ClientSetting(Generic[T]):
-    """An App attribute kept in its :class:`ClientConfig` (``app.bootstrap_servers = ...`` still works)."""
+    """An App attribute kept in its :class:`ClientConfig` (``app.bootstrap_servers = ...`` sets it there)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
@@ -57,11 +59,11 @@ class _ClientSetting(Generic[T]):
     def __get__(self, app: App | None, owner: type) -> T | _ClientSetting[T]:
         if app is None:
             return self
-        value: T = getattr(app.client, self._name)
+        value: T = getattr(app.client_config, self._name)
         return value
 
     def __set__(self, app: App, value: T) -> None:
-        setattr(app.client, self._name, value)
+        setattr(app.client_config, self._name, value)
 
 
 class App:
@@ -105,7 +107,7 @@ class App:
         static_membership: bool = True,
         rebalance: Literal["eager", "cooperative"] = "eager",
     ) -> None:
-        self.client = ClientConfig(
+        self.client_config = ClientConfig(
             name,
             bootstrap_servers=bootstrap_servers,
             group_id=group_id,
@@ -119,7 +121,6 @@ class App:
             static_membership=static_membership,
             rebalance=rebalance,
         )
-        self.name = name
         self.create_topics = create_topics
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
@@ -131,7 +132,7 @@ class App:
         self._stopped = threading.Event()
         self._exited: set[int] = set()  # ids of the containers that finished their exit path
         self._running = False
-        self._transactions = ProducerTransactions(self.client)
+        self._transactions = ProducerTransactions(self.client_config)
         self._shutdown_hooks: list[Callable[[], None]] = []
 
     # -- declaring listeners ------------------------------------------------------
@@ -170,7 +171,7 @@ class App:
                 raise InvalidConfigurationError("listeners must be declared before the App starts")
             if any(s.name == spec.name for s in self.listeners):
                 raise InvalidConfigurationError(f"a listener named {spec.name!r} already exists; pass name=...")
-            self.client.check_consumer_overrides(spec.consumer_config)
+            self.client_config.check_consumer_overrides(spec.consumer_config)
             self.listeners.append(spec)
         return spec
 
@@ -205,7 +206,8 @@ class App:
 
         return decorator
 
-    # -- identity and client configuration (the containers' runtime), held by self.client ----
+    # -- identity and client configuration (the containers' runtime), kept in self.client_config --
+    name = _ClientSetting[str]()
     bootstrap_servers = _ClientSetting[str | None]()
     group_id = _ClientSetting[str]()
     transactional_id_prefix = _ClientSetting[str]()
@@ -220,28 +222,28 @@ class App:
 
     def resolved_bootstrap_servers(self) -> str:
         """The bootstrap servers: the App's, its config's, or $KAFKATX_BOOTSTRAP_SERVERS; a clear error if none."""
-        return self.client.resolved_bootstrap_servers()
+        return self.client_config.resolved_bootstrap_servers()
 
     @property
     def transaction_retry_timeout(self) -> float:
         """Seconds a transactional call is retried before the transaction is given up: half the transaction timeout."""
-        return self.client.transaction_retry_timeout
+        return self.client_config.transaction_retry_timeout
 
     def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]:
         """The librdkafka configuration of a container's consumer (read_committed, no auto commit, static id)."""
-        return self.client.consumer_config(spec, group_id, worker)
+        return self.client_config.consumer_config(spec, group_id, worker)
 
     def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:
         """The librdkafka configuration of a transactional producer (idempotent, the App's transaction timeout)."""
-        return self.client.producer_config(spec, transactional_id)
+        return self.client_config.producer_config(spec, transactional_id)
 
     def group_transactional_id(self, group_id: str, index: int) -> str:
         """KIP-447 mode: stable per process and container, so a restart fences its predecessor."""
-        return self.client.group_transactional_id(group_id, index)
+        return self.client_config.group_transactional_id(group_id, index)
 
     def partition_transactional_id(self, group_id: str, topic: str, partition: int) -> str:
         """KIP-98 mode: one id per input partition, the same in every process."""
-        return self.client.partition_transactional_id(group_id, topic, partition)
+        return self.client_config.partition_transactional_id(group_id, topic, partition)
 
     # -- running --------------------------------------------------------------
     def start(self) -> None:
@@ -255,12 +257,15 @@ class App:
                 )
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
-            check_client_config(self.client, self.listeners)
+            check_client_config(self.client_config, self.listeners)
             self.cluster_id = prepare_topics(
-                self.client, self.listeners, create_topics=self.create_topics, topic_partitions=self.topic_partitions
+                self.client_config,
+                self.listeners,
+                create_topics=self.create_topics,
+                topic_partitions=self.topic_partitions,
             )
-            resolve_fencing(self.client, self.listeners, self.cluster_id)
-            self.client.warn_without_instance_id()
+            resolve_fencing(self.client_config, self.listeners, self.cluster_id)
+            self.client_config.warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()
             workers = [(spec, worker) for spec in self.listeners for worker in range(spec.concurrency)]
