@@ -91,7 +91,7 @@ def test_an_app_for_a_real_cluster_does_not_load_the_embedded_broker_module() ->
         "app = kafkatx.App('orders', bootstrap_servers='kafka.example:9092')\n"
         "@app.listener('in', output='out')\n"
         "def handle(record):\n    return record.value\n"
-        "from kafkatx._embedded import is_embedded_broker, warn_about_chained_listeners\n"
+        "from kafkatx.client.brokers import is_embedded_broker, warn_about_chained_listeners\n"
         "assert not is_embedded_broker('kafka.example:9092') and not warn_about_chained_listeners(app.listeners, 'x:1')\n"
         "print(sorted(m for m in ('kafkatx.local', 'ctypes', 'tempfile', 'uuid') if m in sys.modules))\n"
     )

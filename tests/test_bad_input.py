@@ -39,7 +39,7 @@ def test_creating_a_topic_waits_until_it_is_listed_and_a_racing_creator_is_no_er
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from kafkatx._topics import create_topic
+    from kafkatx.client.topics import create_topic
 
     # Quiet, and no traceback keeps it alive: a client outliving the test logs into later tests' output.
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 2})

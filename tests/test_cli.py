@@ -296,8 +296,8 @@ def test_an_error_in_the_apps_own_code_keeps_its_traceback(tmp_path: Path) -> No
 def test_a_missing_dependency_is_one_line_naming_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kafkatx import _cli_run
     from kafkatx.cli import main
+    from kafkatx.cli import run as _cli_run
 
     (tmp_path / "needs_dep.py").write_text("import kafkatx_test_not_installed.sub\n")
     (tmp_path / "needs_other.py").write_text("import another_test_not_installed\n")
@@ -375,8 +375,8 @@ def test_v_shows_kafkatx_debug_lines_and_vv_librdkafkas_too_before_or_after_the_
 def test_topics_and_produce_with_the_broker_down_are_one_line_each(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
-    from kafkatx import _cli_topics
     from kafkatx.cli import main
+    from kafkatx.cli import topics as _cli_topics
 
     monkeypatch.setattr(_cli_topics, "_METADATA_TIMEOUT", 1.0)
     for argv in (["topics", "list"], ["topics", "create", "t"], ["produce", "t", "--value", "v"]):

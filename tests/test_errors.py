@@ -13,8 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.error import ValueDeserializationError, ValueSerializationError
 from confluent_kafka.serialization import SerializationError
 
-from kafkatx._retry import retry_call
 from kafkatx.classification import CODE_CLASSES, ErrorClass, classify, is_fatal_for_producer
+from kafkatx.client.retry import retry_call
 from kafkatx.errors import (
     ApplicationRecoverableError,
     InvalidConfigurationError,

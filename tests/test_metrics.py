@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafkatx import App, InvalidConfigurationError, Record
-from kafkatx._status import StatusLine
+from kafkatx.cli.status import StatusLine
 from kafkatx.events import HandlerFailed, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.metrics import instrument, serve_metrics
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for

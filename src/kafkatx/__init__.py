@@ -7,7 +7,6 @@ through an after-rollback processor (attempts, back-off, dead-letter topic).
 
 from kafkatx._version import __version__
 from kafkatx.app import App, Transaction
-from kafkatx.classification import ErrorClass, classify
 from kafkatx.context import send
 from kafkatx.database import DatabaseUnavailableError, db
 from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
@@ -33,6 +32,7 @@ from kafkatx.errors import (
     TransactionAbortableError,
     UnknownTopicError,
 )
+from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer

@@ -25,12 +25,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
-from kafkatx._embedded import (  # the last three re-exported
-    _LIVE,
+from kafkatx.client.brokers import (  # chained_listeners and warn_about_chained_listeners re-exported
     chained_listeners,
-    local_broker_at,
+    live_brokers,
+    port_in_use,
+    track,
+    untrack,
     warn_about_chained_listeners,
 )
+from kafkatx.client.brokers import local_broker_at as _running_broker_at
 
 __all__ = [
     "LocalBroker",
@@ -90,14 +93,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+def local_broker_at(bootstrap_servers: str) -> LocalBroker | None:
+    """The running :class:`LocalBroker` of this process that ``bootstrap_servers`` names, if any.
+
+    An embedded broker started in another process (``kafkatx broker``) is
+    not recognised: it looks like any other cluster from here.
+    """
+    broker = _running_broker_at(bootstrap_servers)
+    return broker if isinstance(broker, LocalBroker) else None
 
 
 _TEMP_PREFIX = "kafkatx-broker-"
@@ -225,7 +228,7 @@ class LocalBroker:
             for attempt in range(1, attempts + 1):
                 if self._requested_port is None and (self._port is None or attempt > 1):
                     self._port = _free_port()
-                elif _port_in_use(self.port):
+                elif port_in_use(self.port):
                     raise PortInUseError(self.port)
                 try:
                     self._spawn(binary)
@@ -236,7 +239,7 @@ class LocalBroker:
                     if attempt == attempts:
                         raise
                     log.warning("local broker failed to start on port %s, retrying on another port", self._port)
-            _LIVE.add(self)
+            track(self)
             log.info("local Kafka broker up at %s (pid %s, data %s)", self.bootstrap_servers, self.pid, self._data_dir)
             return self
 
@@ -244,7 +247,7 @@ class LocalBroker:
         """Stop the broker: SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""
         with self._lock:
             self._terminate()
-            _LIVE.discard(self)
+            untrack(self)
             self._drop_owned_data_dir()
 
     def _drop_owned_data_dir(self) -> None:
@@ -391,6 +394,8 @@ class LocalBroker:
 
 @atexit.register
 def _stop_all() -> None:
-    for broker in list(_LIVE):
+    for broker in live_brokers():
+        if not isinstance(broker, LocalBroker):
+            continue
         with contextlib.suppress(Exception):
             broker.stop()

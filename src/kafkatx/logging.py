@@ -26,7 +26,7 @@ __all__ = ["TextFormatter", "JsonFormatter", "configure", "COORDINATES"]
 COORDINATES = ("topic", "partition", "offset", "attempt")
 
 _THREAD_PREFIX = "kafkatx-"  # container threads are named kafkatx-<listener>
-#: kafkatx's other threads: the status line, and the bounded-call workers (kafkatx-call-<client>, _bounded.py),
+#: kafkatx's other threads: the status line, and the bounded-call workers (kafkatx-call-<client>, client/bounded.py),
 #: which are named after a client (a transactional.id, say), not a listener.
 _NOT_LISTENERS = ("kafkatx-status", "kafkatx-call-")
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"

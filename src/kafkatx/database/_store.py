@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from kafkatx.client.offsets import TP
 from kafkatx.database._backend import Backend
 from kafkatx.outputs import PendingOutput
 
@@ -22,8 +23,6 @@ __all__ = ["Store", "OFFSETS_TABLE", "OUTBOX_TABLE"]
 
 OFFSETS_TABLE = "kafkatx_offsets"
 OUTBOX_TABLE = "kafkatx_outbox"
-
-TP = tuple[str, int]
 
 
 def _ddl(dialect: str) -> list[str]:

@@ -29,7 +29,7 @@ from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, bind_db
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
-    from kafkatx.producer import TransactionalProducer
+    from kafkatx.client.producer import TransactionalProducer
 
 __all__ = ["ProducerOutbox"]
 

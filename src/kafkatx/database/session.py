@@ -19,14 +19,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kafkatx._offsets import TP, first_offsets
+from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
 from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store
 from kafkatx.errors import ContainerError, KafkaTxError
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
-    from kafkatx.producer import TransactionalProducer
+    from kafkatx.client.producer import TransactionalProducer
     from kafkatx.record import ConsumedMessage
 
 __all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db"]

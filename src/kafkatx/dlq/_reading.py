@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from kafkatx.classification import FENCING_CODES
+from kafkatx.client.brokers import ENV_BOOTSTRAP, bootstrap_from_env, port_in_use
 from kafkatx.dlq.entries import DlqToolError
 from kafkatx.errors import KafkaClientError
+from kafkatx.errors.classification import FENCING_CODES
 from kafkatx.record import ConsumedMessage
 
 log = logging.getLogger("kafkatx.dlq.tools")
-
-ENV_BOOTSTRAP = "KAFKATX_BOOTSTRAP_SERVERS"
 
 _OFFSET_BEGINNING = -2
 # Settings the tools own; a user override would break read_committed or exactly-once.
@@ -40,12 +38,12 @@ QUIET = {"logger": _ClientLog()}
 
 def resolve_bootstrap_servers(bootstrap_servers: str | None) -> str:
     """The given servers, else ``$KAFKATX_BOOTSTRAP_SERVERS``, else a DlqToolError saying how to give them."""
-    servers = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
+    servers = bootstrap_servers or bootstrap_from_env()
     if servers:
         return servers
-    from kafkatx.local import DEFAULT_PORT, _port_in_use
+    from kafkatx.local import DEFAULT_PORT  # read at call time: tests point it at their broker
 
-    if _port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
+    if port_in_use(DEFAULT_PORT):  # `kafkatx broker` runs on its default port: use it
         return f"127.0.0.1:{DEFAULT_PORT}"
     raise DlqToolError(
         f"no bootstrap servers: pass --bootstrap-servers HOST:PORT or set ${ENV_BOOTSTRAP} "

@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from kafkatx.client.producer import TransactionalProducer
 from kafkatx.dlq._reading import (
     QUIET,
     check_config,
@@ -38,7 +39,6 @@ from kafkatx.dlq.entries import (
 from kafkatx.dlq.headers import ORIGINAL_TOPIC
 from kafkatx.errors import KafkaClientError, UnknownTopicError
 from kafkatx.outputs import PendingOutput
-from kafkatx.producer import TransactionalProducer
 from kafkatx.record import Headers
 
 __all__ = [

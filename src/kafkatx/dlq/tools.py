@@ -9,7 +9,8 @@ live in :mod:`~kafkatx.dlq.entries` (records and filters),
 docs/DLQ.md describes the commands and the policies.
 """
 
-from kafkatx.dlq._reading import ENV_BOOTSTRAP, resolve_bootstrap_servers
+from kafkatx.client.brokers import ENV_BOOTSTRAP
+from kafkatx.dlq._reading import resolve_bootstrap_servers
 from kafkatx.dlq.entries import (
     FILTER_FIELDS,
     DeadLetterEntry,

@@ -117,59 +117,10 @@ def build_spec(
         )
     if kind == "record":
         _check_takes_one_argument(handler)
-    topics = tuple(topics)
-    if not topics:
-        raise InvalidConfigurationError("a listener needs at least one input topic")
-    for t in topics:
-        validate_topic(t, "input topic")
-    if len(set(topics)) != len(topics):
-        raise InvalidConfigurationError(f"input topics listed twice: {topics}")
-    output = opts["output"]
-    if output is not None:
-        validate_topic(output, "output topic")
-        if output in topics:
-            raise InvalidConfigurationError(
-                f"output topic {output!r} is also an input topic of the same listener (a loop)"
-            )
-    sends_to = opts["sends_to"]
-    if isinstance(sends_to, str):
-        sends_to = (sends_to,)
-    try:
-        sends_to = tuple(validate_topic(t, "sends_to topic") for t in sends_to)
-    except TypeError:
-        raise InvalidConfigurationError(f"sends_to must be topic names, got {opts['sends_to']!r}") from None
-    fencing, retry = opts["fencing"], opts["retry"]
-    if fencing not in ("auto", "group", "partition"):
-        raise InvalidConfigurationError(
-            f"fencing must be 'auto', 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}"
-        )
-    if retry not in ("rollback", "in_place"):
-        raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
-    idle = opts["idle_event_interval"]
-    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0):
-        raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle!r}")
-    if opts["max_transaction_ms"] is not None:
-        _positive_int(opts["max_transaction_ms"], "max_transaction_ms")
-    serializer = opts["serializer"]
-    if serializer is not None and not callable(serializer):
-        raise InvalidConfigurationError(f"serializer must be callable, got {serializer!r}")
-    max_batch_ms = opts["max_batch_ms"]
-    if isinstance(max_batch_ms, bool) or not isinstance(max_batch_ms, int) or max_batch_ms < 0:
-        raise InvalidConfigurationError(f"max_batch_ms must be an integer >= 0, got {max_batch_ms!r}")
-    for key in ("consumer_config", "producer_config"):
-        if opts[key] is not None and not isinstance(opts[key], Mapping):
-            raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
+    topics, output, sends_to = _topics_of(topics, opts)
+    fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts)
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
-    database = opts.get("database")
-    if database is not None:
-        if kind != "record" or runner is not None:
-            raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
-        if retry == "in_place":
-            raise InvalidConfigurationError(
-                'database= cannot be combined with retry="in_place": a failed attempt\'s database work could '
-                'not be undone without undoing the whole batch; use retry="rollback" (the default)'
-            )
-        database = backend_for(database)
+    database = _database_of(opts.get("database"), kind, runner, retry)
     return ListenerSpec(
         name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
         handler=handler,
@@ -191,11 +142,80 @@ def build_spec(
         consumer_config=dict(opts["consumer_config"] or {}),
         producer_config=dict(opts["producer_config"] or {}),
         max_abortable_retries=_positive_int(opts["max_abortable_retries"], "max_abortable_retries", 0),
-        idle_event_interval=float(idle) if idle is not None else None,
+        idle_event_interval=idle,
         count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
         runner=runner,
         database=database,
     )
+
+
+def _topics_of(topics: Iterable[str], opts: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None, tuple[str, ...]]:
+    """The input topics, the output topic and the ``sends_to`` topics, each a valid name, with no loop."""
+    topics = tuple(topics)
+    if not topics:
+        raise InvalidConfigurationError("a listener needs at least one input topic")
+    for t in topics:
+        validate_topic(t, "input topic")
+    if len(set(topics)) != len(topics):
+        raise InvalidConfigurationError(f"input topics listed twice: {topics}")
+    output = opts["output"]
+    if output is not None:
+        validate_topic(output, "output topic")
+        if output in topics:
+            raise InvalidConfigurationError(
+                f"output topic {output!r} is also an input topic of the same listener (a loop)"
+            )
+    sends_to = opts["sends_to"]
+    if isinstance(sends_to, str):
+        sends_to = (sends_to,)
+    try:
+        sends_to = tuple(validate_topic(t, "sends_to topic") for t in sends_to)
+    except TypeError:
+        raise InvalidConfigurationError(f"sends_to must be topic names, got {opts['sends_to']!r}") from None
+    return topics, output, sends_to
+
+
+def _check_modes_and_limits(
+    opts: Mapping[str, Any],
+) -> tuple[Fencing, RetryMode, float | None, Serializer | None, int]:
+    """Check the fencing and retry modes, the time limits, the serializer and the client configs.
+
+    Returns ``(fencing, retry, idle_event_interval, serializer, max_batch_ms)``.
+    """
+    fencing, retry = opts["fencing"], opts["retry"]
+    if fencing not in ("auto", "group", "partition"):
+        raise InvalidConfigurationError(
+            f"fencing must be 'auto', 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}"
+        )
+    if retry not in ("rollback", "in_place"):
+        raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
+    idle = opts["idle_event_interval"]
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0):
+        raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle!r}")
+    if opts["max_transaction_ms"] is not None:
+        _positive_int(opts["max_transaction_ms"], "max_transaction_ms")
+    serializer = opts["serializer"]
+    if serializer is not None and not callable(serializer):
+        raise InvalidConfigurationError(f"serializer must be callable, got {serializer!r}")
+    max_batch_ms = _positive_int(opts["max_batch_ms"], "max_batch_ms", 0)
+    for key in ("consumer_config", "producer_config"):
+        if opts[key] is not None and not isinstance(opts[key], Mapping):
+            raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
+    return fencing, retry, float(idle) if idle is not None else None, serializer, max_batch_ms
+
+
+def _database_of(database: Any, kind: str, runner: RunnerFactory | None, retry: str) -> Backend | None:
+    """The backend of ``database=``: record listeners only, and not with in-place retries."""
+    if database is None:
+        return None
+    if kind != "record" or runner is not None:
+        raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
+    if retry == "in_place":
+        raise InvalidConfigurationError(
+            'database= cannot be combined with retry="in_place": a failed attempt\'s database work could '
+            'not be undone without undoing the whole batch; use retry="rollback" (the default)'
+        )
+    return backend_for(database)
 
 
 def _failure_handling(

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow  # noqa: F401  - fail at import (the App turns it into a clear message) without the extra
 import pyspark  # noqa: F401
 
+from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import SparkListenerOptions, check_option_names
 from kafkatx.listener.spec import build_spec
 from kafkatx.spark._errors import SparkJobError, SparkOutputError, as_job_error
 from kafkatx.spark._frames import INPUT_SCHEMA, OUTPUT_COLUMNS
 from kafkatx.spark._runner import SparkSessionError, SparkUnitRunner
-from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkSettings, configure, default_conf
+from kafkatx.spark._session import ENV_MASTER, SessionLease, SparkHost, SparkSettings, configure, default_conf
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
     from kafkatx.listener.host import ContainerHost
 
 __all__ = [
@@ -75,14 +75,14 @@ _NOT_FOR_SPARK = {
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 
 
-def _lease(app: App) -> SessionLease:
+def _lease(app: SparkHost) -> SessionLease:
     lease = _leases.get(app)
     if lease is None:
         lease = _leases[app] = SessionLease(app)
     return lease
 
 
-def spark_listener(app: App, topics: Sequence[str], options: Mapping[str, Any]) -> Callable[[F], F]:
+def spark_listener(app: SparkHost, topics: Sequence[str], options: Mapping[str, Any]) -> Callable[[F], F]:
     """The decorator behind :meth:`kafkatx.App.spark_listener`.
 
     Takes the usual listener options (``output``, ``max_attempts``,
@@ -107,7 +107,7 @@ def spark_listener(app: App, topics: Sequence[str], options: Mapping[str, Any]) 
             raise InvalidConfigurationError(f"spark_listener does not take {key!r}: {why}")
     check_option_names(opts, SparkListenerOptions.__annotations__, "spark_listener")
     max_bisect_jobs = opts.pop("max_bisect_jobs", DEFAULT_MAX_BISECT_JOBS)
-    if isinstance(max_bisect_jobs, bool) or not isinstance(max_bisect_jobs, int) or max_bisect_jobs < 0:
+    if not is_int(max_bisect_jobs, 0):
         raise InvalidConfigurationError(f"max_bisect_jobs must be an integer >= 0, got {max_bisect_jobs!r}")
     opts.setdefault("max_batch_records", DEFAULT_MAX_BATCH_RECORDS)
     opts.setdefault("max_batch_ms", DEFAULT_MAX_BATCH_MS)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from kafkatx._offsets import first_offsets
+from kafkatx.client.offsets import first_offsets
 from kafkatx.context import bind_sink
 from kafkatx.errors import (
     ApplicationRecoverableError,

@@ -16,16 +16,26 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.errors import InvalidConfigurationError
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
+    from kafkatx.listener.spec import ListenerSpec
 
-__all__ = ["SparkSettings", "configure", "settings_for", "SessionLease", "ENV_MASTER", "default_conf"]
+__all__ = ["SparkHost", "SparkSettings", "configure", "settings_for", "SessionLease", "ENV_MASTER", "default_conf"]
+
+
+class SparkHost(Protocol):
+    """What Spark listeners need of the App that runs them (kafkatx.App is one)."""
+
+    @property
+    def name(self) -> str: ...
+    def register(self, spec: ListenerSpec) -> ListenerSpec: ...
+    def add_shutdown_hook(self, hook: Callable[[], None]) -> None: ...
+
 
 log = logging.getLogger("kafkatx.spark")
 
@@ -53,7 +63,7 @@ _settings: weakref.WeakKeyDictionary[Any, SparkSettings] = weakref.WeakKeyDictio
 
 
 def configure(
-    app: App,
+    app: SparkHost,
     *,
     master: str | None = None,
     conf: Mapping[str, Any] | None = None,
@@ -102,7 +112,7 @@ def configure(
     )
 
 
-def settings_for(app: App) -> SparkSettings:
+def settings_for(app: SparkHost) -> SparkSettings:
     settings = _settings.get(app)
     if settings is None:
         settings = _settings[app] = SparkSettings()
@@ -215,7 +225,7 @@ class _Shared:
 class SessionLease:
     """One App's use of the SparkSession: acquired at start, released by the App's shutdown hook."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: SparkHost) -> None:
         self._app = app
         self._lock = threading.Lock()
         self._session: Any = None

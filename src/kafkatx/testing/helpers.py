@@ -16,8 +16,8 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kafkatx._client_log import client_log
-from kafkatx._topics import create_topic as _create_topic
+from kafkatx.client.log import client_log
+from kafkatx.client.topics import create_topic as _create_topic
 from kafkatx.record import Record
 
 __all__ = [

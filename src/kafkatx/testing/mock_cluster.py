@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 
+from kafkatx._validate import is_int
+
 __all__ = ["ApiKey", "MockCluster", "MockClusterError", "MockRequest"]
 
 
@@ -207,7 +209,7 @@ def _err_name(code: int) -> str:
 
 
 def _api_key(api_key: ApiKey | int) -> int:
-    if isinstance(api_key, bool) or not isinstance(api_key, int):
+    if not is_int(api_key):
         raise ValueError(f"api_key must be an ApiKey or an int, not {type(api_key).__name__}")
     if not 0 <= api_key <= _INT16_MAX:
         raise ValueError(f"api_key must be between 0 and {_INT16_MAX}, got {api_key}")
@@ -216,13 +218,13 @@ def _api_key(api_key: ApiKey | int) -> int:
 
 def _error_code(error: Any) -> int:
     code = error.code() if hasattr(error, "code") and callable(error.code) else error
-    if isinstance(code, bool) or not isinstance(code, int):
+    if not is_int(code):
         raise ValueError(f"errors must be KafkaError codes (int), not {type(error).__name__}")
     return int(code)
 
 
 def _checked_int32(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"{what} must be an int, not {type(value).__name__}")
     if not _INT32_MIN <= value <= _INT32_MAX:
         raise ValueError(f"{what} out of range: {value}")
@@ -257,7 +259,7 @@ class MockCluster:
         self._rk: int | None = None
         self._mcluster: int | None = None
         self._lock = threading.RLock()
-        if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
+        if not is_int(brokers, 1):
             raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
         if initial_rebalance_delay_ms is not None:
             initial_rebalance_delay_ms = _checked_int32(initial_rebalance_delay_ms, "initial_rebalance_delay_ms")
@@ -365,9 +367,9 @@ class MockCluster:
         """Create a topic up front (the mock otherwise auto-creates it with defaults)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"topic name must be a non-empty str, got {name!r}")
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        if not is_int(partitions, 1):
             raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-        if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) or replication_factor < 1:
+        if not is_int(replication_factor, 1):
             raise ValueError(f"replication_factor must be an int >= 1, got {replication_factor!r}")
         with self._lock:
             err = self._lib.rd_kafka_mock_topic_create(self._handle(), name.encode(), partitions, replication_factor)

@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 EX_USAGE = 64
 EX_CONFIG = 78
-#: Where kafkatx's clients send librdkafka's log lines (kafkatx._client_log, the dead-letter tools).
+#: Where kafkatx's clients send librdkafka's log lines (kafkatx.client.log, the dead-letter tools).
 _CLIENT_LOGGERS = ("kafkatx.librdkafka", "kafkatx.dlq.librdkafka")
 
 
@@ -102,10 +102,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", default="./.kafkatx/broker", help="data directory (default ./.kafkatx/broker)")
     b.set_defaults(func=_broker)
 
-    from kafkatx import _cli_run, _cli_topics
+    from kafkatx.cli import run, topics
 
-    _cli_run.add_parser(sub)
-    _cli_topics.add_parsers(sub)
+    run.add_parser(sub)
+    topics.add_parsers(sub)
     try:
         from kafkatx.dlq import cli as dlq_cli
     except ImportError:  # pragma: no cover - during development of the dlq tools

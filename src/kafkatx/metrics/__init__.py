@@ -22,12 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kafkatx._lag import (
-    DEFAULT_STATS_INTERVAL_MS,
-    _LagTracker,
-    _listener_label,
-    _shared_lag_tracker,
-)
+from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
     ContainerStarted,
@@ -42,6 +37,12 @@ from kafkatx.events import (
     RecoveryFailed,
     TransactionAborted,
     TransactionCommitted,
+)
+from kafkatx.metrics.lag import (
+    DEFAULT_STATS_INTERVAL_MS,
+    LagTracker,
+    listener_label,
+    shared_lag_tracker,
 )
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class Metrics:
     passed one), so two Apps in one process never clash.
     """
 
-    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: _LagTracker) -> None:
+    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: LagTracker) -> None:
         self._app_ref = weakref.ref(app)
         self.registry = registry
         self._f = families
@@ -168,7 +169,7 @@ class Metrics:
         return self._app_ref()
 
     def _labels(self, event: Any) -> tuple[str, str]:
-        return self._app_name, _listener_label(event.listener, event.worker)
+        return self._app_name, listener_label(event.listener, event.worker)
 
     def _simple(self, family: Any) -> Callable[[Any], None]:
         def count(event: Any) -> None:
@@ -216,10 +217,10 @@ class Metrics:
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""
-        listener = _listener_label(container, worker)
+        listener = listener_label(container, worker)
         with self._lock:
             self._assigned[(container, worker)] = max(0, count)
-            total = sum(n for (c, w), n in self._assigned.items() if _listener_label(c, w) == listener)
+            total = sum(n for (c, w), n in self._assigned.items() if listener_label(c, w) == listener)
         self._f.assigned.labels(self._app_name, listener).set(total)
 
     def _lag_update(self, listener: str, topic: str, partition: int, lag: int | None) -> None:
@@ -264,14 +265,14 @@ def instrument(
                 raise InvalidConfigurationError(
                     f"App {app.name!r} is already instrumented with another registry; call instrument() once per App"
                 )
-            _shared_lag_tracker(app, stats_interval_ms)
+            shared_lag_tracker(app, stats_interval_ms)
             return existing
         if registry is None:
             registry = pc.CollectorRegistry(auto_describe=True)
         families = _FAMILIES.get(registry)
         if families is None:
             families = _FAMILIES[registry] = _Families(registry)
-        metrics = _METRICS[app] = Metrics(app, registry, families, _shared_lag_tracker(app, stats_interval_ms))
+        metrics = _METRICS[app] = Metrics(app, registry, families, shared_lag_tracker(app, stats_interval_ms))
     return metrics
 
 
@@ -316,7 +317,7 @@ def serve_metrics(app: App, port: int, addr: str = "127.0.0.1") -> MetricsServer
     Prometheus running elsewhere.
     """
     pc = _prometheus()
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port, 0, 65535):
         raise InvalidConfigurationError(f"metrics port must be an integer in 0..65535, got {port!r}")
     metrics = instrument(app)
     try:

@@ -25,7 +25,7 @@
     └── NotInTransactionError             send() outside a handler or transaction
 
 Which KIP-1050 class a Kafka error belongs to is decided in
-:mod:`kafkatx.classification`; the messages come from :mod:`kafkatx._error_hints`.
+:mod:`kafkatx.errors.classification`; the messages come from :mod:`kafkatx.errors.hints`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from confluent_kafka import KafkaError
 
-from kafkatx._error_hints import describe, label
-from kafkatx.classification import (
+from kafkatx.errors.classification import (
     ABORT_OPERATION,
     FENCING_CODES,
     ErrorClass,
@@ -43,6 +42,7 @@ from kafkatx.classification import (
     classify,
     kafka_error_of,
 )
+from kafkatx.errors.hints import describe, label
 
 if TYPE_CHECKING:
     from kafkatx.record import Record
@@ -82,7 +82,7 @@ class KafkaTxError(Exception):
         operation: str | None = None,
         path: ErrorPath = "transaction",
     ) -> KafkaClientError:
-        """The typed :class:`KafkaClientError` for a Kafka error, picked by :func:`~kafkatx.classification.classify`.
+        """The typed :class:`KafkaClientError` for a Kafka error, picked by :func:`~kafkatx.errors.classification.classify`.
 
         A :class:`KafkaClientError` is returned unchanged. An abortable error
         from ``abort_transaction`` becomes :class:`ApplicationRecoverableError`:
@@ -126,7 +126,7 @@ class KafkaClientError(KafkaTxError):
 
     ``error`` is the original ``KafkaError`` (None when kafkatx raises the
     error itself, e.g. for a bad setting), ``error_class`` its
-    :class:`~kafkatx.classification.ErrorClass` and ``operation`` the call
+    :class:`~kafkatx.errors.classification.ErrorClass` and ``operation`` the call
     that failed, such as ``"commit_transaction"``. The message is built from
     all three when none is given.
     """

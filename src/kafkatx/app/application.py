@@ -1,27 +1,27 @@
 """The App: listeners declared with a decorator, run inside Kafka transactions.
 
-An App owns the client configuration, the process identity used in
-transactional.ids, the event bus, and the containers (one thread each) that
-run its listeners.
+An App owns its client configuration (:class:`~kafkatx.app.config.ClientConfig`:
+bootstrap servers, the process identity used in transactional.ids, librdkafka
+settings), the event bus, and the containers (one thread each) that run its
+listeners. The startup checks and ``app.transaction()`` are given the
+configuration, not the App.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
-from kafkatx._client_log import client_log
-from kafkatx._embedded import warn_about_chained_listeners
-from kafkatx._producer_transactions import ProducerTransactions, Transaction
-from kafkatx._startup import check_client_config, prepare_topics
+from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
+from kafkatx.app.transactions import ProducerTransactions, Transaction
+from kafkatx.client.brokers import warn_about_chained_listeners
 from kafkatx.errors import (
     ContainerError,
     InvalidConfigurationError,
@@ -42,26 +42,28 @@ __all__ = ["App", "Transaction"]
 log = logging.getLogger("kafkatx.app")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 E = TypeVar("E", bound=Event)
 
-ENV_BOOTSTRAP = "KAFKATX_BOOTSTRAP_SERVERS"
-ENV_INSTANCE = "KAFKATX_INSTANCE_ID"
 
-# Settings kafkatx owns: overriding them would silently break exactly-once.
-_FORBIDDEN_CONSUMER = {
-    "enable.auto.commit": "true would commit offsets outside the transaction",
-    "isolation.level": "read_uncommitted would let handlers see aborted records",
-}
-_FORBIDDEN_PRODUCER = {
-    "transactional.id": "kafkatx derives it from the app name, group and instance id (see fencing=)",
-    "enable.idempotence": "transactions require idempotence",
-}
+class _ClientSetting(Generic[T]):
+    """An App attribute kept in its :class:`ClientConfig` (``app.bootstrap_servers = ...`` sets it there)."""
 
-#: Default transaction.timeout.ms. Shorter means an instance that crashed
-#: without a stable instance id blocks its partitions for less time; longer
-#: tolerates slower batches (Spark jobs, in-place retries). 30 s is 10x a
-#: slow batch and half of librdkafka's 60 s default.
-DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, app: None, owner: type) -> _ClientSetting[T]: ...
+    @overload
+    def __get__(self, app: App, owner: type) -> T: ...
+    def __get__(self, app: App | None, owner: type) -> T | _ClientSetting[T]:
+        if app is None:
+            return self
+        value: T = getattr(app.client_config, self._name)
+        return value
+
+    def __set__(self, app: App, value: T) -> None:
+        setattr(app.client_config, self._name, value)
 
 
 class App:
@@ -105,34 +107,23 @@ class App:
         static_membership: bool = True,
         rebalance: Literal["eager", "cooperative"] = "eager",
     ) -> None:
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidConfigurationError(f"App name must be a non-empty string, got {name!r}")
-        if (
-            isinstance(transaction_timeout_ms, bool)
-            or not isinstance(transaction_timeout_ms, int)
-            or transaction_timeout_ms < 1000
-        ):
-            raise InvalidConfigurationError(
-                f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
-            )
-        self.name = name
-        self.bootstrap_servers = bootstrap_servers
-        self.group_id = group_id or name
-        self.transactional_id_prefix = transactional_id_prefix or name
-        self._instance_id = instance_id
-        self._random_id = False  # True once a random instance id was made up (no static membership then)
-        self.config = dict(config or {})
-        self.consumer_config_overrides = dict(consumer_config or {})
-        self.producer_config_overrides = dict(producer_config or {})
-        self.transaction_timeout_ms = transaction_timeout_ms
+        self.client_config = ClientConfig(
+            name,
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id,
+            transactional_id_prefix=transactional_id_prefix,
+            instance_id=instance_id,
+            config=config,
+            consumer_config=consumer_config,
+            producer_config=producer_config,
+            transaction_timeout_ms=transaction_timeout_ms,
+            max_producer_recreations=max_producer_recreations,
+            static_membership=static_membership,
+            rebalance=rebalance,
+        )
         self.create_topics = create_topics
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
-        self.max_producer_recreations = max_producer_recreations
-        if rebalance not in ("eager", "cooperative"):
-            raise InvalidConfigurationError(f"rebalance must be 'eager' or 'cooperative', got {rebalance!r}")
-        self.static_membership = static_membership
-        self.rebalance = rebalance
         self.cluster_id: str | None = None
         self.events = EventBus()
         self.listeners: list[ListenerSpec] = []
@@ -141,12 +132,8 @@ class App:
         self._stopped = threading.Event()
         self._exited: set[int] = set()  # ids of the containers that finished their exit path
         self._running = False
-        self._transactions = ProducerTransactions(self)
+        self._transactions = ProducerTransactions(self.client_config)
         self._shutdown_hooks: list[Callable[[], None]] = []
-        for key in _FORBIDDEN_PRODUCER:
-            if key in self.config or key in self.producer_config_overrides:
-                raise InvalidConfigurationError(f"do not set {key!r}: {_FORBIDDEN_PRODUCER[key]}")
-        self._check_consumer_overrides({**self.config, **self.consumer_config_overrides})
 
     # -- declaring listeners ------------------------------------------------------
     def listener(self, *topics: str, **options: Unpack[ListenerOptions]) -> Callable[[F], F]:
@@ -184,7 +171,7 @@ class App:
                 raise InvalidConfigurationError("listeners must be declared before the App starts")
             if any(s.name == spec.name for s in self.listeners):
                 raise InvalidConfigurationError(f"a listener named {spec.name!r} already exists; pass name=...")
-            self._check_consumer_overrides(spec.consumer_config)
+            self.client_config.check_consumer_overrides(spec.consumer_config)
             self.listeners.append(spec)
         return spec
 
@@ -219,110 +206,44 @@ class App:
 
         return decorator
 
-    # -- identity and client configuration (the containers' runtime) ---------------
-    @property
-    def instance_id(self) -> str:
-        """This process's stable identity (made up at random, with a warning, when none was given)."""
-        if self._instance_id is None:
-            env = os.environ.get(ENV_INSTANCE)
-            if env:
-                self._instance_id = env
-            else:
-                self._random_id = True
-                self._instance_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-        return self._instance_id
-
-    @instance_id.setter
-    def instance_id(self, value: str) -> None:
-        self._instance_id = value
-        self._random_id = False
-
-    def _warn_without_instance_id(self) -> None:
-        if self._random_id:
-            log.warning(
-                "no instance id (App(instance_id=...), --instance-id or $%s): using %s. After a crash, "
-                "the transaction this process left open blocks its partitions until transaction.timeout.ms "
-                "(%d ms) expires; a stable id lets the restarted process abort it at once.",
-                ENV_INSTANCE,
-                self._instance_id,
-                self.transaction_timeout_ms,
-            )
+    # -- identity and client configuration (the containers' runtime), kept in self.client_config --
+    name = _ClientSetting[str]()
+    bootstrap_servers = _ClientSetting[str | None]()
+    group_id = _ClientSetting[str]()
+    transactional_id_prefix = _ClientSetting[str]()
+    instance_id = _ClientSetting[str]()
+    config = _ClientSetting[dict[str, Any]]()
+    consumer_config_overrides = _ClientSetting[dict[str, Any]]()
+    producer_config_overrides = _ClientSetting[dict[str, Any]]()
+    transaction_timeout_ms = _ClientSetting[int]()
+    max_producer_recreations = _ClientSetting[int]()
+    static_membership = _ClientSetting[bool]()
+    rebalance = _ClientSetting[Literal["eager", "cooperative"]]()
 
     def resolved_bootstrap_servers(self) -> str:
         """The bootstrap servers: the App's, its config's, or $KAFKATX_BOOTSTRAP_SERVERS; a clear error if none."""
-        servers = self.bootstrap_servers or self.config.get("bootstrap.servers") or os.environ.get(ENV_BOOTSTRAP)
-        if not servers:
-            raise InvalidConfigurationError(
-                f"App {self.name!r} has no Kafka bootstrap servers: pass App(..., bootstrap_servers='host:9092'), "
-                f"set ${ENV_BOOTSTRAP}, or use `kafkatx run --local` for an embedded broker"
-            )
-        return str(servers)
+        return self.client_config.resolved_bootstrap_servers()
 
     @property
     def transaction_retry_timeout(self) -> float:
         """Seconds a transactional call is retried before the transaction is given up: half the transaction timeout."""
-        return self.transaction_timeout_ms / 2000.0
-
-    def _base_config(self) -> dict[str, Any]:
-        # librdkafka's log lines go through logging (kafkatx.librdkafka), not raw to stderr.
-        return {"logger": client_log(), **self.config, "bootstrap.servers": self.resolved_bootstrap_servers()}
+        return self.client_config.transaction_retry_timeout
 
     def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]:
         """The librdkafka configuration of a container's consumer (read_committed, no auto commit, static id)."""
-        cfg = {
-            "auto.offset.reset": "earliest",
-            **self._base_config(),
-            **self.consumer_config_overrides,
-            **spec.consumer_config,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-        }
-        cfg.setdefault("client.id", f"{self.name}-{self.instance_id}-{spec.name}-{worker}")
-        if self.static_membership and not self._random_id:
-            # KIP-345: the consumer keeps its membership across a restart under the same instance id.
-            cfg.setdefault("group.instance.id", f"{self.instance_id}-{spec.name}-{worker}")
-        if self.rebalance == "cooperative":
-            cfg.setdefault("partition.assignment.strategy", "cooperative-sticky")
-        return cfg
+        return self.client_config.consumer_config(spec, group_id, worker)
 
     def producer_config(self, spec: ListenerSpec | None, transactional_id: str) -> dict[str, Any]:
         """The librdkafka configuration of a transactional producer (idempotent, the App's transaction timeout)."""
-        cfg = {
-            "linger.ms": 5,
-            "allow.auto.create.topics": False,
-            **self._base_config(),
-            **self.producer_config_overrides,
-            **(spec.producer_config if spec is not None else {}),
-            "transaction.timeout.ms": self.transaction_timeout_ms,
-            "enable.idempotence": True,
-        }
-        cfg.setdefault("client.id", transactional_id)
-        mto = cfg.get("message.timeout.ms")
-        if mto is not None and int(mto) > self.transaction_timeout_ms:
-            raise InvalidConfigurationError(
-                f"message.timeout.ms ({mto}) must not exceed transaction_timeout_ms ({self.transaction_timeout_ms})"
-            )
-        return cfg
+        return self.client_config.producer_config(spec, transactional_id)
 
     def group_transactional_id(self, group_id: str, index: int) -> str:
         """KIP-447 mode: stable per process and container, so a restart fences its predecessor."""
-        return f"{self.transactional_id_prefix}-{group_id}-{self.instance_id}-{index}"
+        return self.client_config.group_transactional_id(group_id, index)
 
     def partition_transactional_id(self, group_id: str, topic: str, partition: int) -> str:
         """KIP-98 mode: one id per input partition, the same in every process."""
-        return f"{self.transactional_id_prefix}-{group_id}.{topic}.{partition}"
-
-    def _check_consumer_overrides(self, cfg: Mapping[str, Any]) -> None:
-        if str(cfg.get("enable.auto.commit", "false")).lower() == "true":
-            raise InvalidConfigurationError(
-                f"enable.auto.commit=true is not allowed: {_FORBIDDEN_CONSUMER['enable.auto.commit']}"
-            )
-        if str(cfg.get("isolation.level", "read_committed")) != "read_committed":
-            raise InvalidConfigurationError(
-                f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}"
-            )
+        return self.client_config.partition_transactional_id(group_id, topic, partition)
 
     # -- running --------------------------------------------------------------
     def start(self) -> None:
@@ -336,9 +257,15 @@ class App:
                 )
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
-            check_client_config(self)
-            prepare_topics(self)
-            self._warn_without_instance_id()
+            check_client_config(self.client_config, self.listeners)
+            self.cluster_id = prepare_topics(
+                self.client_config,
+                self.listeners,
+                create_topics=self.create_topics,
+                topic_partitions=self.topic_partitions,
+            )
+            resolve_fencing(self.client_config, self.listeners, self.cluster_id)
+            self.client_config.warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()
             workers = [(spec, worker) for spec in self.listeners for worker in range(spec.concurrency)]

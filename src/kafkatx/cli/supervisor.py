@@ -1,0 +1,169 @@
+"""``kafkatx run --workers N``: N worker processes under one supervisor.
+
+Processes are how a Python service uses more than one core (the GIL). Each
+worker is a plain ``kafkatx run`` of the same App with its own instance id,
+``<id>-0`` ... ``<id>-(N-1)``, so its transactional.ids and its static group
+membership are stable: a worker that crashes is restarted under the same id,
+its predecessor's open transaction is aborted by the restart's
+init_transactions, and its consumers take their partitions back without a
+rebalance.
+
+The supervisor forwards SIGINT/SIGTERM to every worker and waits for them; a
+second signal kills them. A worker that exits non-zero is restarted after a
+back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
+60 s) ends the whole run with exit code 1, and a configuration error (exit
+78) ends it at once with 78: restarting cannot fix either.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Supervisor", "worker_ids"]
+
+log = logging.getLogger("kafkatx.supervisor")
+
+EX_CONFIG = 78
+_CRASH_WINDOW_S = 60.0
+_MAX_CRASHES = 5
+_MAX_BACKOFF_S = 30.0
+
+
+def worker_ids(base: str, workers: int) -> list[str]:
+    return [f"{base}-{i}" for i in range(workers)]
+
+
+@dataclass
+class _Worker:
+    instance_id: str
+    proc: subprocess.Popen[bytes] | None = None
+    crashes: collections.deque[float] = field(default_factory=collections.deque)
+    restart_at: float | None = None
+    backoff: float = 1.0
+
+
+class Supervisor:
+    """Runs ``command + ["--instance-id", id]`` once per worker id, and keeps them running."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        ids: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        shutdown_timeout: float = 60.0,
+    ) -> None:
+        self.command = list(command)
+        self.workers = [_Worker(i) for i in ids]
+        self.env = env
+        self.shutdown_timeout = shutdown_timeout
+        self._signals = 0
+        self.exit_code = 0
+
+    def _spawn(self, worker: _Worker) -> None:
+        worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=self.env)
+        worker.restart_at = None
+        log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.poll() is None:
+                try:
+                    worker.proc.send_signal(signal.SIGKILL if self._signals > 1 else signum)
+                except ProcessLookupError:
+                    pass
+
+    def run(self) -> int:
+        """Supervise until a signal or a crash loop; the exit code for ``kafkatx run``."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for worker in self.workers:
+                self._spawn(worker)
+            while True:
+                if self._signals:
+                    return self._wait_all()
+                now = time.monotonic()
+                for worker in self.workers:
+                    if worker.proc is None:
+                        if worker.restart_at is not None and now >= worker.restart_at:
+                            self._spawn(worker)
+                        continue
+                    code = worker.proc.poll()
+                    if code is None:
+                        continue
+                    verdict = self._exited(worker, code, now)
+                    if verdict is not None:
+                        self._stop_all()
+                        return verdict
+                if all(w.proc is None and w.restart_at is None for w in self.workers):
+                    return self.exit_code  # every worker finished on its own (exit 0)
+                time.sleep(0.1)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _exited(self, worker: _Worker, code: int, now: float) -> int | None:
+        """React to a worker's exit; an exit code ends the supervisor."""
+        worker.proc = None
+        if code == 0:
+            log.info("worker %s finished", worker.instance_id)
+            return None
+        if code == EX_CONFIG:
+            print(
+                f"kafkatx run: worker {worker.instance_id} stopped with a configuration error; not restarting",
+                file=sys.stderr,
+            )
+            return EX_CONFIG
+        worker.crashes.append(now)
+        while worker.crashes and worker.crashes[0] < now - _CRASH_WINDOW_S:
+            worker.crashes.popleft()
+        if len(worker.crashes) >= _MAX_CRASHES:
+            print(
+                f"kafkatx run: worker {worker.instance_id} crashed {len(worker.crashes)} times within "
+                f"{_CRASH_WINDOW_S:.0f}s (last exit code {code}); giving up",
+                file=sys.stderr,
+            )
+            return 1
+        log.warning(
+            "worker %s exited with code %d; restarting it under the same id in %.0fs",
+            worker.instance_id,
+            code,
+            worker.backoff,
+        )
+        worker.restart_at = now + worker.backoff
+        worker.backoff = min(worker.backoff * 2, _MAX_BACKOFF_S)
+        return None
+
+    def _wait_all(self) -> int:
+        deadline = time.monotonic() + self.shutdown_timeout
+        code = 0
+        for worker in self.workers:
+            if worker.proc is None:
+                continue
+            try:
+                exit_code = worker.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                exit_code = worker.proc.wait()
+            code = code or (exit_code if exit_code not in (-signal.SIGTERM, -signal.SIGINT) else 0)
+        return code
+
+    def _stop_all(self) -> None:
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.poll() is None:
+                worker.proc.terminate()
+        self._wait_all()
+
+
+def default_base_id() -> str:
+    return os.environ.get("KAFKATX_INSTANCE_ID") or socket.gethostname()

@@ -1,0 +1,114 @@
+"""Blocking client calls with a deadline that holds even when librdkafka ignores its own timeout.
+
+librdkafka can block past the timeout it was given: after a broker bounce,
+``send_offsets_to_transaction(..., 3.75)`` was seen blocking for more than
+five minutes (confluentinc/librdkafka#5456, #5511). A container stuck there
+cannot stop, commit, or be fenced cleanly.
+
+:class:`BoundedCaller` runs each call on a helper thread (confluent-kafka
+releases the GIL while it waits, so the container thread only waits on an
+event) and gives up at the deadline with :class:`~kafkatx.StuckCallError`,
+an application-recoverable error: the container abandons the client, starts
+a new one with the same transactional.id (which fences the stuck one, so
+whatever it does when it wakes up cannot commit), and rewinds to the
+committed offsets. The abandoned helper thread is left to finish on its own;
+the client it uses is never touched again from kafkatx's side.
+
+Every caller also says what it is blocked in (:attr:`BoundedCaller.current`),
+so a stop that does not finish within ``shutdown_timeout`` can name the call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kafkatx.errors import StuckCallError
+
+__all__ = ["BoundedCaller", "CallInProgress"]
+
+T = TypeVar("T")
+
+
+class CallInProgress:
+    """What a caller is blocked in: ``operation`` since ``started`` (time.monotonic())."""
+
+    __slots__ = ("operation", "started", "done", "result", "error")
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.started = time.monotonic()
+        # Released by the helper thread when the call returns. A bare lock, not a threading.Event: the
+        # container waits on it twice per transaction, and Event's Python-level Condition costs more than the wait.
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def describe(self) -> str:
+        return f"{self.operation} (blocked for {self.seconds:.0f}s)"
+
+
+class BoundedCaller:
+    """Runs blocking calls on a helper thread; a call past its deadline is abandoned, not waited for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], CallInProgress] | None] | None = None
+        self.current: CallInProgress | None = None
+        #: Set once a call was abandoned: the client it used must not be touched again.
+        self.abandoned = False
+
+    def call(self, operation: str, fn: Callable[[], T], deadline: float) -> T:
+        """``fn()`` on the helper thread; StuckCallError if it has not returned after ``deadline`` seconds.
+
+        ``fn`` may rename the call in progress (``current.operation``) as it moves from one client call to the next.
+        """
+        jobs = self._jobs
+        if jobs is None:
+            jobs = self._jobs = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(jobs,), name=f"kafkatx-call-{self.name}", daemon=True).start()
+        job = CallInProgress(operation)
+        self.current = job
+        jobs.put((fn, job))
+        try:
+            if not job.done.acquire(timeout=deadline):
+                self.abandoned = True
+                self._jobs = None  # the helper thread is stuck with this call; the next call gets a new one
+                jobs.put(None)  # ... and this one ends once the stuck call returns
+                raise StuckCallError(
+                    f"{job.operation} did not return within {deadline:.3g}s (librdkafka ignored its timeout); "
+                    f"abandoning producer {self.name} and starting a new one with the same transactional.id",
+                    operation=job.operation,
+                )
+        finally:
+            self.current = None
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        jobs, self._jobs = self._jobs, None
+        if jobs is not None:
+            jobs.put(None)
+
+
+def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], CallInProgress] | None]) -> None:
+    while True:
+        item = jobs.get()
+        if item is None:
+            return
+        fn, job = item
+        try:
+            job.result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            job.error = exc
+        finally:
+            job.done.release()

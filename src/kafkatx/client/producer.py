@@ -1,0 +1,460 @@
+"""A transactional producer with KIP-1050 error handling around every call.
+
+Retriable errors are retried here (tenacity, bounded by the retry timeout)
+and never reach handlers; everything else leaves as a typed
+:class:`~kafkatx.errors.KafkaClientError` so the container can react by class.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from kafkatx.client.bounded import BoundedCaller, CallInProgress
+from kafkatx.client.retry import retry_call
+from kafkatx.errors import (
+    ApplicationRecoverableError,
+    KafkaClientError,
+    RecordRejectedError,
+    TransactionAbortableError,
+    UnknownTopicError,
+)
+from kafkatx.errors.classification import ErrorClass, classify
+from kafkatx.outputs import PendingOutput
+
+__all__ = ["TransactionalProducer"]
+
+log = logging.getLogger("kafkatx.producer")
+
+
+class TransactionalProducer:
+    """One transactional.id and the confluent-kafka Producer currently holding it.
+
+    The Producer is created lazily and replaced after application-recoverable
+    errors (fencing): :meth:`discard` drops it and the next :meth:`begin`
+    creates a new one with the same transactional.id and calls
+    ``init_transactions``, which also aborts any transaction a predecessor
+    left open.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        transactional_id: str,
+        *,
+        retry_timeout: float,
+        on_retry: Callable[[ErrorClass, KafkaError, int], None] | None = None,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self._config = {**config, "transactional.id": transactional_id}
+        self._config.setdefault("delivery.report.only.error", True)
+        self._config["on_delivery"] = self._on_delivery
+        self.retry_timeout = retry_timeout
+        self._on_retry = on_retry
+        self._producer: Producer | None = None
+        self.in_transaction = False
+        self.delivery_errors: list[str] = []
+        self._delivery_failures: list[tuple[KafkaError, str]] = []  # the error, and where: "topic[partition]"
+        self._known_topics: dict[str, int] = {}
+        self.generation = 0  # bumped each time a new Producer takes over the id
+        #: When set (a listener with ``database=``), every produced record is appended here for the outbox.
+        self.recorder: list[PendingOutput] | None = None
+        self._caller = BoundedCaller(transactional_id)  # one per librdkafka handle, see client/bounded.py
+        #: Named by an error whose retries ran out (which cluster did not answer, for which id).
+        self._where = (
+            f"transactional.id {transactional_id!r}, bootstrap.servers {self._config.get('bootstrap.servers')}"
+        )
+        #: send_offsets_to_transaction calls not made yet: they go with the commit (see commit()).
+        self._pending_offsets: list[tuple[list[TopicPartition], Any]] = []
+
+    # -- lifecycle ----------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._producer is not None
+
+    def ensure(self) -> Producer:
+        """The live Producer, creating and initialising one if needed."""
+        if self._producer is None:
+            producer = Producer(self._config)
+            self._caller = BoundedCaller(self.transactional_id)
+            try:
+                self._call(
+                    "init_transactions",
+                    lambda: producer.init_transactions(self._api_timeout()),
+                    refresh=lambda: producer.list_topics(timeout=5),  # self._producer is not set yet
+                    bounded=True,
+                )
+            except BaseException:
+                if not self._caller.abandoned:  # a stuck handle is left alone (see client/bounded.py)
+                    try:
+                        with warnings.catch_warnings():
+                            # confluent-kafka warns that close() cannot abort while librdkafka still runs the
+                            # init that timed out: there is no transaction to abort, and the error above says why.
+                            warnings.simplefilter("ignore", RuntimeWarning)
+                            producer.close(0)  # type: ignore[call-arg]  # the stubs miss close(timeout); confluent-kafka raises the producer's fatal error here again
+                    except Exception:
+                        log.debug("closing the failed producer %s failed", self.transactional_id, exc_info=True)
+                self._caller.close()
+                raise
+            self._producer = producer
+            self.generation += 1
+            log.debug("transactional producer %s initialised (generation %d)", self.transactional_id, self.generation)
+        return self._producer
+
+    def discard(self) -> None:
+        """Throw the Producer away (after fencing or at shutdown); purges unsent records."""
+        producer, self._producer = self._producer, None
+        self.in_transaction = False
+        self._pending_offsets = []  # a new list: an abandoned helper thread may still hold the old one
+        self._known_topics.clear()
+        self._caller.close()
+        if producer is not None and self._caller.abandoned:
+            # A call on it never returned: its helper thread still uses it. The new producer's
+            # init_transactions fences it; it is freed once that call returns.
+            log.warning("abandoning producer %s, stuck in a client call", self.transactional_id)
+        elif producer is not None:
+            try:
+                producer.purge()
+            except Exception:
+                pass
+            try:
+                with warnings.catch_warnings():
+                    # confluent-kafka warns when close() cannot abort the open transaction; a
+                    # discarded producer is typically fenced, and its transaction is dead anyway.
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    producer.close(1.0)  # type: ignore[call-arg]  # the stubs miss close(timeout)
+            except Exception:
+                log.debug("closing producer %s failed", self.transactional_id, exc_info=True)
+
+    def close(self) -> None:
+        """Abort any open transaction and close the Producer."""
+        if self._producer is not None and self.in_transaction:
+            try:
+                self.abort()
+            except KafkaClientError:
+                log.warning("abort at close of %s failed", self.transactional_id, exc_info=True)
+        self.discard()
+
+    # -- transaction API ----------------------------------------------------
+    def begin(self) -> None:
+        producer = self.ensure()
+        self.delivery_errors.clear()
+        self._delivery_failures.clear()
+        self._pending_offsets = []
+        self._call("begin_transaction", producer.begin_transaction)
+        self.in_transaction = True
+
+    def produce(self, out: PendingOutput, on_error: Callable[[KafkaError], None] | None = None) -> None:
+        """Produce ``out`` in the open transaction. ``on_error`` receives this record's own delivery error."""
+        producer = self._producer
+        assert producer is not None and self.in_transaction, "produce outside a transaction"
+        if self.recorder is not None:
+            self.recorder.append(out)
+        if out.topic not in self._known_topics and self.partition_count(out.topic) is None:
+            raise UnknownTopicError(
+                f"output topic {out.topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
+            )
+        while True:
+            try:
+                if on_error is not None:
+                    producer.produce(
+                        out.topic,
+                        out.value,
+                        out.key,
+                        out.partition if out.partition is not None else -1,
+                        headers=out.headers,  # type: ignore[arg-type]
+                        on_delivery=self._own_delivery(on_error),
+                    )
+                elif out.partition is None:
+                    producer.produce(out.topic, out.value, out.key, headers=out.headers)  # type: ignore[arg-type]
+                else:
+                    producer.produce(out.topic, out.value, out.key, out.partition, headers=out.headers)  # type: ignore[arg-type]
+                return
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+            except KafkaException as exc:
+                raise self._produce_error(exc, out) from exc
+
+    def direct(self, topic: str) -> Callable[..., Any] | None:
+        """confluent-kafka's own ``produce``, for the container's hot path: ``direct(topic, value)``.
+
+        None outside a transaction or when ``topic`` does not exist (then use
+        :meth:`produce`, which raises UnknownTopicError). On BufferError or
+        KafkaException the caller falls back to :meth:`produce`, which waits
+        for queue space and classifies the error.
+        """
+        producer = self._producer
+        if producer is None or not self.in_transaction or self.recorder is not None:
+            return None  # (records going to an outbox are produced through produce())
+        if topic not in self._known_topics and self.partition_count(topic) is None:
+            return None
+        return producer.produce
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Add the consumer's next ``offsets`` to the transaction.
+
+        The ``send_offsets_to_transaction`` call is made by :meth:`commit`, in
+        the same hand-off to the helper thread as ``commit_transaction`` (one
+        thread wake-up each way per transaction instead of two), or earlier by
+        :meth:`flush_offsets`. Its errors are raised from there, retried and
+        classified as ``send_offsets_to_transaction``'s.
+        """
+        self._pending_offsets.append((offsets, group_metadata))
+
+    def flush_offsets(self) -> None:
+        """Make the pending ``send_offsets_to_transaction`` calls now."""
+        producer = self._producer
+        assert producer is not None
+        pending = self._pending_offsets
+        while pending:
+            offsets, group_metadata = pending[0]
+            self._call(
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+                bounded=True,
+            )
+            pending.pop(0)
+
+    def commit(self, guard: Callable[[], None] | None = None) -> None:
+        """Commit the transaction, with the offsets sent to it. ``guard`` runs just before, and may raise to prevent it."""
+        producer = self._producer
+        assert producer is not None
+        if guard is not None:
+            guard()
+        if self._pending_offsets:
+            self._commit_with_offsets(producer)
+        else:
+            # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
+            self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True)
+        self.in_transaction = False
+
+    def _commit_with_offsets(self, producer: Producer) -> None:
+        """The pending offsets and the commit in one call on the helper thread.
+
+        A Kafka error there continues on the usual path: the failed call is
+        replayed as the first attempt of its own retry loop (so it is retried,
+        or classified, under its own name), then the rest is done call by call.
+        """
+        pending, caller, timeout = self._pending_offsets, self._caller, self._api_timeout()
+
+        def offsets_then_commit() -> None:
+            while pending:
+                offsets, group_metadata = pending[0]
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+                pending.pop(0)
+            job = caller.current
+            if job is not None:
+                job.operation = "commit_transaction"  # what a stuck call or a stop names from here on
+            producer.commit_transaction(timeout)
+
+        failure: KafkaException | None = None
+        try:
+            caller.call("send_offsets_to_transaction", offsets_then_commit, 2 * timeout + 5.0)
+            return
+        except KafkaException as exc:
+            failure = exc
+        if pending:  # send_offsets_to_transaction failed
+            offsets, group_metadata = pending[0]
+            self._call(
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(offsets, group_metadata, self._api_timeout()),
+                bounded=True,
+                first_failure=failure,
+            )
+            pending.pop(0)
+            self.flush_offsets()
+            failure = None
+        self._call(
+            "commit_transaction",
+            lambda: producer.commit_transaction(self._api_timeout()),
+            bounded=True,
+            first_failure=failure,
+        )
+
+    def abort(self) -> None:
+        """Abort the open transaction. Never raises an abortable error (KIP-1050):
+        an abort that fails is application-recoverable, so the producer is replaced."""
+        self._pending_offsets = []  # aborted with the transaction
+        producer = self._producer
+        if producer is None:
+            self.in_transaction = False
+            return
+        # Let in-flight requests finish first. Aborting while an AddPartitionsToTxn is still
+        # unanswered makes librdkafka skip EndTxn ("no partitions registered") although the
+        # broker did register the partition: the broker-side transaction then stays open and
+        # the next one can fail, or (seen on noida-db) commit records twice. ~1 ms per abort.
+        try:
+            producer.flush(self._api_timeout())
+        except Exception:  # a fenced/fatal producer raises here; abort_transaction reports it properly
+            log.debug("flush before abort of %s failed", self.transactional_id, exc_info=True)
+        try:
+            self._call("abort_transaction", lambda: producer.abort_transaction(self._api_timeout()), bounded=True)
+        except KafkaClientError as exc:
+            if isinstance(exc, ApplicationRecoverableError):
+                raise
+            raise ApplicationRecoverableError(
+                f"abort_transaction failed for {self.transactional_id}: {exc}",
+                error=exc.error,
+                operation="abort_transaction",
+            ) from exc
+        finally:
+            self.in_transaction = False
+
+    def flush(self, timeout: float = 30.0) -> list[str]:
+        """Wait for everything sent so far; return the delivery errors seen."""
+        producer = self._producer
+        if producer is not None:
+            remaining = producer.flush(timeout)
+            if remaining:
+                return [*self.delivery_errors, f"{remaining} record(s) not delivered within {timeout:g}s"]
+        return list(self.delivery_errors)
+
+    def transaction_failure(self, *, besides: KafkaError | None = None) -> KafkaClientError | None:
+        """The typed error of the first record of this transaction that failed delivery (other than ``besides``)."""
+        for err, where in self._delivery_failures:
+            if err is not besides:
+                return _located(err, "produce", where)
+        return None
+
+    def wait_for_deliveries(self, timeout: float = 30.0) -> int:
+        """Wait for every record sent so far; the number still undelivered after ``timeout``."""
+        producer = self._producer
+        return int(producer.flush(timeout)) if producer is not None else 0
+
+    def partition_count(self, topic: str, *, refresh: bool = False) -> int | None:
+        """Partitions of ``topic`` from metadata (cached), or None if it does not exist."""
+        if not refresh and topic in self._known_topics:
+            return self._known_topics[topic]
+        producer = self.ensure()
+        try:
+            meta = producer.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return None
+        if meta is None or meta.error is not None or not meta.partitions:
+            self._known_topics.pop(topic, None)
+            return None
+        self._known_topics[topic] = len(meta.partitions)
+        return self._known_topics[topic]
+
+    # -- internals ----------------------------------------------------------
+    def _api_timeout(self) -> float:
+        # A fraction of the retry budget: a transactional call that times out ("retry call to
+        # resume") is resumed by calling it again, which needs budget left for the next call.
+        return max(0.5, min(self.retry_timeout / 4, 30.0))
+
+    @property
+    def blocked_in(self) -> CallInProgress | None:
+        """The client call this producer is blocked in right now, if any."""
+        return self._caller.current
+
+    def _call(
+        self,
+        operation: str,
+        fn: Callable[[], Any],
+        refresh: Callable[[], None] | None = None,
+        *,
+        bounded: bool = False,
+        first_failure: KafkaException | None = None,
+    ) -> Any:
+        if bounded:  # a call that may block past its timeout runs under a deadline it cannot ignore
+            deadline = 2 * self._api_timeout() + 5.0
+            unbounded, caller = fn, self._caller
+            fn = lambda: caller.call(operation, unbounded, deadline)  # noqa: E731
+        try:
+            return retry_call(
+                fn,
+                operation=operation,
+                timeout=self.retry_timeout,
+                refresh=refresh or self._refresh,
+                on_retry=self._on_retry,
+                first_failure=first_failure,
+                where=self._where,
+            )
+        except KafkaClientError as exc:
+            err = exc.error
+            if err is not None and err.code() == KafkaError._STATE and err.txn_requires_abort() and self.in_transaction:
+                raise self._failed_delivery_error(err, operation) from exc
+            raise
+
+    def _failed_delivery_error(self, err: KafkaError, operation: str) -> KafkaClientError:
+        """librdkafka answers _STATE once a record of the transaction failed delivery (the
+        transaction is then abortable); that delivery error decides the reaction."""
+        producer = self._producer
+        if producer is not None and not self._delivery_failures:
+            producer.poll(1.0)  # serve the delivery reports
+        if self._delivery_failures:
+            err, where = self._delivery_failures[0]
+            return _located(err, operation, where)
+        return TransactionAbortableError(
+            f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
+        )
+
+    def _refresh(self) -> None:
+        if self._producer is not None:
+            self._producer.list_topics(timeout=5)
+
+    def _fatal_cause(self, err: KafkaError) -> KafkaError:
+        """The error that made the producer fatal, for a bare ``_FATAL`` (e.g. from produce()).
+
+        A fatal transactional producer answers every transactional call with
+        its original error (``_FENCED``, OUT_OF_ORDER_SEQUENCE_NUMBER...), so
+        asking it to abort (which it cannot do any more) tells why.
+        """
+        producer = self._producer
+        if producer is None or err.code() != KafkaError._FATAL:
+            return err
+        try:
+            producer.abort_transaction(0.1)
+        except KafkaException as exc:
+            cause = exc.args[0] if exc.args else None
+            if isinstance(cause, KafkaError) and cause.code() != KafkaError._FATAL:
+                return cause
+        except Exception:
+            log.debug("asking %s for its fatal error failed", self.transactional_id, exc_info=True)
+        return err
+
+    def _produce_error(self, exc: KafkaException, out: PendingOutput) -> BaseException:
+        err: KafkaError = self._fatal_cause(exc.args[0])
+        code = err.code()
+        if code == KafkaError._STATE and self.in_transaction and not err.fatal():
+            return self._failed_delivery_error(err, "produce")
+        if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return UnknownTopicError(f"output topic {out.topic!r} does not exist ({err.str()})")
+        if code == KafkaError._UNKNOWN_PARTITION:
+            return UnknownTopicError(f"output topic {out.topic!r} has no partition {out.partition}")
+        cls = classify(err, path="produce")
+        if cls in (ErrorClass.INVALID_CONFIGURATION, ErrorClass.HANDLER_FAILURE) or code in (
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError._MSG_TIMED_OUT,
+            KafkaError._INVALID_ARG,
+        ):
+            size = len(out.value or b"") + len(out.key or b"")
+            return RecordRejectedError(
+                f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}"
+            )
+        return KafkaClientError.from_kafka(err, operation="produce", path="produce")
+
+    def _own_delivery(self, on_error: Callable[[KafkaError], None]) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            self._on_delivery(err, msg)
+            if err is not None:
+                on_error(err)
+
+        return report
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._delivery_failures.append((err, f"{msg.topic()}[{msg.partition()}]"))
+            self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
+
+
+def _located(err: KafkaError, operation: str, where: str) -> KafkaClientError:
+    """The typed error of a failed delivery, saying which topic and partition refused the record."""
+    exc = KafkaClientError.from_kafka(err, operation=operation, path="produce")
+    return type(exc)(
+        f"{exc.message} (a record for {where})", error=exc.error, error_class=exc.error_class, operation=exc.operation
+    )
