@@ -189,9 +189,9 @@ def messages(n: int, partitions: int = 8) -> list[Any]:
 def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]], None]]:
     """(kafkatx batch, hand-written batch): each handles one list of messages in one (stub) transaction."""
     from kafkatx import App
+    from kafkatx.client.producer import TransactionalProducer
     from kafkatx.listener.container import ListenerContainer
     from kafkatx.listener.unit import TransactionUnit
-    from kafkatx.producer import TransactionalProducer
 
     handler, options, raw_body = handlers(shape)
     app = App("micro", bootstrap_servers="127.0.0.1:1", instance_id="micro")

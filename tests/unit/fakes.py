@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import GroupMembershipChanged
 from kafkatx.events import Event
@@ -27,11 +28,10 @@ from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.spec import ListenerSpec, build_spec
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.outputs import PendingOutput
-from kafkatx.producer import TransactionalProducer
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 
-TP = tuple[str, int]  # (tests keep their own spelling: src defines it once, in kafkatx._offsets)
+TP = tuple[str, int]  # (tests keep their own spelling: src defines it once, in kafkatx.client.offsets)
 
 
 def message(offset: int, value: bytes | None = None, *, topic: str = "in", partition: int = 0) -> ConsumedMessage:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from kafkatx._offsets import TP
+from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
 from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
 from kafkatx.listener.host import HandlerFailure, Unit

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from kafkatx._bounded import BoundedCaller
-from kafkatx._offsets import TP, first_offsets
+from kafkatx.client.bounded import BoundedCaller
+from kafkatx.client.offsets import TP, first_offsets
+from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import (
     FencedTooOftenError,
@@ -49,7 +50,6 @@ from kafkatx.listener.host import Runner
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
-from kafkatx.producer import TransactionalProducer
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 

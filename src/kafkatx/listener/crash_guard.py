@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 
 from confluent_kafka import TopicPartition
 
-from kafkatx._offsets import TP, first_offsets
+from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
 from kafkatx.events import RecordRecovered
 from kafkatx.listener.after_rollback import recovery_failed

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
-from kafkatx._offsets import TP, first_offsets
+from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
 
 if TYPE_CHECKING:
+    from kafkatx.client.producer import TransactionalProducer
     from kafkatx.listener.host import ContainerHost
     from kafkatx.outputs import PendingOutput
-    from kafkatx.producer import TransactionalProducer
     from kafkatx.record import ConsumedMessage
 
 __all__ = ["DatabaseSteps"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from kafkatx._offsets import TP
+from kafkatx.client.offsets import TP
 from kafkatx.listener.host import ContainerHost
 
 __all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "unassigned_grace"]

@@ -18,16 +18,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kafkatx._offsets import TP
+from kafkatx.client.offsets import TP
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
+    from kafkatx.client.producer import TransactionalProducer
     from kafkatx.database.session import DatabaseSession
     from kafkatx.errors import KafkaClientError
     from kafkatx.events import Event
     from kafkatx.outputs import PendingOutput, Serializer
-    from kafkatx.producer import TransactionalProducer
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.recoverers import Recoverer
     from kafkatx.rollback.policy import FailurePolicy

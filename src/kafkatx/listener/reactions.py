@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from kafkatx._offsets import first_offsets
-from kafkatx.classification import ErrorClass, classify
+from kafkatx.client.offsets import first_offsets
 from kafkatx.errors import (
     FencedTooOftenError,
     InvalidConfigurationError,
@@ -36,12 +35,13 @@ from kafkatx.errors import (
     KafkaTxError,
     StuckCallError,
 )
+from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
 from kafkatx.listener.host import ContainerHost
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
-    from kafkatx.producer import TransactionalProducer
+    from kafkatx.client.producer import TransactionalProducer
 
 __all__ = ["KafkaErrorReactions"]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
 
-from kafkatx._offsets import TP
+from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from kafkatx._offsets import TP, first_offsets, next_offsets
+from kafkatx.client.offsets import TP, first_offsets, next_offsets
 from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import (
@@ -54,7 +54,7 @@ from kafkatx.record import ConsumedMessage, Record, to_record
 if TYPE_CHECKING:
     import threading
 
-    from kafkatx.producer import TransactionalProducer
+    from kafkatx.client.producer import TransactionalProducer
     from kafkatx.recoverers import Recoverer
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.tracker import FailureTracker

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kafkatx._offsets import TP
+from kafkatx.client.offsets import TP
 from kafkatx.record import Record
 from kafkatx.rollback.classifier import exception_fqcn
 

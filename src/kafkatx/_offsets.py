@@ -1,8 +1,0 @@
-"""Old path of :mod:`kafkatx.client.offsets`, kept until listener/ and rollback/ import the new one."""
-
-import sys
-
-from kafkatx.client import offsets as _moved
-from kafkatx.client.offsets import *  # noqa: F403
-
-sys.modules[__name__] = _moved  # the same module object: patching either name patches both
