@@ -20,29 +20,17 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaException
-
+from kafkatx._offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
-from kafkatx.outputs import (
-    MANY,
-    OUTPUT,
-    SERIALIZE,
-    PendingOutput,
-    collect_outputs,
-    new_pending,
-    result_kind,
-    serialized_bytes,
-    serializer_failure,
-    to_pending,
-)
-from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Output, Record, _MessageRecord, to_record
+from kafkatx.outputs import PendingOutput, ResultEmitters, Send, collect_outputs
+from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, after_rollback, recovery_failed
 from kafkatx.rollback.policy import Action
 
@@ -50,23 +38,21 @@ if TYPE_CHECKING:
     from kafkatx.listener.container import ListenerContainer
     from kafkatx.listener.unit import TransactionUnit
     from kafkatx.rollback.processor import AfterRollbackProcessor
+    from kafkatx.rollback.tracker import FailureTracker
 
 __all__ = ["RecordRunner"]
 
 log = logging.getLogger("kafkatx.container")
-
-TP = tuple[str, int]
-_UNKNOWN: Any = object()  # a topic not looked up yet
 
 
 class _RecordBuffer(list[PendingOutput]):
     """Outputs of the record being handled; ``send()`` appends here.
 
     While the runner handles a unit with ``retry="rollback"``, ``stream``
-    maps the topics it has looked up to confluent-kafka's ``produce``, and
-    ``send()`` produces through it directly when nothing is buffered
-    (counting in ``produced``): a failing handler aborts the whole
-    transaction, so there is nothing to hold back.
+    maps the topics it has looked up to their
+    :func:`~kafkatx.outputs.direct_or_buffer`, and ``send()`` produces
+    through it (counting in ``produced``): a failing handler aborts the
+    whole transaction, so there is nothing to hold back.
     """
 
     __slots__ = ("serializer", "stream", "produced")
@@ -74,7 +60,7 @@ class _RecordBuffer(list[PendingOutput]):
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
-        self.stream: dict[str, Any] | None = None
+        self.stream: dict[str, Send] | None = None
         self.produced = 0
 
     add = list.append
@@ -168,27 +154,21 @@ class RecordRunner:
     def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets.
 
-        Outputs go straight to confluent-kafka's ``produce`` when they need
-        nothing more: bytes (or ``(key, value)`` of bytes, an ``Output`` of
-        bytes with ``str``->``bytes`` headers) for a topic that exists. With
-        ``retry="rollback"`` a failing handler aborts the whole transaction,
-        so a generator's items are produced as they come; with
-        ``retry="in_place"`` the transaction goes on, so a record's outputs
-        are buffered until its handler has returned. Anything else goes
-        through :func:`~kafkatx.outputs.collect_outputs` and the producer's
-        ``produce``, which waits for queue space and classifies errors.
+        Per record: refill the record, call the handler, produce its result by
+        the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
+        then produce what it buffered. With ``retry="rollback"`` a failing
+        handler aborts the whole transaction, so ``send()`` and a generator's
+        items are produced as they come; with ``retry="in_place"`` the
+        transaction goes on, so they wait in the buffer until the handler returned.
         """
-        spec = self.spec
-        handler = spec.handler
-        default_topic = spec.output
-        serializer = spec.serializer
-        name = spec.name
-        in_place = spec.retry == "in_place"
-        tracker = unit.tracker
+        spec, buf, tracker = self.spec, self._buffer, unit.tracker
+        handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
         failing = tracker.failing  # non-empty only while a record is failing
-        buf = self._buffer
-        buf.clear()
-        produce = unit._producer.produce
+        emitters = ResultEmitters(
+            spec.output, spec.serializer, spec.name, buf, unit.direct, stream_items=not in_place, kinds=self._kinds
+        )
+        by_type, emitter_for = emitters.by_type, emitters.emitter
+        produce = unit._producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = 0
@@ -197,33 +177,23 @@ class RecordRunner:
         # The time budget is checked at record index next_check, counting down to it: an index per record would
         # allocate an int per record past 256 (enumerate's), where the countdown's small ints are preallocated.
         next_check = left = 1
-        only_topic = self._only_topic
-        new_record = object.__new__
-        unshared = UNSHARED_REFCOUNT
+        new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
-        direct = unit.direct(default_topic) if default_topic is not None else None
-        directs: dict[str, Any] = {} if default_topic is None else {default_topic: direct}
-        stream = direct if not in_place else None  # produce a generator's items as they come
-        kinds = self._kinds
-        output_cls = Output
-        target: Any = None  # an Output's topic
+        buf.clear()
         buf.produced = 0
-        buf.stream = directs if not in_place else None
+        buf.stream = emitters.senders if not in_place else None
         previous = bind_sink(buf)
         try:
             for msg in msgs:
                 if not left:  # the transaction's time budget, checked often enough, cheaply
-                    now = time.perf_counter()
-                    if now >= deadline:
+                    left = _records_to_next_check(started, deadline, next_check)
+                    if not left:
                         self._stopped_at = next_check
                         break
-                    per_record = (now - started) / next_check
-                    left = max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
                     next_check += left
                 left -= 1  # this record's index is next_check - left - 1
                 topic = msg.topic() if only_topic is None else only_topic
-                partition = msg.partition()
-                offset = msg.offset()
+                partition, offset = msg.partition(), msg.offset()
                 # record.message_record(), inlined (hot path). The last record is refilled unless something still
                 # holds it (the handler kept it, an event or a traceback refers to it): see UNSHARED_REFCOUNT.
                 if getrefcount(record) > unshared:
@@ -232,174 +202,23 @@ class RecordRunner:
                 record.topic = topic
                 record.partition = partition
                 record.offset = offset
-                if failing:
-                    state = tracker.state_at(topic, partition, offset)
-                    if state is not None and state.pending_recovery:  # its recovery failed: retry that, not the handler
-                        raise HandlerFailure(
-                            next_check - left - 1,
-                            state.last_exception or RuntimeError("recovery pending"),
-                            to_record(msg, state.failures),
-                        )
-                    record.attempt = 1 if state is None else state.failures + 1
-                else:
-                    record.attempt = 1
-                record.key = msg.key()
-                record.value = msg.value()
+                record.attempt = (
+                    _attempt(tracker, msg, topic, partition, offset, next_check - left - 1) if failing else 1
+                )
+                record.key, record.value = msg.key(), msg.value()
                 error = None
-                # The handler's outputs: produced here when they need nothing more (the inner try blocks catch
-                # confluent-kafka's own refusals, which the buffer's produce() below waits out or classifies);
-                # anything else is encoded into buf, or fails the record with an OutputError.
                 try:
                     result = handler(record)
                     if result is not None:
-                        cls = type(result)
-                        if cls is bytes and direct is not None and not buf:
-                            try:
-                                direct(default_topic, result)
-                                outputs += 1
-                            except (BufferError, KafkaException):
-                                buf.append(new_pending(PendingOutput, (default_topic, result, None, None, None)))
-                        elif cls is tuple and direct is not None and not buf and len(result) == 2:
-                            key, value = result
-                            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                                try:
-                                    direct(default_topic, value, key)
-                                    outputs += 1
-                                except (BufferError, KafkaException):
-                                    buf.append(new_pending(PendingOutput, (default_topic, value, key, None, None)))
-                            else:
-                                buf.append(to_pending(result, default_topic, serializer, name))
-                        else:
-                            kind = OUTPUT if cls is output_cls else kinds.get(cls)
-                            if kind is None:
-                                kind = kinds[cls] = result_kind(cls, serializer)
-                            if kind == OUTPUT:
-                                target = result.topic
-                                fast: Any
-                                if not target:  # the listener's output topic, looked up already
-                                    target, fast = default_topic, direct
-                                else:
-                                    fast = directs.get(target, _UNKNOWN)
-                                    if fast is _UNKNOWN:
-                                        fast = directs[target] = unit.direct(target)
-                                value, key, headers = result.value, result.key, result.headers
-                                if (
-                                    fast is not None
-                                    and not buf
-                                    and result.partition is None
-                                    and (type(value) is bytes or value is None)
-                                    and (type(key) is bytes or key is None)
-                                ):
-                                    # A dict of headers with str names goes to confluent-kafka as given: it
-                                    # encodes the values as kafkatx would (bytes, str as UTF-8, None) and refuses
-                                    # others with TypeError, which falls back to kafkatx's encoding below (that
-                                    # names the problem).
-                                    refused = False
-                                    if type(headers) is dict:  # (confluent-kafka would turn a name 1 into "1")
-                                        for h_name in headers:
-                                            if type(h_name) is not str:
-                                                refused = True
-                                                break
-                                    elif headers is not None:  # pairs: names checked by kafkatx's encoding
-                                        refused = True
-                                    if not refused:
-                                        try:
-                                            if headers is None:
-                                                fast(target, value, key)
-                                            else:
-                                                fast(target, value, key, headers=headers)
-                                            outputs += 1
-                                        except (BufferError, KafkaException, TypeError, ValueError):
-                                            refused = True
-                                    if refused:  # outside the except block: no chained context on an OutputError
-                                        buf.append(to_pending(result, default_topic, serializer, name))
-                                else:
-                                    buf.append(to_pending(result, default_topic, serializer, name))
-                            elif kind == MANY:
-                                for item in result:
-                                    if item is None:
-                                        continue
-                                    if stream is not None and not buf:  # produced as they come (see the docstring)
-                                        itype = type(item)
-                                        if itype is tuple and len(item) == 2:
-                                            key, value = item
-                                            if (type(value) is bytes or value is None) and (
-                                                type(key) is bytes or key is None
-                                            ):
-                                                try:
-                                                    stream(default_topic, value, key)
-                                                    outputs += 1
-                                                    continue
-                                                except (BufferError, KafkaException):
-                                                    pass
-                                        elif itype is bytes:
-                                            try:
-                                                stream(default_topic, item)
-                                                outputs += 1
-                                                continue
-                                            except (BufferError, KafkaException):
-                                                pass
-                                    buf.append(to_pending(item, default_topic, serializer, name))
-                            elif kind == SERIALIZE and default_topic is not None:
-                                failure: Exception | None = None
-                                try:  # outputs.serialize(), inlined (hot path)
-                                    value = serializer(result)  # type: ignore[misc]
-                                except Exception as exc:
-                                    failure = exc
-                                if (
-                                    failure is not None
-                                ):  # outside the except block: only the serializer's error is chained
-                                    raise serializer_failure(result, "value", failure) from failure
-                                if type(value) is not bytes:
-                                    value = serialized_bytes(value, "value")
-                                if direct is not None and not buf:
-                                    try:
-                                        direct(default_topic, value)
-                                        outputs += 1
-                                    except (BufferError, KafkaException):
-                                        buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
-                                else:
-                                    buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
-                            else:  # str, bytes or a tuple after send()s, no output topic, unsupported: as documented
-                                collect_outputs(result, default_topic, serializer, name, buf)
+                        outputs += (by_type.get(type(result)) or emitter_for(type(result)))(result)
                 except Exception as exc:
                     error = exc
-                if error is not None:
+                if error is not None:  # outside the except block: no chained context
                     if not in_place:
                         raise HandlerFailure(next_check - left - 1, error, record)
-                    self._retry_in_place(
-                        unit, record, error, next_check - left - 1
-                    )  # outside the except block: no chained context
+                    self._retry_in_place(unit, record, error, next_check - left - 1)
                 if buf:
-                    output_error = None
-                    try:
-                        for out in buf:
-                            out_topic, out_value, out_key, out_headers, out_partition = out
-                            fast = directs.get(out_topic, _UNKNOWN)
-                            if fast is _UNKNOWN:
-                                fast = directs[out_topic] = unit.direct(out_topic)
-                            if fast is not None:
-                                try:
-                                    if out_headers is None and out_partition is None:
-                                        fast(out_topic, out_value, out_key)
-                                    else:
-                                        fast(
-                                            out_topic,
-                                            out_value,
-                                            out_key,
-                                            -1 if out_partition is None else out_partition,
-                                            headers=out_headers,
-                                        )
-                                    continue
-                                except (BufferError, KafkaException):
-                                    pass  # produce() waits for queue space, or classifies the error
-                            produce(out)
-                    except OutputError as exc:
-                        output_error = exc
-                    if output_error is not None:
-                        raise HandlerFailure(next_check - left - 1, output_error, record)
-                    outputs += len(buf)
-                    buf.clear()
+                    outputs += _produce_buffered(emitters, produce, record, next_check - left - 1)
                 if partition != run_partition or topic != run_topic:
                     if run_topic is not None:
                         offsets[(run_topic, run_partition)] = run_last + 1
@@ -457,3 +276,36 @@ class RecordRunner:
                 raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
+
+
+def _records_to_next_check(started: float, deadline: float, handled: int) -> int:
+    """How many records to handle before looking at the clock again; 0 once the transaction's time is up."""
+    now = time.perf_counter()
+    if now >= deadline:
+        return 0
+    per_record = (now - started) / handled
+    return max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
+
+
+def _attempt(tracker: FailureTracker, msg: ConsumedMessage, topic: str, partition: int, offset: int, index: int) -> int:
+    """The attempt number of a record while some record is failing; its pending recovery fails the unit again."""
+    state = tracker.state_at(topic, partition, offset)
+    if state is None:
+        return 1
+    if state.pending_recovery:  # its recovery failed: retry that, not the handler
+        raise HandlerFailure(
+            index, state.last_exception or RuntimeError("recovery pending"), to_record(msg, state.failures)
+        )
+    return state.failures + 1
+
+
+def _produce_buffered(
+    emitters: ResultEmitters, produce: Callable[[PendingOutput], None], record: Record, index: int
+) -> int:
+    """Produce what the record's handler buffered; a refused output fails the record."""
+    output_error = None
+    try:
+        return emitters.produce_pending(produce)
+    except OutputError as exc:
+        output_error = exc
+    raise HandlerFailure(index, output_error, record)  # outside the except block: no chained context
