@@ -171,12 +171,10 @@ class RecordRunner:
         produce = unit._producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
-        outputs = 0
-        started = time.perf_counter()
+        outputs = handled = 0
+        # The clock is read after each step of records (not per record): the transaction's time budget.
+        started, step = time.perf_counter(), 1
         deadline = started + self._c.transaction_budget
-        # The time budget is checked at record index next_check, counting down to it: an index per record would
-        # allocate an int per record past 256 (enumerate's), where the countdown's small ints are preallocated.
-        next_check = left = 1
         new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
         buf.clear()
@@ -184,46 +182,45 @@ class RecordRunner:
         buf.stream = emitters.senders if not in_place else None
         previous = bind_sink(buf)
         try:
-            for msg in msgs:
-                if not left:  # the transaction's time budget, checked often enough, cheaply
-                    left = _records_to_next_check(started, deadline, next_check)
-                    if not left:
-                        self._stopped_at = next_check
+            while handled < len(msgs):
+                step_msgs = msgs[handled : handled + step]
+                for msg in step_msgs:
+                    topic = msg.topic() if only_topic is None else only_topic
+                    partition, offset = msg.partition(), msg.offset()
+                    # record.message_record(), inlined (hot path). The last record is refilled unless something
+                    # still holds it (the handler kept it, an event or a traceback refers to it): UNSHARED_REFCOUNT.
+                    if getrefcount(record) > unshared:
+                        record = new_record(_MessageRecord)
+                    record._msg = msg
+                    record.topic = topic
+                    record.partition = partition
+                    record.offset = offset
+                    record.attempt = _attempt(tracker, msg, step_msgs, handled) if failing else 1
+                    record.key, record.value = msg.key(), msg.value()
+                    error = None
+                    try:
+                        result = handler(record)
+                        if result is not None:
+                            outputs += (by_type.get(type(result)) or emitter_for(type(result)))(result)
+                    except Exception as exc:
+                        error = exc
+                    if error is not None:  # outside the except block: no chained context
+                        if not in_place:
+                            raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
+                        self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
+                    if buf:
+                        outputs += _produce_buffered(emitters, produce, record, step_msgs, handled)
+                    if partition != run_partition or topic != run_topic:
+                        if run_topic is not None:
+                            offsets[(run_topic, run_partition)] = run_last + 1
+                        run_topic, run_partition = topic, partition
+                    run_last = offset
+                handled += len(step_msgs)
+                if handled < len(msgs):
+                    step = _records_to_next_check(started, deadline, handled)
+                    if not step:  # the transaction's time is up: the rest is fetched again
+                        self._stopped_at = handled
                         break
-                    next_check += left
-                left -= 1  # this record's index is next_check - left - 1
-                topic = msg.topic() if only_topic is None else only_topic
-                partition, offset = msg.partition(), msg.offset()
-                # record.message_record(), inlined (hot path). The last record is refilled unless something still
-                # holds it (the handler kept it, an event or a traceback refers to it): see UNSHARED_REFCOUNT.
-                if getrefcount(record) > unshared:
-                    record = new_record(_MessageRecord)
-                record._msg = msg
-                record.topic = topic
-                record.partition = partition
-                record.offset = offset
-                record.attempt = (
-                    _attempt(tracker, msg, topic, partition, offset, next_check - left - 1) if failing else 1
-                )
-                record.key, record.value = msg.key(), msg.value()
-                error = None
-                try:
-                    result = handler(record)
-                    if result is not None:
-                        outputs += (by_type.get(type(result)) or emitter_for(type(result)))(result)
-                except Exception as exc:
-                    error = exc
-                if error is not None:  # outside the except block: no chained context
-                    if not in_place:
-                        raise HandlerFailure(next_check - left - 1, error, record)
-                    self._retry_in_place(unit, record, error, next_check - left - 1)
-                if buf:
-                    outputs += _produce_buffered(emitters, produce, record, next_check - left - 1)
-                if partition != run_partition or topic != run_topic:
-                    if run_topic is not None:
-                        offsets[(run_topic, run_partition)] = run_last + 1
-                    run_topic, run_partition = topic, partition
-                run_last = offset
             if run_topic is not None:
                 offsets[(run_topic, run_partition)] = run_last + 1
             unit.outputs += outputs + buf.produced
@@ -287,20 +284,28 @@ def _records_to_next_check(started: float, deadline: float, handled: int) -> int
     return max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
 
 
-def _attempt(tracker: FailureTracker, msg: ConsumedMessage, topic: str, partition: int, offset: int, index: int) -> int:
+def _position(step_msgs: Sequence[ConsumedMessage], msg: ConsumedMessage) -> int:
+    """Where ``msg`` is in ``step_msgs`` (by identity: Messages compare equal by their fields)."""
+    return next(i for i, m in enumerate(step_msgs) if m is msg)
+
+
+def _attempt(tracker: FailureTracker, msg: ConsumedMessage, step_msgs: Sequence[ConsumedMessage], handled: int) -> int:
     """The attempt number of a record while some record is failing; its pending recovery fails the unit again."""
-    state = tracker.state_at(topic, partition, offset)
+    state = tracker.state_at(msg.topic(), msg.partition(), msg.offset())
     if state is None:
         return 1
     if state.pending_recovery:  # its recovery failed: retry that, not the handler
-        raise HandlerFailure(
-            index, state.last_exception or RuntimeError("recovery pending"), to_record(msg, state.failures)
-        )
+        error = state.last_exception or RuntimeError("recovery pending")
+        raise HandlerFailure(handled + _position(step_msgs, msg), error, to_record(msg, state.failures))
     return state.failures + 1
 
 
 def _produce_buffered(
-    emitters: ResultEmitters, produce: Callable[[PendingOutput], None], record: Record, index: int
+    emitters: ResultEmitters,
+    produce: Callable[[PendingOutput], None],
+    record: _MessageRecord,
+    step_msgs: Sequence[ConsumedMessage],
+    handled: int,
 ) -> int:
     """Produce what the record's handler buffered; a refused output fails the record."""
     output_error = None
@@ -308,4 +313,5 @@ def _produce_buffered(
         return emitters.produce_pending(produce)
     except OutputError as exc:
         output_error = exc
+    index = handled + _position(step_msgs, record._msg)
     raise HandlerFailure(index, output_error, record)  # outside the except block: no chained context
