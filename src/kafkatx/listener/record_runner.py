@@ -29,7 +29,7 @@ from kafkatx._offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
-from kafkatx.outputs import PendingOutput, ResultEmitters, Send, collect_outputs
+from kafkatx.outputs import Emit, PendingOutput, ResultEmitters, Send, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.after_rollback import HandlerFailure, after_rollback, recovery_failed
 from kafkatx.rollback.policy import Action
@@ -164,10 +164,10 @@ class RecordRunner:
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
         failing = tracker.failing  # non-empty only while a record is failing
-        emitters = ResultEmitters(
-            spec.output, spec.serializer, spec.name, buf, unit.direct, stream_items=not in_place, kinds=self._kinds
-        )
+        emitters = self._emitters(unit, in_place)
         by_type, emitter_for = emitters.by_type, emitters.emitter
+        shape: type = type(None)  # the type of the last result, and its emit function
+        emit: Emit = _nothing
         produce = unit._producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
@@ -177,9 +177,6 @@ class RecordRunner:
         deadline = started + self._c.transaction_budget
         new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
-        buf.clear()
-        buf.produced = 0
-        buf.stream = emitters.senders if not in_place else None
         previous = bind_sink(buf)
         try:
             while handled < len(msgs):
@@ -201,7 +198,10 @@ class RecordRunner:
                     try:
                         result = handler(record)
                         if result is not None:
-                            outputs += (by_type.get(type(result)) or emitter_for(type(result)))(result)
+                            if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
+                                shape = type(result)
+                                emit = by_type.get(shape) or emitter_for(shape)
+                            outputs += emit(result)
                     except Exception as exc:
                         error = exc
                     if error is not None:  # outside the except block: no chained context
@@ -228,6 +228,23 @@ class RecordRunner:
         finally:
             buf.stream = None
             bind_sink(previous)
+
+    def _emitters(self, unit: TransactionUnit, in_place: bool) -> ResultEmitters:
+        """The transaction's emit functions, over an empty buffer that ``send()`` streams through unless ``in_place``."""
+        buf = self._buffer
+        buf.clear()
+        buf.produced = 0
+        emitters = ResultEmitters(
+            self.spec.output,
+            self.spec.serializer,
+            self.spec.name,
+            buf,
+            unit.direct,
+            stream_items=not in_place,
+            kinds=self._kinds,
+        )
+        buf.stream = emitters.senders if not in_place else None
+        return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
     def _retry_in_place(self, unit: TransactionUnit, record: Record, exc: BaseException, index: int) -> None:
@@ -273,6 +290,11 @@ class RecordRunner:
                 raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
+
+
+def _nothing(result: object) -> int:
+    """The emit function before the first result (never called: None results have nothing to emit)."""
+    return 0
 
 
 def _records_to_next_check(started: float, deadline: float, handled: int) -> int:
