@@ -333,7 +333,7 @@ class ResultEmitters:
         if kind is None:
             kind = self._kinds[cls] = result_kind(cls, self._serializer)
         to_default, pending = self.to_default, self.pending
-        fallback = functools.partial(_buffer_encoded, pending, self._default_topic, self._serializer, self._listener)
+        fallback = self._buffer_encoded
         emit: Emit
         if to_default is not None and cls is bytes:
             emit = to_default
@@ -349,6 +349,11 @@ class ResultEmitters:
             emit = functools.partial(_collect, pending, self._default_topic, self._serializer, self._listener)
         self.by_type[cls] = emit
         return emit
+
+    def _buffer_encoded(self, item: Any) -> int:
+        """The shapes' fall-back: encode ``item`` into the buffer (or fail with an OutputError naming the problem)."""
+        self.pending.append(to_pending(item, self._default_topic, self._serializer, self._listener))
+        return 0
 
     def produce_pending(self, produce: Callable[[PendingOutput], None]) -> int:
         """Produce the buffered outputs in order, then clear them; returns how many.
@@ -374,13 +379,6 @@ class ResultEmitters:
         count = len(pending)
         pending.clear()
         return count
-
-
-def _buffer_encoded(
-    pending: list[PendingOutput], default_topic: str | None, serializer: Serializer | None, listener: str, item: Any
-) -> int:
-    pending.append(to_pending(item, default_topic, serializer, listener))
-    return 0
 
 
 def _collect(
