@@ -15,8 +15,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaException
-
 from kafkatx.errors import NotInTransactionError
 from kafkatx.outputs import PendingOutput, encode, encode_headers, new_pending
 
@@ -26,7 +24,6 @@ __all__ = [
     "bind_recovery",
     "bind_sink",
     "current_recovery",
-    "current_sink",
     "send",
 ]
 
@@ -73,10 +70,6 @@ _state = _State()
 # a few times cheaper. Each thread starts with its own context, so it is per thread all the same.
 _sink: ContextVar[OutputSink | None] = ContextVar("kafkatx_sink", default=None)
 _current_sink = _sink.get
-
-
-def current_sink() -> OutputSink | None:
-    return _current_sink()
 
 
 def bind_sink(sink: OutputSink | None) -> OutputSink | None:
@@ -128,18 +121,14 @@ def send(
         and (type(key) is bytes or key is None)
     ):
         # The common call, nothing to encode. A record runner whose failures abort the whole transaction
-        # lends its sink a stream (confluent-kafka's produce per topic): produced now, unless something
-        # is buffered before it (order is kept) or the topic has not been looked up yet.
+        # lends its sink a stream (per topic it has looked up, outputs.direct_or_buffer): produced now, unless
+        # something is buffered before it (order is kept).
         stream = getattr(sink, "stream", None)
-        if stream is not None and not sink:
-            fast = stream.get(topic)
-            if fast is not None:
-                try:
-                    fast(topic, value, key)
-                    sink.produced += 1  # type: ignore[attr-defined]
-                    return
-                except (BufferError, KafkaException):
-                    pass  # buffered: the runner's produce() waits for queue space, or classifies the error
+        if stream is not None:
+            to_topic = stream.get(topic)
+            if to_topic is not None:
+                sink.produced += to_topic(value, key)  # type: ignore[attr-defined]
+                return
         sink.add(new_pending(PendingOutput, (topic, value, key, None, None)))
         return
     serializer = sink.serializer

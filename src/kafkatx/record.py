@@ -85,8 +85,6 @@ class _MessageRecord(Record):
 
     __slots__ = ("_msg",)
     _msg: ConsumedMessage
-    _key: bytes | None
-    _value: bytes | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Record:  # type: ignore[misc]
         # dataclasses.replace() and copy() call the class with every field: give them a plain Record.

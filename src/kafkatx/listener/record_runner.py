@@ -9,10 +9,13 @@ failed record is retried (or recovered) inside the open transaction instead,
 asking the same :class:`~kafkatx.rollback.policy.FailurePolicy`.
 
 The loop in :meth:`RecordRunner._handle` is the hot path: it runs for every
-record, so it keeps to local variables, classifies what a handler returned
-by its type once per type, and produces whatever needs no encoding (bytes,
-``(key, value)`` of bytes, an ``Output`` of bytes) straight through
-confluent-kafka (see docs/BENCHMARKS.md for what each shape costs).
+record, so it keeps to local variables, reads the clock once per step of
+records, and hands each result to the emit function of its type
+(:class:`~kafkatx.outputs.ResultEmitters`, chosen once per type), which
+produces whatever needs no encoding (bytes, ``(key, value)`` of bytes, an
+``Output`` of bytes) straight through confluent-kafka. Each emit function
+costs a Python call per record; ``bench/micro_hot_path.py --callgrind``
+counts what each shape costs.
 """
 
 from __future__ import annotations
@@ -20,12 +23,10 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any
-
-from confluent_kafka import KafkaException
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
@@ -33,40 +34,28 @@ from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import after_rollback, recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.outputs import (
-    MANY,
-    OUTPUT,
-    SERIALIZE,
-    PendingOutput,
-    collect_outputs,
-    new_pending,
-    result_kind,
-    serialized_bytes,
-    serializer_failure,
-    to_pending,
-)
-from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Output, Record, _MessageRecord, to_record
+from kafkatx.outputs import Emit, PendingOutput, ResultEmitters, Send, collect_outputs
+from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.policy import Action
 
 if TYPE_CHECKING:
     from kafkatx.listener.unit import TransactionUnit
     from kafkatx.rollback.processor import AfterRollbackProcessor
+    from kafkatx.rollback.tracker import FailureTracker
 
 __all__ = ["RecordRunner"]
 
 log = logging.getLogger("kafkatx.container")
-
-_UNKNOWN: Any = object()  # a topic not looked up yet
 
 
 class _RecordBuffer(list[PendingOutput]):
     """Outputs of the record being handled; ``send()`` appends here.
 
     While the runner handles a unit with ``retry="rollback"``, ``stream``
-    maps the topics it has looked up to confluent-kafka's ``produce``, and
-    ``send()`` produces through it directly when nothing is buffered
-    (counting in ``produced``): a failing handler aborts the whole
-    transaction, so there is nothing to hold back.
+    maps the topics it has looked up to their
+    :func:`~kafkatx.outputs.direct_or_buffer`, and ``send()`` produces
+    through it (counting in ``produced``): a failing handler aborts the
+    whole transaction, so there is nothing to hold back.
     """
 
     __slots__ = ("serializer", "stream", "produced")
@@ -74,7 +63,7 @@ class _RecordBuffer(list[PendingOutput]):
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
-        self.stream: dict[str, Any] | None = None
+        self.stream: dict[str, Send] | None = None
         self.produced = 0
 
     add = list.append
@@ -168,243 +157,73 @@ class RecordRunner:
     def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets.
 
-        Outputs go straight to confluent-kafka's ``produce`` when they need
-        nothing more: bytes (or ``(key, value)`` of bytes, an ``Output`` of
-        bytes with ``str``->``bytes`` headers) for a topic that exists. With
-        ``retry="rollback"`` a failing handler aborts the whole transaction,
-        so a generator's items are produced as they come; with
-        ``retry="in_place"`` the transaction goes on, so a record's outputs
-        are buffered until its handler has returned. Anything else goes
-        through :func:`~kafkatx.outputs.collect_outputs` and the producer's
-        ``produce``, which waits for queue space and classifies errors.
+        Per record: refill the record, call the handler, produce its result by
+        the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
+        then produce what it buffered. With ``retry="rollback"`` a failing
+        handler aborts the whole transaction, so ``send()`` and a generator's
+        items are produced as they come; with ``retry="in_place"`` the
+        transaction goes on, so they wait in the buffer until the handler returned.
         """
-        spec = self.spec
-        handler = spec.handler
-        default_topic = spec.output
-        serializer = spec.serializer
-        name = spec.name
-        in_place = spec.retry == "in_place"
-        tracker = unit.tracker
+        spec, buf, tracker = self.spec, self._buffer, unit.tracker
+        handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
         failing = tracker.failing  # non-empty only while a record is failing
-        buf = self._buffer
-        buf.clear()
-        produce = unit.producer.produce
+        emitters = self._emitters(unit, in_place)
+        by_type, emitter_for = emitters.by_type, emitters.emitter
+        shape: type = type(None)  # the type of the last result, and its emit function
+        emit: Emit = _nothing
+        produce = unit.producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
-        outputs = 0
-        started = time.perf_counter()
+        outputs = handled = 0
+        # The clock is read after each step of records (not per record): the transaction's time budget.
+        started, step = time.perf_counter(), 1
         deadline = started + self._c.transaction_budget
-        # The time budget is checked at record index next_check, counting down to it: an index per record would
-        # allocate an int per record past 256 (enumerate's), where the countdown's small ints are preallocated.
-        next_check = left = 1
-        only_topic = self._only_topic
-        new_record = object.__new__
-        unshared = UNSHARED_REFCOUNT
+        new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
-        direct = unit.direct(default_topic) if default_topic is not None else None
-        directs: dict[str, Any] = {} if default_topic is None else {default_topic: direct}
-        stream = direct if not in_place else None  # produce a generator's items as they come
-        kinds = self._kinds
-        output_cls = Output
-        target: Any = None  # an Output's topic
-        buf.produced = 0
-        buf.stream = directs if not in_place else None
         previous = bind_sink(buf)
         try:
-            for msg in msgs:
-                if not left:  # the transaction's time budget, checked often enough, cheaply
-                    now = time.perf_counter()
-                    if now >= deadline:
-                        self._stopped_at = next_check
-                        break
-                    per_record = (now - started) / next_check
-                    left = max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
-                    next_check += left
-                left -= 1  # this record's index is next_check - left - 1
-                topic = msg.topic() if only_topic is None else only_topic
-                partition = msg.partition()
-                offset = msg.offset()
-                # record.message_record(), inlined (hot path). The last record is refilled unless something still
-                # holds it (the handler kept it, an event or a traceback refers to it): see UNSHARED_REFCOUNT.
-                if getrefcount(record) > unshared:
-                    record = new_record(_MessageRecord)
-                record._msg = msg
-                record.topic = topic
-                record.partition = partition
-                record.offset = offset
-                if failing:
-                    state = tracker.state_at(topic, partition, offset)
-                    if state is not None and state.pending_recovery:  # its recovery failed: retry that, not the handler
-                        raise HandlerFailure(
-                            next_check - left - 1,
-                            state.last_exception or RuntimeError("recovery pending"),
-                            to_record(msg, state.failures),
-                        )
-                    record.attempt = 1 if state is None else state.failures + 1
-                else:
-                    record.attempt = 1
-                record.key = msg.key()
-                record.value = msg.value()
-                error = None
-                # The handler's outputs: produced here when they need nothing more (the inner try blocks catch
-                # confluent-kafka's own refusals, which the buffer's produce() below waits out or classifies);
-                # anything else is encoded into buf, or fails the record with an OutputError.
-                try:
-                    result = handler(record)
-                    if result is not None:
-                        cls = type(result)
-                        if cls is bytes and direct is not None and not buf:
-                            try:
-                                direct(default_topic, result)
-                                outputs += 1
-                            except (BufferError, KafkaException):
-                                buf.append(new_pending(PendingOutput, (default_topic, result, None, None, None)))
-                        elif cls is tuple and direct is not None and not buf and len(result) == 2:
-                            key, value = result
-                            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                                try:
-                                    direct(default_topic, value, key)
-                                    outputs += 1
-                                except (BufferError, KafkaException):
-                                    buf.append(new_pending(PendingOutput, (default_topic, value, key, None, None)))
-                            else:
-                                buf.append(to_pending(result, default_topic, serializer, name))
-                        else:
-                            kind = OUTPUT if cls is output_cls else kinds.get(cls)
-                            if kind is None:
-                                kind = kinds[cls] = result_kind(cls, serializer)
-                            if kind == OUTPUT:
-                                target = result.topic
-                                fast: Any
-                                if not target:  # the listener's output topic, looked up already
-                                    target, fast = default_topic, direct
-                                else:
-                                    fast = directs.get(target, _UNKNOWN)
-                                    if fast is _UNKNOWN:
-                                        fast = directs[target] = unit.direct(target)
-                                value, key, headers = result.value, result.key, result.headers
-                                if (
-                                    fast is not None
-                                    and not buf
-                                    and result.partition is None
-                                    and (type(value) is bytes or value is None)
-                                    and (type(key) is bytes or key is None)
-                                ):
-                                    # A dict of headers with str names goes to confluent-kafka as given: it
-                                    # encodes the values as kafkatx would (bytes, str as UTF-8, None) and refuses
-                                    # others with TypeError, which falls back to kafkatx's encoding below (that
-                                    # names the problem).
-                                    refused = False
-                                    if type(headers) is dict:  # (confluent-kafka would turn a name 1 into "1")
-                                        for h_name in headers:
-                                            if type(h_name) is not str:
-                                                refused = True
-                                                break
-                                    elif headers is not None:  # pairs: names checked by kafkatx's encoding
-                                        refused = True
-                                    if not refused:
-                                        try:
-                                            if headers is None:
-                                                fast(target, value, key)
-                                            else:
-                                                fast(target, value, key, headers=headers)
-                                            outputs += 1
-                                        except (BufferError, KafkaException, TypeError, ValueError):
-                                            refused = True
-                                    if refused:  # outside the except block: no chained context on an OutputError
-                                        buf.append(to_pending(result, default_topic, serializer, name))
-                                else:
-                                    buf.append(to_pending(result, default_topic, serializer, name))
-                            elif kind == MANY:
-                                for item in result:
-                                    if item is None:
-                                        continue
-                                    if stream is not None and not buf:  # produced as they come (see the docstring)
-                                        itype = type(item)
-                                        if itype is tuple and len(item) == 2:
-                                            key, value = item
-                                            if (type(value) is bytes or value is None) and (
-                                                type(key) is bytes or key is None
-                                            ):
-                                                try:
-                                                    stream(default_topic, value, key)
-                                                    outputs += 1
-                                                    continue
-                                                except (BufferError, KafkaException):
-                                                    pass
-                                        elif itype is bytes:
-                                            try:
-                                                stream(default_topic, item)
-                                                outputs += 1
-                                                continue
-                                            except (BufferError, KafkaException):
-                                                pass
-                                    buf.append(to_pending(item, default_topic, serializer, name))
-                            elif kind == SERIALIZE and default_topic is not None:
-                                failure: Exception | None = None
-                                try:  # outputs.serialize(), inlined (hot path)
-                                    value = serializer(result)  # type: ignore[misc]
-                                except Exception as exc:
-                                    failure = exc
-                                if (
-                                    failure is not None
-                                ):  # outside the except block: only the serializer's error is chained
-                                    raise serializer_failure(result, "value", failure) from failure
-                                if type(value) is not bytes:
-                                    value = serialized_bytes(value, "value")
-                                if direct is not None and not buf:
-                                    try:
-                                        direct(default_topic, value)
-                                        outputs += 1
-                                    except (BufferError, KafkaException):
-                                        buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
-                                else:
-                                    buf.append(new_pending(PendingOutput, (default_topic, value, None, None, None)))
-                            else:  # str, bytes or a tuple after send()s, no output topic, unsupported: as documented
-                                collect_outputs(result, default_topic, serializer, name, buf)
-                except Exception as exc:
-                    error = exc
-                if error is not None:
-                    if not in_place:
-                        raise HandlerFailure(next_check - left - 1, error, record)
-                    self._retry_in_place(
-                        unit, record, error, next_check - left - 1
-                    )  # outside the except block: no chained context
-                if buf:
-                    output_error = None
+            while handled < len(msgs):
+                step_msgs = msgs[handled : handled + step]
+                for msg in step_msgs:
+                    topic = msg.topic() if only_topic is None else only_topic
+                    partition, offset = msg.partition(), msg.offset()
+                    # record.message_record(), inlined (hot path). The last record is refilled unless something
+                    # still holds it (the handler kept it, an event or a traceback refers to it): UNSHARED_REFCOUNT.
+                    if getrefcount(record) > unshared:
+                        record = new_record(_MessageRecord)
+                    record._msg = msg
+                    record.topic = topic
+                    record.partition = partition
+                    record.offset = offset
+                    record.attempt = _attempt(tracker, msg, step_msgs, handled) if failing else 1
+                    record.key, record.value = msg.key(), msg.value()
+                    error = None
                     try:
-                        for out in buf:
-                            out_topic, out_value, out_key, out_headers, out_partition = out
-                            fast = directs.get(out_topic, _UNKNOWN)
-                            if fast is _UNKNOWN:
-                                fast = directs[out_topic] = unit.direct(out_topic)
-                            if fast is not None:
-                                try:
-                                    if out_headers is None and out_partition is None:
-                                        fast(out_topic, out_value, out_key)
-                                    else:
-                                        fast(
-                                            out_topic,
-                                            out_value,
-                                            out_key,
-                                            -1 if out_partition is None else out_partition,
-                                            headers=out_headers,
-                                        )
-                                    continue
-                                except (BufferError, KafkaException):
-                                    pass  # produce() waits for queue space, or classifies the error
-                            produce(out)
-                    except OutputError as exc:
-                        output_error = exc
-                    if output_error is not None:
-                        raise HandlerFailure(next_check - left - 1, output_error, record)
-                    outputs += len(buf)
-                    buf.clear()
-                if partition != run_partition or topic != run_topic:
-                    if run_topic is not None:
-                        offsets[(run_topic, run_partition)] = run_last + 1
-                    run_topic, run_partition = topic, partition
-                run_last = offset
+                        result = handler(record)
+                        if result is not None:
+                            if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
+                                shape = type(result)
+                                emit = by_type.get(shape) or emitter_for(shape)
+                            outputs += emit(result)
+                    except Exception as exc:
+                        error = exc
+                    if error is not None:  # outside the except block: no chained context
+                        if not in_place:
+                            raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
+                        self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
+                    if buf:
+                        outputs += _produce_buffered(emitters, produce, record, step_msgs, handled)
+                    if partition != run_partition or topic != run_topic:
+                        if run_topic is not None:
+                            offsets[(run_topic, run_partition)] = run_last + 1
+                        run_topic, run_partition = topic, partition
+                    run_last = offset
+                handled += len(step_msgs)
+                if handled < len(msgs):
+                    step = _records_to_next_check(started, deadline, handled)
+                    if not step:  # the transaction's time is up: the rest is fetched again
+                        self._stopped_at = handled
+                        break
             if run_topic is not None:
                 offsets[(run_topic, run_partition)] = run_last + 1
             unit.outputs += outputs + buf.produced
@@ -412,6 +231,23 @@ class RecordRunner:
         finally:
             buf.stream = None
             bind_sink(previous)
+
+    def _emitters(self, unit: TransactionUnit, in_place: bool) -> ResultEmitters:
+        """The transaction's emit functions, over an empty buffer that ``send()`` streams through unless ``in_place``."""
+        buf = self._buffer
+        buf.clear()
+        buf.produced = 0
+        emitters = ResultEmitters(
+            self.spec.output,
+            self.spec.serializer,
+            self.spec.name,
+            buf,
+            unit.direct,
+            stream_items=not in_place,
+            kinds=self._kinds,
+        )
+        buf.stream = emitters.senders if not in_place else None
+        return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
     def _retry_in_place(self, unit: TransactionUnit, record: Record, exc: BaseException, index: int) -> None:
@@ -457,3 +293,50 @@ class RecordRunner:
                 raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
+
+
+def _nothing(result: object) -> int:
+    """The emit function before the first result (never called: None results have nothing to emit)."""
+    return 0
+
+
+def _records_to_next_check(started: float, deadline: float, handled: int) -> int:
+    """How many records to handle before looking at the clock again; 0 once the transaction's time is up."""
+    now = time.perf_counter()
+    if now >= deadline:
+        return 0
+    per_record = (now - started) / handled
+    return max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
+
+
+def _position(step_msgs: Sequence[ConsumedMessage], msg: ConsumedMessage) -> int:
+    """Where ``msg`` is in ``step_msgs`` (by identity: Messages compare equal by their fields)."""
+    return next(i for i, m in enumerate(step_msgs) if m is msg)
+
+
+def _attempt(tracker: FailureTracker, msg: ConsumedMessage, step_msgs: Sequence[ConsumedMessage], handled: int) -> int:
+    """The attempt number of a record while some record is failing; its pending recovery fails the unit again."""
+    state = tracker.state_at(msg.topic(), msg.partition(), msg.offset())
+    if state is None:
+        return 1
+    if state.pending_recovery:  # its recovery failed: retry that, not the handler
+        error = state.last_exception or RuntimeError("recovery pending")
+        raise HandlerFailure(handled + _position(step_msgs, msg), error, to_record(msg, state.failures))
+    return state.failures + 1
+
+
+def _produce_buffered(
+    emitters: ResultEmitters,
+    produce: Callable[[PendingOutput], None],
+    record: _MessageRecord,
+    step_msgs: Sequence[ConsumedMessage],
+    handled: int,
+) -> int:
+    """Produce what the record's handler buffered; a refused output fails the record."""
+    output_error = None
+    try:
+        return emitters.produce_pending(produce)
+    except OutputError as exc:
+        output_error = exc
+    index = handled + _position(step_msgs, record._msg)
+    raise HandlerFailure(index, output_error, record)  # outside the except block: no chained context

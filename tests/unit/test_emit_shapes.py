@@ -1,0 +1,288 @@
+"""Each handler-result shape's emit function, through a fake confluent-kafka produce (no broker).
+
+A record either goes straight to ``produce`` or waits in the buffer for the
+runner's buffered produce: these tests check which, and exactly what
+(topic, key, value, headers, partition), including the fall-back to the
+buffer when confluent-kafka refuses a record with BufferError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kafkatx import Output
+from kafkatx.context import bind_sink, send
+from kafkatx.errors import OutputError
+from kafkatx.outputs import PendingOutput, ResultEmitters
+
+OUT = "out"
+
+
+class FakeProduce:
+    """confluent-kafka's ``produce`` for existing topics: records each call; refuses the ones in ``refuse``."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.refuse = refuse  # how many of the next calls raise BufferError
+
+    def __call__(self, topic: str, value: Any, key: Any = None, partition: int = -1, headers: Any = None) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise BufferError("Local: Queue full")
+        self.calls.append((topic, value, key, headers, partition))
+
+
+def emitters(
+    fake: FakeProduce,
+    *,
+    topics: tuple[str, ...] = (OUT, "other"),
+    output: str | None = OUT,
+    serializer: Any = None,
+    stream_items: bool = True,
+) -> tuple[ResultEmitters, list[PendingOutput]]:
+    pending: list[PendingOutput] = []
+    made = ResultEmitters(
+        output,
+        serializer,
+        "listener",
+        pending,
+        lambda topic: fake if topic in topics else None,
+        stream_items=stream_items,
+        kinds={},
+    )
+    return made, pending
+
+
+def emit(made: ResultEmitters, result: Any) -> int:
+    return made.emitter(type(result))(result)
+
+
+def test_bytes_go_straight_to_the_output_topic() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, b"v") == 1
+    assert fake.calls == [(OUT, b"v", None, None, -1)]
+    assert pending == []
+
+
+def test_bytes_are_buffered_when_confluent_kafka_refuses_them() -> None:
+    fake = FakeProduce(refuse=1)
+    made, pending = emitters(fake)
+    assert emit(made, b"v") == 0
+    assert fake.calls == []
+    assert pending == [PendingOutput(OUT, b"v", None, None, None)]
+
+
+def test_anything_after_a_buffered_record_is_buffered_too_keeping_the_order() -> None:
+    fake = FakeProduce(refuse=1)
+    made, pending = emitters(fake)
+    emit(made, b"first")
+    emit(made, (b"k", b"second"))
+    assert fake.calls == []
+    assert pending == [PendingOutput(OUT, b"first", None, None, None), PendingOutput(OUT, b"second", b"k", None, None)]
+
+
+def test_a_key_value_pair() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, (b"k", b"v")) == 1
+    assert emit(made, (None, None)) == 1
+    assert fake.calls == [(OUT, b"v", b"k", None, -1), (OUT, None, None, None, -1)]
+    assert pending == []
+
+
+def test_a_pair_that_needs_encoding_is_buffered_encoded() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, ("k", "v")) == 0
+    assert fake.calls == []
+    assert pending == [PendingOutput(OUT, b"v", b"k", None, None)]
+
+
+def test_a_tuple_that_is_not_a_pair_fails_with_output_error() -> None:
+    made, _ = emitters(FakeProduce())
+    with pytest.raises(OutputError, match="must be \\(key, value\\)"):
+        emit(made, (b"a", b"b", b"c"))
+
+
+def test_an_output_with_str_named_headers_goes_straight_to_its_topic() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    headers = {"h": b"1", "s": "text"}
+    assert emit(made, Output(b"v", key=b"k", topic="other", headers=headers)) == 1
+    assert emit(made, Output(b"w")) == 1
+    assert fake.calls == [("other", b"v", b"k", headers, -1), (OUT, b"w", None, None, -1)]
+    assert pending == []
+
+
+def test_an_output_with_a_partition_or_header_pairs_is_buffered_encoded() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, Output(b"v", topic="other", partition=3)) == 0
+    assert emit(made, Output("v", key="k", headers=[("h", "x")])) == 0
+    assert fake.calls == []
+    assert pending == [
+        PendingOutput("other", b"v", None, None, 3),
+        PendingOutput(OUT, b"v", b"k", [("h", b"x")], None),
+    ]
+
+
+def test_a_refused_output_is_buffered_with_its_headers_encoded() -> None:
+    fake = FakeProduce(refuse=1)
+    made, pending = emitters(fake)
+    assert emit(made, Output(b"v", key=b"k", headers={"h": "x", "n": None})) == 0
+    assert pending == [PendingOutput(OUT, b"v", b"k", [("h", b"x"), ("n", None)], None)]
+
+
+def test_an_output_with_a_bad_header_value_fails_with_output_error() -> None:
+    class Refusing(FakeProduce):
+        def __call__(self, *args: Any, **kwargs: Any) -> None:
+            raise TypeError("header value must be str or bytes")
+
+    made, _ = emitters(Refusing())
+    with pytest.raises(OutputError, match="header 'h'") as caught:
+        emit(made, Output(b"v", headers={"h": 1}))
+    assert caught.value.__context__ is None  # raised after confluent-kafka's refusal, not while handling it
+
+
+def test_an_output_to_a_missing_topic_is_buffered_for_the_producer_to_refuse() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, Output(b"v", topic="missing")) == 0
+    assert pending == [PendingOutput("missing", b"v", None, None, None)]
+
+
+def test_an_output_without_a_topic_needs_an_output_topic() -> None:
+    made, _ = emitters(FakeProduce(), output=None)
+    with pytest.raises(OutputError, match="without a topic"):
+        emit(made, Output(b"v"))
+
+
+def test_a_generator_streams_its_items_in_order() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+
+    def items() -> Iterator[Any]:
+        yield b"a"
+        yield None
+        yield b"k", b"b"
+        yield Output(b"c", topic="other")
+
+    assert emit(made, items()) == 2
+    assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1)]
+    assert pending == [PendingOutput("other", b"c", None, None, None)]
+
+
+def test_a_generator_falls_back_to_the_buffer_from_the_first_refused_item_on() -> None:
+    fake = FakeProduce(refuse=1)
+    made, pending = emitters(fake)
+    assert emit(made, [b"a", b"b", (b"k", b"c")]) == 0
+    assert fake.calls == []
+    assert pending == [
+        PendingOutput(OUT, b"a", None, None, None),
+        PendingOutput(OUT, b"b", None, None, None),
+        PendingOutput(OUT, b"c", b"k", None, None),
+    ]
+
+
+def test_without_streaming_a_generator_waits_in_the_buffer() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake, stream_items=False)
+    assert emit(made, [b"a", (b"k", b"b")]) == 0
+    assert fake.calls == []
+    assert pending == [PendingOutput(OUT, b"a", None, None, None), PendingOutput(OUT, b"b", b"k", None, None)]
+
+
+def test_the_serializer_encodes_anything_else() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake, serializer=lambda v: json.dumps(v).encode())
+    assert emit(made, {"a": 1}) == 1
+    assert fake.calls == [(OUT, b'{"a": 1}', None, None, -1)]
+    assert pending == []
+
+
+def test_a_failing_serializer_fails_with_output_error_chaining_its_error() -> None:
+    def broken(value: Any) -> bytes:
+        raise ValueError("no")
+
+    made, _ = emitters(FakeProduce(), serializer=broken)
+    with pytest.raises(OutputError, match="serializer failed to encode the value \\(dict\\): no") as caught:
+        emit(made, {"a": 1})
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_an_unsupported_result_fails_with_output_error() -> None:
+    made, _ = emitters(FakeProduce())
+    with pytest.raises(OutputError, match="unsupported dict"):
+        emit(made, {"a": 1})
+
+
+def test_str_is_encoded_and_buffered() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, "v") == 0
+    assert pending == [PendingOutput(OUT, b"v", None, None, None)]
+
+
+def test_the_emit_function_is_chosen_once_per_type() -> None:
+    made, _ = emitters(FakeProduce())
+    first = made.emitter(tuple)
+    assert made.by_type[tuple] is first
+    assert made.emitter(bytes) is made.to_default
+
+
+def test_buffered_outputs_are_produced_in_order_with_their_partition_and_headers() -> None:
+    fake = FakeProduce(refuse=1)
+    made, pending = emitters(fake)
+    emit(made, b"a")  # refused: buffered
+    emit(made, Output(b"b", topic="other", partition=2, headers=[("h", b"x")]))
+    emit(made, Output(b"c", topic="missing"))
+    waited: list[PendingOutput] = []
+    assert made.produce_pending(waited.append) == 3
+    assert fake.calls == [(OUT, b"a", None, None, -1), ("other", b"b", None, [("h", b"x")], 2)]
+    assert waited == [PendingOutput("missing", b"c", None, None, None)]
+    assert pending == []
+
+
+def test_a_buffered_output_confluent_kafka_refuses_goes_to_the_waiting_produce() -> None:
+    fake = FakeProduce(refuse=2)
+    made, _ = emitters(fake)
+    emit(made, b"a")  # refused once: buffered
+    waited: list[PendingOutput] = []
+    made.produce_pending(waited.append)  # refused again: the producer's produce waits for queue space
+    assert fake.calls == []
+    assert waited == [PendingOutput(OUT, b"a", None, None, None)]
+
+
+class Sink(list[PendingOutput]):
+    serializer = None
+    produced = 0
+    add = list.append
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream: dict[str, Any] | None = None
+
+
+def test_send_goes_through_the_same_rule_as_returned_records() -> None:
+    fake = FakeProduce(refuse=1)
+    sink = Sink()
+    made = ResultEmitters(OUT, None, "listener", sink, lambda t: fake, stream_items=True, kinds={})
+    made.sender("other")
+    sink.stream = made.senders
+    previous = bind_sink(sink)
+    try:
+        send("other", b"refused", b"k")  # BufferError: buffered
+        send("other", b"after", b"k")  # something is buffered before it: buffered too
+        sink.clear()
+        send("other", b"now", b"k")
+        send("unknown", b"later")  # a topic the runner has not looked up: buffered
+    finally:
+        bind_sink(previous)
+    assert fake.calls == [("other", b"now", b"k", None, -1)]
+    assert sink.produced == 1
+    assert sink == [PendingOutput("unknown", b"later", None, None, None)]
