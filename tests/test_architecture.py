@@ -240,3 +240,15 @@ def test_no_module_uses_another_modules_private_members() -> None:
                 offences.append((rel, node.attr, f"line {node.lineno}: {ast.unparse(node)}"))
     offences = [o for o in offences if (o[0], o[1]) not in _PRIVATE_ALLOWED]
     assert offences == [], "\n".join(f"{rel}: {what}" for rel, _, what in offences)
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    # A function that does not fit on a screen hides its structure; split it along a real seam.
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1  # the docstring counts too
+                if lines > 80:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], long
