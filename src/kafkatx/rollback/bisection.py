@@ -16,6 +16,12 @@ restarts, and every record outside the claimed range is handled at full
 speed. A crash that was not a record's fault (a force-kill, a node going
 away) costs ``log2`` small transactions and nothing else: every half passes.
 
+Ranges are in offsets. On a topic written by transactions, commit markers
+take offsets too, so the usual claim (``max_batch_records`` offsets from the
+committed one) can end a few records short of the batch that was in flight;
+a record past it that kills the process again starts a search of its own
+from the claim that run leaves, so it costs a restart, never a wrong count.
+
 A database commit that fails for a unit of several records (a deferred
 constraint) is isolated the other way, one record per transaction
 (``halving=False``): that failure is an exception, seen in this process, not a
