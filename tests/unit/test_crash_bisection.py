@@ -218,3 +218,12 @@ def test_a_clean_stop_ends_the_search_and_the_next_run_batches_at_once() -> None
     after = Worker(spec, log, released)
     assert not after.host.crash_guard.careful and after.run()
     assert [len(b) for b in after.handled_batches()] == [20], "no careful handling carried into the next run"
+
+
+def test_a_revoke_before_anything_committed_drops_the_search_and_leaves_the_dead_claim_standing() -> None:
+    spec = listener(_killing(set(), Counter()), max_batch_records=20)
+    claim = TopicPartition(*TP, 0, metadata=encode(PartitionState(0, inflight=True, owner="gone")))
+    worker = Worker(spec, messages(*[b"r%d" % i for i in range(30)]), claim)
+    worker.host.crash_guard.release([TP])
+    assert not worker.host.crash_guard.careful, "the partition is not ours any more: no search kept for it"
+    assert worker.last_commit() is None, "nothing of the dead claim was handled: it still stands for the next owner"

@@ -167,6 +167,12 @@ class CrashGuard:
         next owner, that owner's claim starts a search of its own.
         """
         claims = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
+        try:
+            self._withdraw(claims)
+        finally:
+            self.forget(tps)
+
+    def _withdraw(self, claims: dict[TP, int]) -> None:
         consumer = self._c.consumer
         if not claims or consumer is None:
             return
@@ -184,7 +190,6 @@ class CrashGuard:
             state = self._c.tracker.state_at(tp[0], tp[1], offset)
             meta[tp] = encode(PartitionState(offset, state.failures if state else 0))
         commit_offsets(self._c, claims, what="release", metadata=meta, tolerate_errors=True)
-        self.forget(tps)
 
     def forget(self, tps: list[TP]) -> None:
         """Partitions lost (not revoked cleanly): drop what this owner knew of them."""
