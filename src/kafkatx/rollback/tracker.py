@@ -4,9 +4,10 @@ Unlike Spring's FailedRecordTracker (one slot per partition, replaced when
 another offset of the partition fails), kafkatx keeps a slot per record:
 a batch transaction can fail on one record, then on an earlier batch-mate
 while it is re-run, and neither count may be lost. A slot ends when its
-record's offset is committed (success or recovery), when its partition is
-revoked, or when the exception type changes the way Spring resets: the count
-goes on only if the previous failure is an instance of the new one's class
+record's offset is committed (success or recovery), when its handler
+succeeds (see below), when its partition is revoked, or when the exception
+type changes the way Spring resets: the count goes on only if the previous
+failure is an instance of the new one's class
 (``SubError`` then ``BaseError`` keeps counting; ``BaseError`` then
 ``SubError``, or an unrelated class, starts again at 1).
 
