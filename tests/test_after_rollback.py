@@ -112,6 +112,39 @@ def test_fails_once_then_succeeds_with_attempt_two(kafka: KafkaTestKit) -> None:
     assert kafka.read(src + "-dlt") == []
 
 
+def test_a_success_ends_the_count_even_when_a_batch_mate_aborts_its_transaction(kafka: KafkaTestKit) -> None:
+    """Issue 28 part 3: X fails twice (its service is down), succeeds on its 3rd delivery, Y after it in the batch
+    fails, and X fails once more while re-run as Y's batch-mate. That failure starts again at attempt 1: X is not
+    dead-lettered, and its output commits once. The handler decides by value and delivery count, not by timing."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"x", b"y"])
+    app = make_app(kafka)
+    deliveries: Counter[bytes] = Counter()
+    seen: dict[bytes, list[tuple[int, bool]]] = {b"x": [], b"y": []}
+
+    @app.listener(src, output=out, max_attempts=3, backoff=0, dlq=True, max_batch_records=100)
+    def handler(record: Record) -> bytes:
+        value = record.value or b""
+        deliveries[value] += 1
+        fails = value == b"y" or deliveries[value] in (1, 2, 4)
+        seen[value].append((record.attempt, not fails))
+        if value == b"y":
+            raise PoisonError("y is broken")
+        if fails:
+            raise ConnectionError("x's service is down")
+        return value.upper()
+
+    with running(app):
+        wait_all_committed(kafka, app, src)
+    assert seen[b"x"][:4] == [(1, False), (2, False), (3, True), (1, False)], "after its success, attempt 1 again"
+    assert all(ok for _, ok in seen[b"x"][4:]) and seen[b"x"][4:], "then it succeeds"
+    assert [attempt for attempt, _ in seen[b"y"]] == [1, 2, 3], "Y keeps its own count, across X's failure"
+    assert kafka.values(out) == [b"X"], "X's output committed exactly once"
+    dlt = kafka.read(src + "-dlt")
+    assert [r.value for r in dlt] == [b"y"], "only Y is dead-lettered"
+    assert parse_dead_letter_headers(dlt[0].headers).attempts == 3
+
+
 def test_not_retryable_goes_to_dlt_at_first_failure_and_defaults_cover_decoding(kafka: KafkaTestKit) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"value-error", b"\xff\xfe not utf8", b"fine"])

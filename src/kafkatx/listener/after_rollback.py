@@ -61,6 +61,7 @@ def after_rollback(
     instead when ``keep_in_memory`` is False.
     """
     while True:
+        _end_counts_of_successes(unit, msgs, failure)
         scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
         started = time.perf_counter()
         again: HandlerFailure | None = None
@@ -78,7 +79,7 @@ def after_rollback(
             failure = again
             continue
         if recovery is not None:
-            recovery_failed(unit, msgs, failure, recovery, replay)
+            _recovery_failed(unit, msgs, failure, recovery, replay)
             return []
         rest = scope.apply(keep_in_memory=keep_in_memory and not unit.stopping)
         unit.publish(
@@ -99,6 +100,18 @@ def _process(processor: AfterRollbackProcessor, scope: RollbackScope) -> None:
     scope.send_offsets()
 
 
+def _end_counts_of_successes(unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure) -> None:
+    """The records before the failed one succeeded in the attempt that failed: their failure counts end.
+
+    Their transaction was aborted by another record's failure, which is not
+    theirs: re-run as batch-mates, they start again at attempt 1 (and the
+    scope built next gives them that ``attempt``). Nothing is done while no
+    record is failing.
+    """
+    if failure.index and unit.tracker.failing:
+        unit.tracker.succeeded(msgs[: failure.index], failure.record)
+
+
 def recovery_failed(
     unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
 ) -> None:
@@ -109,6 +122,13 @@ def recovery_failed(
     (:class:`~kafkatx.RecoveryExhaustedError`): the record was not committed
     and is delivered again on restart.
     """
+    _end_counts_of_successes(unit, msgs, failure)
+    _recovery_failed(unit, msgs, failure, exc, replay)
+
+
+def _recovery_failed(
+    unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
+) -> None:
     record = exc.record
     state = unit.tracker.record_recovery_failure(record, failure.exc)
     unit.publish(

@@ -280,7 +280,8 @@ class RecordRunner:
                 except Exception as again:
                     error = again
                 if error is None:
-                    return  # its count is cleared when the batch commits
+                    tracker.clear(record)  # a success ends its count, whether or not the batch commits
+                    return
                 exc = error
                 continue
             recovery: RecoveryError | None = None
@@ -291,6 +292,7 @@ class RecordRunner:
             if recovery is not None:
                 log.warning("in-place recovery of %s failed: %s", record.coordinates, recovery)
                 raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
+            tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
 
