@@ -69,14 +69,14 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
     (tmp_path / "stuck_app.py").write_text(
         "import time\nfrom kafkatx import App\napp = App('stuck', create_topics=True)\n"
         "@app.listener('in', output='out', max_batch_ms=10)\n"
-        "def h(r):\n    time.sleep(3600)\n"
+        "def h(r):\n    print('handler: inside the transaction', flush=True)\n    time.sleep(3600)\n"
     )
     proc = start("stuck_app:app", "--local", cwd=tmp_path)
     try:
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
         read_until(proc, r"assigned in\[")
         produce(bootstrap, "in", [b"x"])
-        time.sleep(1.0)  # the handler is now stuck inside a transaction
+        read_until(proc, "handler: inside the transaction")  # stuck there from now on
         proc.send_signal(signal.SIGINT)
         read_until(proc, "stopping gracefully")
         proc.send_signal(signal.SIGINT)
