@@ -17,8 +17,9 @@ At the end the output must equal the input: nothing missing, nothing twice,
 nothing extra, each record in its input partition and in its input order
 (Kafka checks order only in single-partition runs). Beyond the originals:
 a clean stop must exit 0 within the shutdown timeout, no copier may die on its
-own, a copier killed and restarted under its id must commit on its partitions
-again within ``RECOVERY_BOUND_S``, the dead-letter topic stays empty, and
+own, a copier killed and restarted under its id must take its partitions back
+without a rebalance (no other copier's assignment changes: their logs) and
+commit on them again, the dead-letter topic stays empty, and
 there are variants where copiers come back under new ids, and where the
 broker restarts while copiers are bounced.
 
@@ -48,6 +49,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,9 +63,9 @@ PROGRESS_TIMEOUT_S = 60.0  # Kafka's progress_timeout_sec: a copier that copies 
 COPY_TIMEOUT_S = 240.0  # Kafka's group-mode copier_timeout_sec: everything copied after the last bounce
 STOP_TIMEOUT_S = 45.0  # a SIGTERM'd copier exits 0 within this (App shutdown_timeout is 30 s); Kafka allows 60 s
 SESSION_TIMEOUT_S = 6.0
-# A copier restarted under its id commits on its partitions again within its session timeout: static membership,
-# no rebalance (measured 0.6-2.4 s; a rejoin that needs a rebalance waits for max.poll.interval.ms, 20 s, here).
-RECOVERY_BOUND_S = SESSION_TIMEOUT_S
+# A copier restarted under its id takes its partitions back without a rebalance (static membership): the other
+# copiers' assignments do not change. Its time to commit again (0.6-2.4 s on an idle machine, mostly the new
+# process's start-up) is reported in bounce-stats.json, not asserted: a loaded machine stretches it.
 
 APP = textwrap.dedent(
     """
@@ -150,6 +152,8 @@ class Copier:
         self.instance = instance
         self.base = dict(base)  # committed offsets when it started
         self.path = workdir / f"{instance}-{time.monotonic_ns()}.log"
+        self.started_at = time.time()
+        self.stopped_at: float | None = None  # wall-clock time of the stop signal
         self.log = open(self.path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -180,6 +184,17 @@ class Copier:
                 owned = owned | parts if m.group(1) == "assigned" else owned - parts
         return owned
 
+    def assignment_changes(self, since: float, until: float) -> list[str]:
+        """Its log's assignment lines stamped between ``since`` and ``until`` (wall clock, before its own stop)."""
+        until = min(until, self.stopped_at or until)
+        found = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            if _ASSIGNMENT.search(line):
+                stamped = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if since < stamped < until:
+                    found.append(f"{self.path.name}: {line}")
+        return found
+
     def tail(self, chars: int = 3000) -> str:
         return f"--- {self.path.name} (exit {self.proc.poll()})\n{self.path.read_text(errors='replace')[-chars:]}"
 
@@ -187,6 +202,7 @@ class Copier:
         """SIGTERM: a graceful stop, which must exit 0 within STOP_TIMEOUT_S. SIGKILL: gone at once."""
         if self.proc.poll() is not None:
             raise AssertionError(f"copier {self.instance} had exited on its own\n{self.tail()}")
+        self.stopped_at = time.time()
         self.proc.send_signal(sig)
         try:
             code = self.proc.wait(STOP_TIMEOUT_S)
@@ -351,6 +367,8 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         live = LiveReader(broker.bootstrap_servers, out, s.partitions)
         ids = [f"c{i}" for i in range(s.copiers)]
         copiers = [Copier(tmp_path, env, i, progress.latest) for i in ids]
+        every_copier = list(copiers)  # the processes, bounced ones included
+        first_bounce = copied = 0.0  # wall clock: the window in which a restart under the same id is checked
 
         def fail(kind: type[AssertionError], message: str) -> None:
             raise kind(
@@ -423,6 +441,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 hard = s.copier_failure == "hard" or (s.copier_failure == "mixed" and n % 2 == 1)
                 victim = copiers[i]
                 owned = victim.owned()
+                first_bounce = first_bounce or time.time()
                 victim.stop(signal.SIGKILL if hard else signal.SIGTERM)
                 # Measured from the stop (a graceful one commits its last batch first) to the successor's commits.
                 committed = progress.fresh()
@@ -438,6 +457,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 if s.new_ids:
                     ids[i] = f"c{i}-g{n}"
                 copiers[i] = Copier(tmp_path, env, ids[i], progress.latest)
+                every_copier.append(copiers[i])
                 if s.broker is not None and n == total // 2:
                     bounce_broker(s.broker == "hard")
         elif s.broker is not None:
@@ -456,6 +476,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 fail(Stalled, f"not everything was copied within {COPY_TIMEOUT_S:.0f}s of the last bounce")
             time.sleep(0.2)
         stats["copied_s"] = round(time.monotonic() - started, 1)
+        copied = time.time()
         check_alive()
         for c in copiers:
             c.stop(signal.SIGTERM)
@@ -469,14 +490,17 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
             kafka, src, out, live.seen, complete=s.live_view_complete, caught_up=live.caught_up.is_set()
         )
         if s.copier_failure is not None and s.broker is None and not s.new_ids:
-            slow = [
-                (b.what, b.hard, b.recovered_s)
-                for b in bounces
-                if b.what != "broker" and b.partitions and (b.recovered_s is None or b.recovered_s > RECOVERY_BOUND_S)
-            ]
-            assert not slow, (
-                f"copiers restarted under their ids took longer than {RECOVERY_BOUND_S:.0f}s to commit again: {slow}"
-            )
+            stuck = [b.what for b in bounces if b.partitions and b.recovered_s is None]
+            assert not stuck, f"copiers restarted under their ids never committed on their partitions again: {stuck}"
+            # Static membership: after the first bounce, a copier's only assignment change is a restarted
+            # one's own first assignment; anything else (a revoke, a second assignment) is a rebalance.
+            rebalanced = []
+            for c in every_copier:
+                lines = c.assignment_changes(first_bounce, copied)
+                if c.started_at > first_bounce and lines and "listener copy assigned" in lines[0]:
+                    lines = lines[1:]  # its own first assignment
+                rebalanced += lines
+            assert not rebalanced, "a copier restarted under its id caused a rebalance:\n" + "\n".join(rebalanced)
         return stats
     except BaseException as exc:
         stats["failure"] = f"{type(exc).__name__}: {exc}"[:5000]
