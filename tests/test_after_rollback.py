@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import tenacity
+from helpers import POISON_FQCN, PoisonError, make_app
 
 from kafkatx import (
     App,
@@ -28,14 +29,6 @@ from kafkatx.events import (
     TransactionCommitted,
 )
 from kafkatx.testing import KafkaTestKit, delete_topics, running, unique_name, wait_for
-
-
-class PoisonError(Exception):
-    pass
-
-
-def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
-    return App(unique_name("arp"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **kwargs)  # type: ignore[arg-type]
 
 
 def all_committed(kafka: KafkaTestKit, app: App, topic: str) -> bool:
@@ -79,7 +72,7 @@ def test_seed_002_scenario_two_attempts_then_dead_letter(kafka: KafkaTestKit) ->
     assert dead.header("trace") == b"t-1", "original headers kept"
     info = parse_dead_letter_headers(dead.headers)
     assert info.original_topic == src and info.original_partition == 1 and info.original_offset == 1
-    assert info.exception_fqcn == f"{__name__}.PoisonError"
+    assert info.exception_fqcn == POISON_FQCN
     assert info.exception_message == "cannot process poison"
     assert info.consumer_group == app.group_id
     assert info.attempts == 2

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from helpers import make_app
 
-from kafkatx import App, InvalidConfigurationError, Output, Record
+from kafkatx import InvalidConfigurationError, Output, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import TransactionAborted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
-
-
-def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
-    return App(unique_name("bad"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t", **kwargs)  # type: ignore[arg-type]
 
 
 def test_missing_input_or_output_topic_fails_at_startup(kafka: KafkaTestKit) -> None:

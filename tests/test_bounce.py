@@ -17,19 +17,23 @@ At the end the output must equal the input: nothing missing, nothing twice,
 nothing extra, each record in its input partition and in its input order
 (Kafka checks order only in single-partition runs). Beyond the originals:
 a clean stop must exit 0 within the shutdown timeout, no copier may die on its
-own, a copier killed and restarted under its id must commit on its partitions
-again within ``RECOVERY_BOUND_S``, the dead-letter topic stays empty, and
+own, a copier killed and restarted under its id must take its partitions back
+without a rebalance (no other copier's assignment changes: their logs) and
+commit on them again, the dead-letter topic stays empty, and
 there are variants where copiers come back under new ids, and where the
 broker restarts while copiers are bounced.
 
-Where the embedded broker's documented gaps (docs/BROKERS.md) make a variant
-fail, it is an expected failure limited to the failure that gap causes (a
-``raises=`` class below) and names its canary in test_broker_conformance.py.
+The variants here must pass on the embedded broker: a test that a broker gap
+may excuse cannot catch kafkatx losing or duplicating records. The variants
+whose outcome rests on a documented gap of the embedded broker (docs/BROKERS.md:
+broker bounces, copiers back under new ids) are not tests: tools/observe_bounce.py
+runs them by hand on this harness and reports what each saw, and the gaps
+themselves are pinned by strict canaries in test_broker_conformance.py.
 
 The default run keeps one small variant (well under a minute). The full
-matrix, at Kafka's size (100,000 records), is behind ``-m bounce``; run the
-variants expected to pass five times in a row before changing the container,
-the unit, the crash guard or the producer.
+matrix, at Kafka's size (100,000 records), is behind ``-m bounce``; run it
+five times in a row before changing the container, the unit, the crash guard
+or the producer.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,9 +63,9 @@ PROGRESS_TIMEOUT_S = 60.0  # Kafka's progress_timeout_sec: a copier that copies 
 COPY_TIMEOUT_S = 240.0  # Kafka's group-mode copier_timeout_sec: everything copied after the last bounce
 STOP_TIMEOUT_S = 45.0  # a SIGTERM'd copier exits 0 within this (App shutdown_timeout is 30 s); Kafka allows 60 s
 SESSION_TIMEOUT_S = 6.0
-# A copier restarted under its id commits on its partitions again within its session timeout: static membership,
-# no rebalance (measured 0.6-2.4 s; a rejoin that needs a rebalance waits for max.poll.interval.ms, 20 s, here).
-RECOVERY_BOUND_S = SESSION_TIMEOUT_S
+# A copier restarted under its id takes its partitions back without a rebalance (static membership): the other
+# copiers' assignments do not change. Its time to commit again (0.6-2.4 s on an idle machine, mostly the new
+# process's start-up) is reported in bounce-stats.json, not asserted: a loaded machine stretches it.
 
 APP = textwrap.dedent(
     """
@@ -87,7 +92,7 @@ APP = textwrap.dedent(
 )
 
 
-# The failures an embedded-broker gap can cause; an expected failure names the one it explains.
+# The failures the checks tell apart; tools/observe_bounce.py reports its variants' outcomes by these classes.
 class BounceFailure(AssertionError):
     pass
 
@@ -147,6 +152,8 @@ class Copier:
         self.instance = instance
         self.base = dict(base)  # committed offsets when it started
         self.path = workdir / f"{instance}-{time.monotonic_ns()}.log"
+        self.started_at = time.time()
+        self.stopped_at: float | None = None  # wall-clock time of the stop signal
         self.log = open(self.path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -177,6 +184,17 @@ class Copier:
                 owned = owned | parts if m.group(1) == "assigned" else owned - parts
         return owned
 
+    def assignment_changes(self, since: float, until: float) -> list[str]:
+        """Its log's assignment lines stamped between ``since`` and ``until`` (wall clock, before its own stop)."""
+        until = min(until, self.stopped_at or until)
+        found = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            if _ASSIGNMENT.search(line):
+                stamped = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if since < stamped < until:
+                    found.append(f"{self.path.name}: {line}")
+        return found
+
     def tail(self, chars: int = 3000) -> str:
         return f"--- {self.path.name} (exit {self.proc.poll()})\n{self.path.read_text(errors='replace')[-chars:]}"
 
@@ -184,6 +202,7 @@ class Copier:
         """SIGTERM: a graceful stop, which must exit 0 within STOP_TIMEOUT_S. SIGKILL: gone at once."""
         if self.proc.poll() is not None:
             raise AssertionError(f"copier {self.instance} had exited on its own\n{self.tail()}")
+        self.stopped_at = time.time()
         self.proc.send_signal(sig)
         try:
             code = self.proc.wait(STOP_TIMEOUT_S)
@@ -348,6 +367,8 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         live = LiveReader(broker.bootstrap_servers, out, s.partitions)
         ids = [f"c{i}" for i in range(s.copiers)]
         copiers = [Copier(tmp_path, env, i, progress.latest) for i in ids]
+        every_copier = list(copiers)  # the processes, bounced ones included
+        first_bounce = copied = 0.0  # wall clock: the window in which a restart under the same id is checked
 
         def fail(kind: type[AssertionError], message: str) -> None:
             raise kind(
@@ -420,6 +441,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 hard = s.copier_failure == "hard" or (s.copier_failure == "mixed" and n % 2 == 1)
                 victim = copiers[i]
                 owned = victim.owned()
+                first_bounce = first_bounce or time.time()
                 victim.stop(signal.SIGKILL if hard else signal.SIGTERM)
                 # Measured from the stop (a graceful one commits its last batch first) to the successor's commits.
                 committed = progress.fresh()
@@ -435,6 +457,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 if s.new_ids:
                     ids[i] = f"c{i}-g{n}"
                 copiers[i] = Copier(tmp_path, env, ids[i], progress.latest)
+                every_copier.append(copiers[i])
                 if s.broker is not None and n == total // 2:
                     bounce_broker(s.broker == "hard")
         elif s.broker is not None:
@@ -453,6 +476,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 fail(Stalled, f"not everything was copied within {COPY_TIMEOUT_S:.0f}s of the last bounce")
             time.sleep(0.2)
         stats["copied_s"] = round(time.monotonic() - started, 1)
+        copied = time.time()
         check_alive()
         for c in copiers:
             c.stop(signal.SIGTERM)
@@ -466,14 +490,17 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
             kafka, src, out, live.seen, complete=s.live_view_complete, caught_up=live.caught_up.is_set()
         )
         if s.copier_failure is not None and s.broker is None and not s.new_ids:
-            slow = [
-                (b.what, b.hard, b.recovered_s)
-                for b in bounces
-                if b.what != "broker" and b.partitions and (b.recovered_s is None or b.recovered_s > RECOVERY_BOUND_S)
-            ]
-            assert not slow, (
-                f"copiers restarted under their ids took longer than {RECOVERY_BOUND_S:.0f}s to commit again: {slow}"
-            )
+            stuck = [b.what for b in bounces if b.partitions and b.recovered_s is None]
+            assert not stuck, f"copiers restarted under their ids never committed on their partitions again: {stuck}"
+            # Static membership: after the first bounce, a copier's only assignment change is a restarted
+            # one's own first assignment; anything else (a revoke, a second assignment) is a rebalance.
+            rebalanced = []
+            for c in every_copier:
+                lines = c.assignment_changes(first_bounce, copied)
+                if c.started_at > first_bounce and lines and "listener copy assigned" in lines[0]:
+                    lines = lines[1:]  # its own first assignment
+                rebalanced += lines
+            assert not rebalanced, "a copier restarted under its id caused a rebalance:\n" + "\n".join(rebalanced)
         return stats
     except BaseException as exc:
         stats["failure"] = f"{type(exc).__name__}: {exc}"[:5000]
@@ -574,53 +601,9 @@ def test_bounced_copiers_copy_exactly_once_small(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The full matrix (-m bounce). Expected failures: only the failure class the broker's gap causes counts.
+# The full matrix (-m bounce): every variant that needs only what the embedded broker does right.
 
 _CANARY = "test_broker_conformance::"
-_BROKER_LOSES_OPEN_TRANSACTIONS = pytest.mark.xfail(
-    raises=(MissingRecords, LiveViewDuplicates),
-    strict=False,
-    reason="noida-db 0.2.3 loses a transaction open across its restart yet reports the commit as successful "
-    f"(canary: {_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails): a batch goes "
-    "missing when a broker bounce lands inside a transaction, and the live read_committed consumer can be handed "
-    "records of such a transaction that a later read_committed read no longer returns (measured: read at offset "
-    "7499, committed later at 7670 by kafkatx's redo), which it reports as duplicates",
-)
-_BROKER_LOSES_RECENT_COMMITS = pytest.mark.xfail(
-    raises=(MissingRecords, DuplicateRecords, LiveViewDuplicates),
-    strict=False,
-    reason="noida-db 0.2.3 loses the commits of its last 1-2 s when it is killed (canary: "
-    f"{_CANARY}test_a_committed_transaction_survives_a_broker_kill): the live consumer reads the cut-back "
-    "offsets again once they are rewritten, and records and offsets lost apart would go missing or twice; it "
-    "also loses a transaction open across its restart while reporting the commit as successful (canary: "
-    f"{_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails)",
-)
-_BROKER_STALLS_AFTER_A_KILLED_MEMBER = pytest.mark.xfail(
-    raises=Stalled,
-    strict=False,
-    reason="noida-db 0.2.3 leaves a group whose dynamic member was killed without partitions for minutes "
-    f"(canary: {_CANARY}test_a_killed_members_partitions_go_to_the_live_members); copiers back under new ids "
-    "are dynamic members",
-)
-_BROKER_OVERLAPS_OWNERS = pytest.mark.xfail(
-    raises=(DuplicateRecords, Stalled),
-    strict=False,
-    reason="group fencing with copiers back under new ids rests on KIP-447, which noida-db 0.2.3 lacks: its "
-    "coordinator, rejoining dynamic members, hands partitions to two members at once for a moment (measured: one "
-    "member assigned all 9 partitions while the two others held them too), and it accepts the stale owner's "
-    f"offsets (canary: {_CANARY}test_kip447_offsets_with_a_stale_generation_are_rejected), so both owners "
-    "commit the same batches; fencing='auto' picks 'partition' there, which passes",
-)
-_BROKER_LACKS_KIP447 = pytest.mark.xfail(
-    raises=(Stalled, DuplicateRecords),
-    strict=False,
-    reason="group fencing with new ids after SIGKILL needs what noida-db 0.2.3 lacks: KIP-447 (canaries: "
-    f"{_CANARY}test_kip447_offsets_with_a_stale_generation_are_rejected, "
-    f"{_CANARY}test_kip447_offset_fetch_waits_for_pending_transactional_offsets), the expiry of a dead producer's "
-    f"transaction (canary: {_CANARY}test_a_dead_producers_open_transaction_is_aborted_after_its_timeout: "
-    "nobody comes back with its transactional.id) and a group that survives a killed member "
-    f"({_CANARY}test_a_killed_members_partitions_go_to_the_live_members)",
-)
 _BROKER_SKIPS_AFTER_ABORTS = pytest.mark.xfail(
     raises=LiveViewIncomplete,
     strict=True,
@@ -636,35 +619,13 @@ def _matrix() -> list[Any]:
             params.append(
                 pytest.param(Scenario(copier_failure=failure, fencing=fencing), id=f"copiers-{failure}-{fencing}")
             )
-        params.append(
-            pytest.param(
-                Scenario(copier_failure="clean", new_ids=True, fencing=fencing),
-                id=f"copiers-clean-new-ids-{fencing}",
-                marks=[_BROKER_OVERLAPS_OWNERS] if fencing == "group" else [],
-            )
+    # Back under new ids after a clean stop: partition fencing only (group fencing needs KIP-447, which the
+    # embedded broker lacks: tools/observe_bounce.py).
+    params.append(
+        pytest.param(
+            Scenario(copier_failure="clean", new_ids=True, fencing="partition"), id="copiers-clean-new-ids-partition"
         )
-        params.append(
-            pytest.param(
-                Scenario(copier_failure="hard", new_ids=True, fencing=fencing),
-                id=f"copiers-hard-new-ids-{fencing}",
-                marks=_BROKER_LACKS_KIP447 if fencing == "group" else _BROKER_STALLS_AFTER_A_KILLED_MEMBER,
-            )
-        )
-        for failure, gap in (("clean", _BROKER_LOSES_OPEN_TRANSACTIONS), ("hard", _BROKER_LOSES_RECENT_COMMITS)):
-            params.append(
-                pytest.param(
-                    Scenario(broker=failure, fencing=fencing),
-                    id=f"broker-{failure}-{fencing}",  # type: ignore[arg-type]
-                    marks=gap,
-                )
-            )
-            params.append(
-                pytest.param(
-                    Scenario(copier_failure="mixed", broker=failure, fencing=fencing),  # type: ignore[arg-type]
-                    id=f"copiers-and-broker-{failure}-{fencing}",
-                    marks=gap,
-                )
-            )
+    )
     params.append(
         pytest.param(
             Scenario(copier_failure="hard", fencing="partition", live_view_complete=True),

@@ -99,6 +99,7 @@ def test_live_read_committed_consumer_sees_commits_after_an_abort(
     the first abort sees them (noida answers with the whole log at once).
     Real Kafka passes. Details and the measurements: docs/BROKERS.md.
     """
+    import json
     import threading
     import time
 
@@ -107,6 +108,13 @@ def test_live_read_committed_consumer_sees_commits_after_an_abort(
             pytest.mark.xfail(strict=True, reason="noida-db 0.2.3: live read_committed skips after aborts")
         )
     topic = kafka.topic()
+    fetching = threading.Event()
+
+    def on_stats(report: str) -> None:
+        partition = json.loads(report)["topics"].get(topic, {}).get("partitions", {}).get("0", {})
+        if partition.get("fetch_state") == "active":
+            fetching.set()
+
     consumer = Consumer(
         {
             "bootstrap.servers": kafka.bootstrap_servers,
@@ -114,6 +122,8 @@ def test_live_read_committed_consumer_sees_commits_after_an_abort(
             "log_level": 3,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            "statistics.interval.ms": 100,
+            "stats_cb": on_stats,
         }
     )
     consumer.subscribe([topic])
@@ -127,7 +137,7 @@ def test_live_read_committed_consumer_sees_commits_after_an_abort(
     thread = threading.Thread(target=poll)
     thread.start()
     try:
-        time.sleep(1.5)  # joined and caught up
+        assert fetching.wait(30), "the consumer joined and fetches the partition from its start"
         p = _txn_producer(kafka.bootstrap_servers, unique_name("txn"))
         for i, action in enumerate(["commit", "abort", "commit"]):
             p.begin_transaction()
@@ -520,17 +530,23 @@ def test_a_committed_transaction_survives_a_broker_kill(tmp_path: object) -> Non
     again by whoever comes next. A consumer that had read them reads them again (librdkafka detects the
     truncation and seeks back): the bounce test's live consumer sees records twice after a broker kill,
     although the final log holds them once. Three tries, each killing right after a commit."""
-    import time
     from pathlib import Path
 
     from kafkatx.local import LocalBroker
-    from kafkatx.testing import KafkaTestKit
+    from kafkatx.testing import KafkaTestKit, wait_for
 
-    broker = LocalBroker(data_dir=Path(str(tmp_path)) / "b").start()
+    data_dir = Path(str(tmp_path)) / "b"
+    broker = LocalBroker(data_dir=data_dir).start()
     try:
         kafka = KafkaTestKit(broker.bootstrap_servers)
         src, out = kafka.topic(), kafka.topic()
-        time.sleep(3)  # the topics are in a snapshot: only the commits are at stake
+        snapshot = data_dir / "kafka.json"  # noida-db's snapshot of its state (topics, logs, groups)
+
+        def topics_snapshotted() -> bool:
+            text = snapshot.read_text(errors="replace") if snapshot.exists() else ""
+            return src in text and out in text
+
+        wait_for(topics_snapshotted, 30, message="the topics are in a snapshot: only the commits are at stake")
         c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g", "log_level": 0})
         lost = []
         for i in range(3):

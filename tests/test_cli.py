@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import os_threads, wait_for_client_threads_to_end
 from process_helpers import read_until
 
 from kafkatx.testing import produce, read_topic, wait_for
@@ -69,14 +70,14 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
     (tmp_path / "stuck_app.py").write_text(
         "import time\nfrom kafkatx import App\napp = App('stuck', create_topics=True)\n"
         "@app.listener('in', output='out', max_batch_ms=10)\n"
-        "def h(r):\n    time.sleep(3600)\n"
+        "def h(r):\n    print('handler: inside the transaction', flush=True)\n    time.sleep(3600)\n"
     )
     proc = start("stuck_app:app", "--local", cwd=tmp_path)
     try:
         bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
         read_until(proc, r"assigned in\[")
         produce(bootstrap, "in", [b"x"])
-        time.sleep(1.0)  # the handler is now stuck inside a transaction
+        read_until(proc, "handler: inside the transaction")  # stuck there from now on
         proc.send_signal(signal.SIGINT)
         read_until(proc, "stopping gracefully")
         proc.send_signal(signal.SIGINT)
@@ -380,8 +381,9 @@ def test_topics_and_produce_with_the_broker_down_are_one_line_each(
 
     monkeypatch.setattr(_cli_topics, "_METADATA_TIMEOUT", 1.0)
     for argv in (["topics", "list"], ["topics", "create", "t"], ["produce", "t", "--value", "v"]):
+        before = os_threads()
         assert main([*argv, "--bootstrap-servers", "127.0.0.1:1"]) == 1, argv
-        time.sleep(0.2)  # librdkafka's threads would write their raw lines meanwhile
+        wait_for_client_threads_to_end(before)  # all their threads could write is written
         out, err = capfd.readouterr()
         # A client another test left open may log here too (its own rdkafka#... name and address); only
         # raw lines about this command's address are this command's.

@@ -8,14 +8,11 @@ import time
 from collections import Counter
 
 import pytest
+from helpers import make_app
 
 from kafkatx import App, InvalidConfigurationError, NotInTransactionError, Output, Record, send
 from kafkatx.events import TransactionAborted, TransactionCommitted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
-
-
-def make_app(kafka: KafkaTestKit, **kwargs: object) -> App:
-    return App(unique_name("app"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **kwargs)  # type: ignore[arg-type]
 
 
 def test_exactly_once_across_partitions_and_committed_offsets(kafka: KafkaTestKit) -> None:
@@ -50,7 +47,9 @@ def test_aborted_attempts_are_visible_only_to_read_uncommitted(kafka: KafkaTestK
         send(out, b"side-" + (record.value or b""))  # joins the transaction
         if record.value == b"boom" and not failed.is_set():
             failed.set()
-            time.sleep(0.3)  # past linger.ms: the aborted attempt's records really reach the log
+            # The abort would purge records still in the producer's buffer: let them reach the log first.
+            in_log = Counter([b"a", b"side-a", b"side-boom"])
+            wait_for(lambda: in_log <= Counter(r.value for r in kafka.read(out, isolation="read_uncommitted")), 30)
             raise RuntimeError("transient")
         return record.value
 

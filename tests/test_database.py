@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from database_helpers import restart_until_caught_up, table_rows
+from helpers import POISON_FQCN, PoisonError
 
 from kafkatx import App, InvalidConfigurationError, NotInTransactionError, Record, db, send
 from kafkatx.database._store import decode_records, encode_records
@@ -29,10 +30,6 @@ from kafkatx.outputs import PendingOutput
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
-
-
-class Poison(Exception):
-    pass
 
 
 def _fresh_table(engine: sa.Engine, name: str, unique: bool = False) -> None:
@@ -60,7 +57,7 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
         name = record.value.decode()  # type: ignore[union-attr]
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'saved')"), {"k": name})
         if name in poison:
-            raise Poison(name)  # after the insert: the row must roll back with the Kafka transaction
+            raise PoisonError(name)  # after the insert: the row must roll back with the Kafka transaction
         return record.key, b"saved:" + name.encode()
 
     with running(app):
@@ -74,7 +71,7 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
     assert max(events.values()) == 1, "an event was produced twice"
     dead = kafka.read(src + "-dlt")
     assert sorted(d.value for d in dead) == sorted(v.encode() for v in poison)  # type: ignore[type-var]
-    assert all(parse_dead_letter_headers(d.headers).exception_fqcn == f"{__name__}.Poison" for d in dead)
+    assert all(parse_dead_letter_headers(d.headers).exception_fqcn == POISON_FQCN for d in dead)
 
 
 @pytest.mark.parametrize("how", ["sqlite-url", "sqlite3-factory", "psycopg-factory"])
@@ -111,7 +108,7 @@ def test_sqlite_and_db_api_rows_and_events_exactly_once(
         else:
             conn.execute("INSERT INTO people VALUES (?, 'x')", (name,))
         if name.endswith("7"):
-            raise Poison(name)
+            raise PoisonError(name)
         return name.encode()
 
     with running(app):
@@ -258,10 +255,10 @@ def test_a_producer_initiated_transaction_commits_or_rolls_back_both(kafka: Kafk
     with app.transaction(database=pg_engine):
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('kept', 'x')"))
         send(out, b"kept")
-    with pytest.raises(Poison), app.transaction(database=pg_engine):
+    with pytest.raises(PoisonError), app.transaction(database=pg_engine):
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES ('dropped', 'x')"))
         send(out, b"dropped")
-        raise Poison("no")
+        raise PoisonError("no")
     assert table_rows(pg_engine, table) == Counter({"kept": 1})
     assert kafka.values(out) == [b"kept"]
 
@@ -407,7 +404,7 @@ def test_a_recoverer_writes_to_the_database_in_the_recovery_transaction(kafka: K
     def save(record: Record) -> None:
         db().execute(sa.text("INSERT INTO done VALUES (:k)"), {"k": record.value.decode()})  # type: ignore[union-attr]
         if record.value == b"bad":
-            raise Poison("bad record")
+            raise PoisonError("bad record")
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient
 from database_helpers import restart_until_caught_up, table_rows
+from helpers import PoisonError
 
 from kafkatx import App, InvalidConfigurationError, Record, db, send
 from kafkatx.database._store import decode_records
@@ -29,10 +30,6 @@ from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import HandlerFailed, RecordRecovered, TransactionCommitted
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
-
-
-class Poison(Exception):
-    pass
 
 
 def _table(engine: sa.Engine, unique: str = "") -> str:
@@ -127,7 +124,7 @@ def test_the_orm_session_on_db_commits_with_the_unit(kafka: KafkaTestKit, tmp_pa
             session.execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
             session.commit()
         if record.value == b"bad":
-            raise Poison("after the session's commit: rolled back all the same")
+            raise PoisonError("after the session's commit: rolled back all the same")
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")

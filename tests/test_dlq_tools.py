@@ -290,12 +290,15 @@ def test_a_killed_replay_is_fenced_and_its_open_transaction_aborted(kafka: Kafka
         f"""
         import os, time
         from kafkatx.dlq.tools import replay_dlq
+        from kafkatx.testing import KafkaTestKit
         n = 0
         def hook(entry, target):
             global n
             n += 1
-            if n == 4:          # 2nd batch has produced record 4: let it reach the log, then die
-                time.sleep(1.0)
+            if n == 4:  # the 2nd batch is open: once its first record is in the log, die
+                kafka, deadline = KafkaTestKit({kafka.bootstrap_servers!r}), time.monotonic() + 30
+                while len(kafka.read({orders!r}, isolation="read_uncommitted")) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 os._exit(9)
         replay_dlq({kafka.bootstrap_servers!r}, {dlt!r}, batch_size=2, on_record=hook)
         """

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
+from helpers import PoisonError, make_app
 
 from kafkatx import App, Record, RecoveryExhaustedError
 from kafkatx.events import (
@@ -24,13 +25,9 @@ from kafkatx.events import (
     TransactionAborted,
     TransactionCommitted,
 )
-from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+from kafkatx.testing import KafkaTestKit, running, wait_for
 
 E = TypeVar("E", bound=Event)
-
-
-class Poison(Exception):
-    """What the handlers below raise for a bad record."""
 
 
 class Recorder:
@@ -55,10 +52,6 @@ class Recorder:
 
     def committed_records(self) -> int:
         return sum(e.records for e in self.of(TransactionCommitted))
-
-
-def make_app(kafka: KafkaTestKit, **kwargs: Any) -> App:
-    return App(unique_name("events"), bootstrap_servers=kafka.bootstrap_servers, instance_id="e1", **kwargs)
 
 
 def test_lifecycle_events_in_order_with_payloads(kafka: KafkaTestKit) -> None:
@@ -94,12 +87,12 @@ def test_failure_retry_and_recovery_events_carry_the_record_and_exception(kafka:
     topic = kafka.topic()
     app = make_app(kafka, create_topics=True)
     rec = Recorder(app)
-    raised: list[Poison] = []
+    raised: list[PoisonError] = []
 
     @app.listener(topic, max_attempts=2, dlq=True, name="orders")
     def handle(record: Record) -> None:
         if record.value == b"bad":
-            raised.append(Poison(f"cannot handle offset {record.offset}"))
+            raised.append(PoisonError(f"cannot handle offset {record.offset}"))
             raise raised[-1]
 
     kafka.produce(topic, [b"ok", b"bad", b"ok"])
@@ -137,7 +130,7 @@ def test_recovery_failed_then_recovered(kafka: KafkaTestKit) -> None:
 
     @app.listener(topic, max_attempts=1, dlq=recoverer, recovery_backoff=0.1, name="flaky-dlq")
     def handle(record: Record) -> None:
-        raise Poison("always")
+        raise PoisonError("always")
 
     kafka.produce(topic, [b"bad"])
     with running(app):
@@ -145,7 +138,7 @@ def test_recovery_failed_then_recovered(kafka: KafkaTestKit) -> None:
 
     (failure,) = rec.of(RecoveryFailed)
     assert failure.record is not None and (failure.record.offset, failure.record.value) == (0, b"bad")
-    assert isinstance(failure.exception, Poison)
+    assert isinstance(failure.exception, PoisonError)
     assert failure.recovery_error is dlq_down
     assert failure.failures == 1
     assert rec.index(RecoveryFailed) < rec.index(RecordRecovered)
@@ -163,7 +156,7 @@ def test_stopped_with_reason_error_when_recovery_keeps_failing(kafka: KafkaTestK
 
     @app.listener(topic, max_attempts=1, dlq=broken, max_recovery_failures=1, name="doomed")
     def handle(record: Record) -> None:
-        raise Poison("always")
+        raise PoisonError("always")
 
     kafka.produce(topic, [b"bad"])
     app.start()

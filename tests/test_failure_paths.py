@@ -13,23 +13,16 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from helpers import PoisonError, make_app
 
-from kafkatx import App, DeadLetterPublishingRecoverer, DefaultAfterRollbackProcessor, Record
+from kafkatx import DeadLetterPublishingRecoverer, DefaultAfterRollbackProcessor, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import HandlerFailed, PartitionsAssigned, RecordRecovered, RecoveryFailed
 from kafkatx.rollback.classifier import cause_chain
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
-def make_app(kafka: KafkaTestKit, **kwargs: Any) -> App:
-    return App(unique_name("fp"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t", **kwargs)
-
-
 class MateError(Exception):
-    pass
-
-
-class PoisonError(Exception):
     pass
 
 
@@ -158,18 +151,21 @@ def test_11_4_a_fatal_record_is_never_republished_to_its_own_topic(kafka: KafkaT
     src = kafka.topic()
     kafka.produce(src, [b"bad"])
     app = make_app(kafka)
-    calls: list[int] = []
+    calls: list[bytes | None] = []
 
     @app.listener(src, dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: r.topic), not_retryable=(ValueError,))
     def handle(record: Record) -> None:
-        calls.append(1)
-        raise ValueError("never valid")
+        calls.append(record.value)
+        if record.value == b"bad":
+            raise ValueError("never valid")
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
-        time.sleep(1.0)  # a loop would republish many times in a second (114-123 times in 13 s before)
-    assert kafka.end_offsets(src) == {0: 1}, "the topic did not grow"
-    assert calls == [1]
+        # A copy of "bad" republished to its own topic would sit before this marker, and be handled before it.
+        kafka.produce(src, [b"marker"])
+        wait_for(lambda: b"marker" in calls and kafka.caught_up(app.group_id, src), 30, message="marker committed")
+    assert calls == [b"bad", b"marker"], "the bad record was handled once, not republished and handled again"
+    assert kafka.end_offsets(src) == {0: 2}, "the topic grew by the marker only"
 
 
 @pytest.mark.parametrize("retry", ["in_place", "rollback"])

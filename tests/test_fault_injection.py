@@ -444,7 +444,9 @@ def test_broker_down_during_commit_is_retried_and_commits_without_reprocessing(
         assert committing.wait(10), "commit_transaction was never called"
         mc.broker_down()
         proceed.set()
-        time.sleep(2.0)
+        # Down until a commit attempt has timed out against it; well inside the 5 s budget, it comes back.
+        wait_for(lambda: "_TIMED_OUT" in probe.commits, 10, message="a commit attempt timed out")
+        assert not h.handled("abort and reprocess the batch"), "the budget ran out before the broker came back"
         mc.broker_up()
         h.wait_committed(2, timeout=20)
         assert probe.commits[0] == "_TIMED_OUT", probe.commits
@@ -462,7 +464,7 @@ def test_broker_down_during_commit_is_retried_and_commits_without_reprocessing(
 def test_commit_retries_that_run_out_become_abortable_and_the_batch_is_reprocessed(
     mc: MockCluster, probe: ClientProbe
 ) -> None:
-    # transaction_timeout_ms=4000: a 2 s retry budget; the broker stays down for 3 s.
+    # transaction_timeout_ms=4000: a 2 s retry budget; the broker stays down until it has run out.
     h = Harness(mc, app_options={"transaction_timeout_ms": 4000})
     with running(h.app):
         h.produce(b"warm-up")
@@ -478,7 +480,8 @@ def test_commit_retries_that_run_out_become_abortable_and_the_batch_is_reprocess
         assert committing.wait(10)
         mc.broker_down()
         proceed.set()
-        time.sleep(3.0)
+        # Down until the budget has run out, the abort failed and the producer was dropped.
+        wait_for(lambda: h.of(ProducerRecreated), 20, message="the producer was replaced")
         mc.broker_up()
         h.wait_committed(2, timeout=20)
 

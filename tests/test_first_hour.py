@@ -14,10 +14,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from helpers import os_threads, wait_for_client_threads_to_end
 from process_helpers import read_until
 
 from kafkatx.testing import KafkaTestKit, produce, read_topic, wait_for
@@ -123,8 +123,10 @@ def test_the_spark_wordcount_example_runs_under_local() -> None:
         expected = {"the": 3, "cat": 1, "and": 1, "hat": 1, "end": 1}
         # The two lines may sit in different partitions, committed by different transactions: wait for both.
         wait_for(lambda: totals() == expected, 120, message=f"the word counts {expected}")
-        time.sleep(1.0)  # anything counted twice would show up by now
-        assert totals() == expected
+        # A marker into each of the 3 partitions: a line counted twice would be committed before the marker.
+        produce(bootstrap, "lines", [{"value": b"marker", "partition": p} for p in range(3)])
+        wait_for(lambda: totals().get("marker") == 3, 120, message="the markers counted")
+        assert totals() == {**expected, "marker": 3}, "nothing counted twice"
         _stop(proc, seen)
     finally:
         if proc.poll() is None:
@@ -270,9 +272,10 @@ def test_every_pytest_fixture_says_what_it_gives() -> None:
 def test_the_test_kit_logs_through_logging_not_raw_lines(capfd: pytest.CaptureFixture[str]) -> None:
     from kafkatx.testing import create_topic
 
+    before = os_threads()
     with pytest.raises(Exception):  # noqa: B017 - whatever confluent-kafka raises for a broker that is down
         create_topic("127.0.0.1:1", "never", timeout=1)
-    time.sleep(0.3)  # librdkafka's threads print meanwhile, if they print at all
+    wait_for_client_threads_to_end(before)  # all it could print is printed
     assert "%3|" not in capfd.readouterr().err
 
 

@@ -4,6 +4,7 @@ embedded broker, and a container that waits for partitions saying so (issue 13).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -153,22 +154,19 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
 ) -> None:
     """rebalance="cooperative": when a second process joins, the first gives up only the partitions that
     move (no stop-the-world revoke), the newcomer gets them within seconds, and the copy stays exactly once.
-    The embedded broker answers a cooperative join only after max.poll.interval.ms and with overlapping
-    assignments (docs/BROKERS.md): an expected failure there (not strict, see below), a check against Apache Kafka."""
+    The embedded broker answers a cooperative join often only after max.poll.interval.ms, with overlapping
+    assignments meanwhile, and moves more than it must (docs/BROKERS.md; strict canary:
+    test_broker_conformance::test_a_cooperative_join_settles_within_seconds): there the handover may take
+    until max.poll.interval.ms and the first process may give up more than moved; single ownership at the
+    end and the exactly-once copy must hold as on Apache Kafka."""
     from collections import Counter
 
     from kafkatx.events import PartitionsAssigned, PartitionsRevoked
 
-    if not request.config.getoption("--kafka-bootstrap"):
-        # Flaky there (it passed 4 of 10 runs), hence not strict; the strict canary with plain consumers is
-        # test_broker_conformance::test_a_cooperative_join_settles_within_seconds.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="noida-db 0.2.3: cooperative joins often settle "
-                "only after max.poll.interval.ms, with overlapping assignments",
-            )
-        )
+    on_apache_kafka = bool(request.config.getoption("--kafka-bootstrap"))
+    max_poll_interval_s = 10
+    # Apache Kafka settles within seconds; noida-db may wait for max.poll.interval.ms before it answers.
+    handover_s = 20 if on_apache_kafka else max_poll_interval_s + 20
     src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
     group = unique_name("coop")
     kafka.produce(src, [b"%d" % i for i in range(2000)])
@@ -178,17 +176,32 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
             bootstrap_servers=kafka.bootstrap_servers,
             instance_id=f"coop-{i}",
             rebalance="cooperative",
-            consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000},
+            consumer_config={
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+                "max.poll.interval.ms": max_poll_interval_s * 1000,
+            },
         )
         for i in range(2)
     ]
     owned: list[set[tuple[str, int]]] = [set(), set()]
     revoked: list[set[tuple[str, int]]] = [set(), set()]
+    both_owned: set[int] = set()  # partitions assigned to one process while the other still owned them
+    lock = threading.Lock()
+
+    def assigned(i: int, event: PartitionsAssigned) -> None:
+        with lock:
+            both_owned.update(p for tp in event.partitions if tp in owned[1 - i] for p in [tp[1]])
+            owned[i].update(event.partitions)
+
+    def revoked_from(i: int, event: PartitionsRevoked) -> None:
+        with lock:
+            revoked[i].update(event.partitions)  # before owned: a check that sees a partition leave owned finds it
+            owned[i].difference_update(event.partitions)
+
     for i, app in enumerate(apps):
-        app.on(PartitionsAssigned)(lambda e, i=i: owned[i].update(e.partitions))
-        app.on(PartitionsRevoked)(
-            lambda e, i=i: (owned[i].difference_update(e.partitions), revoked[i].update(e.partitions))
-        )
+        app.on(PartitionsAssigned)(lambda e, i=i: assigned(i, e))
+        app.on(PartitionsRevoked)(lambda e, i=i: revoked_from(i, e))
 
         @app.listener(src, output=out, max_batch_records=100)
         def copy(record: Record) -> bytes | None:
@@ -200,9 +213,27 @@ def test_cooperative_rebalancing_keeps_the_partitions_that_do_not_move_flowing(
         with running(apps[1]):
             wait_for(
                 lambda: owned[1] and not (owned[0] & owned[1]) and len(owned[0] | owned[1]) == 4,
-                20,
+                handover_s,
                 message="the newcomer got its share, and nobody owns a partition twice",
             )
-            assert revoked[0] == owned[1], "the first process gave up exactly the partitions that moved"
+            if on_apache_kafka:
+                assert revoked[0] == owned[1], "the first process gave up exactly the partitions that moved"
+            else:
+                # noida-db's cooperative rebalance is not sticky (same canary): the first process may give
+                # up partitions that come back to it; it must have given up every one that moved.
+                assert revoked[0] >= owned[1], "the first process gave up every partition that moved"
             wait_for(lambda: kafka.caught_up(group, src), 60, message="everything copied")
-    assert Counter(kafka.values(out)) == Counter(b"%d" % i for i in range(2000))
+    copied = Counter(kafka.values(out))
+    twice = {value for value, n in copied.items() if n > 1}
+    if twice and not on_apache_kafka:
+        # Proof, not an excuse: only records of partitions that noida-db handed to both processes at once
+        # (its gap, docs/BROKERS.md; canary test_a_cooperative_join_settles_within_seconds) may be copied twice.
+        partition_of = {r.value: r.partition for r in kafka.read(src)}
+        twice_in = {partition_of[value] for value in twice}
+        assert twice_in <= both_owned, f"copied twice in partitions {sorted(twice_in)}, owned twice {both_owned}"
+        assert set(copied) == {b"%d" % i for i in range(2000)}, "nothing lost, nothing extra"
+        pytest.xfail(
+            f"noida-db assigned partitions {sorted(both_owned)} to both processes at once; "
+            f"{len(twice)} records of partitions {sorted(twice_in)} were copied twice"
+        )
+    assert copied == Counter(b"%d" % i for i in range(2000)), "exactly once"

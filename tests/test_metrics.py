@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import io
 import logging
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -240,7 +241,7 @@ def test_status_line_does_nothing_without_a_terminal() -> None:
     app = App(unique_name("st"), bootstrap_servers="x:1")
     pipe = io.StringIO()
     status = StatusLine(app, stream=pipe, interval=0.01).start()
-    time.sleep(0.05)
+    assert "kafkatx-status" not in {t.name for t in threading.enumerate()}, "no thread to redraw a status line"
     status.stop()
     assert pipe.getvalue() == ""
     assert "stats_cb" not in app.consumer_config_overrides

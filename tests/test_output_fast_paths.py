@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import make_app
 
-from kafkatx import App, Output, Record, send
+from kafkatx import Output, Record, send
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
-
-
-def make_app(kafka: KafkaTestKit) -> App:
-    return App(unique_name("app"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
+from kafkatx.testing import KafkaTestKit, running, wait_for
 
 
 def test_direct_shapes_produce_the_documented_records_in_order(kafka: KafkaTestKit) -> None:

@@ -159,9 +159,16 @@ HUNG_APP = textwrap.dedent(
     app = App(os.environ["APP_NAME"], shutdown_timeout=float(os.environ["SHUTDOWN_TIMEOUT"]),
               consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
 
+    HELD, GO = os.environ["HELD_FILE"], os.environ["GO_FILE"]
+
     @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=50, fencing=os.environ["FENCING"])
     def handle(record: Record) -> bytes:
         time.sleep(0.002)
+        if record.value == os.environ["HOLD_AT"].encode():
+            # Mid-copy and inside a transaction: tell the test, and wait until it has frozen the broker.
+            open(HELD, "w").close()
+            while not os.path.exists(GO):
+                time.sleep(0.01)
         return b"out-" + record.value
     """
 )
@@ -193,6 +200,9 @@ def test_a_worker_stuck_in_a_client_call_stops_within_shutdown_timeout_and_recov
         "FENCING": fencing,
         "PYTHONUNBUFFERED": "1",
         "SHUTDOWN_TIMEOUT": str(shutdown_timeout),
+        "HOLD_AT": "2000",
+        "HELD_FILE": str(tmp_path / "held"),
+        "GO_FILE": str(tmp_path / "go"),
     }
     n = 6000
     kafka.produce(src, [{"value": b"%d" % i, "partition": i % 2} for i in range(n)])
@@ -221,11 +231,13 @@ def test_a_worker_stuck_in_a_client_call_stops_within_shutdown_timeout_and_recov
     proc = worker()
     frozen = False
     try:
-        wait_for(lambda: sum(kafka.committed(name, src).values()) > 500, 60, interval=0.2, message="copying")
+        wait_for(lambda: (tmp_path / "held").exists(), 60, interval=0.1, message="copying, inside a transaction")
+        assert sum(kafka.committed(name, src).values()) > 500, "mid-copy: earlier batches committed"
         assert broker.pid is not None
         os.kill(broker.pid, signal.SIGSTOP)
         frozen = True
-        time.sleep(3)  # the batch in hand is handled; its commit now waits for a broker that does not answer
+        # The handler finishes the batch in hand, whose commit then waits for a broker that does not answer.
+        (tmp_path / "go").touch()
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         output, _ = proc.communicate(timeout=60)

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import tenacity
 from confluent_kafka import Producer
+from helpers import PoisonError, make_app
 
 from kafkatx import (
-    App,
     CompositeRecoverer,
     DeadLetterPublishingRecoverer,
     DeserializationError,
@@ -45,16 +45,8 @@ from kafkatx.rollback.tracker import FailureTracker
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
-class PoisonError(Exception):
-    pass
-
-
 class ServiceError(Exception):
     """What a handler raises for a downstream outage, chained to whatever the client library raised."""
-
-
-def make_app(kafka: KafkaTestKit, **kwargs: Any) -> App:
-    return App(unique_name("spring"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t", **kwargs)
 
 
 def rec(topic: str = "foo", partition: int = 0, offset: int = 0) -> Record:
