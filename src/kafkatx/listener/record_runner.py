@@ -13,9 +13,10 @@ record, so it keeps to local variables, reads the clock once per step of
 records, and hands each result to the emit function of its type
 (:class:`~kafkatx.outputs.ResultEmitters`, chosen once per type), which
 produces whatever needs no encoding (bytes, ``(key, value)`` of bytes, an
-``Output`` of bytes) straight through confluent-kafka. Each emit function
-costs a Python call per record; ``bench/micro_hot_path.py --callgrind``
-counts what each shape costs.
+``Output`` of bytes) straight through confluent-kafka. The emit function is
+the one Python call per record kafkatx adds to the handler's: it calls
+confluent-kafka itself, with no helper call on the fast path
+(``bench/micro_hot_path.py --callgrind`` counts what each shape costs).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import after_rollback, recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.outputs import Emit, PendingOutput, ResultEmitters, Send, collect_outputs
+from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.policy import Action
 
@@ -52,10 +53,11 @@ class _RecordBuffer(list[PendingOutput]):
     """Outputs of the record being handled; ``send()`` appends here.
 
     While the runner handles a unit with ``retry="rollback"``, ``stream``
-    maps the topics it has looked up to their
-    :func:`~kafkatx.outputs.direct_or_buffer`, and ``send()`` produces
-    through it (counting in ``produced``): a failing handler aborts the
-    whole transaction, so there is nothing to hold back.
+    maps the topics it has looked up to confluent-kafka's ``produce`` (or
+    None), and ``send()`` produces through it by the produce-or-buffer rule
+    (:func:`~kafkatx.outputs.buffer_output`), counting in ``produced``: a
+    failing handler aborts the whole transaction, so there is nothing to
+    hold back.
     """
 
     __slots__ = ("serializer", "stream", "produced")
@@ -63,7 +65,7 @@ class _RecordBuffer(list[PendingOutput]):
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
-        self.stream: dict[str, Send] | None = None
+        self.stream: dict[str, Produce | None] | None = None
         self.produced = 0
 
     add = list.append
@@ -246,7 +248,7 @@ class RecordRunner:
             stream_items=not in_place,
             kinds=self._kinds,
         )
-        buf.stream = emitters.senders if not in_place else None
+        buf.stream = emitters.directs if not in_place else None
         return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
