@@ -161,14 +161,15 @@ class RecordRunner:
 
         Per record: refill the record, call the handler, produce its result by
         the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
-        then produce what it buffered. With ``retry="rollback"`` a failing
-        handler aborts the whole transaction, so ``send()`` and a generator's
-        items are produced as they come; with ``retry="in_place"`` the
-        transaction goes on, so they wait in the buffer until the handler returned.
+        then produce what it buffered; while some record is failing, a success
+        on the first call ends the record's count, commit or not (FailureTracker).
+        With ``retry="rollback"`` a failing handler aborts the whole
+        transaction, so ``send()`` and a generator's items are produced as they
+        come; with ``retry="in_place"`` they wait in the buffer until the handler returned.
         """
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
-        failing = tracker.failing  # non-empty only while a record is failing
+        failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
         emitters = self._emitters(unit, in_place)
         by_type, emitter_for = emitters.by_type, emitters.emitter
         shape: type = type(None)  # the type of the last result, and its emit function
@@ -215,6 +216,8 @@ class RecordRunner:
                         self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
                     if buf:
                         outputs += _produce_buffered(emitters, produce, record, step_msgs, handled)
+                    if failing and error is None:  # its first call succeeded: that ends its count (FailureTracker)
+                        tracker.clear(record)
                     if partition != run_partition or topic != run_topic:
                         if run_topic is not None:
                             offsets[(run_topic, run_partition)] = run_last + 1
