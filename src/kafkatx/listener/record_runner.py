@@ -174,15 +174,14 @@ class RecordRunner:
         by_type, emitter_for = emitters.by_type, emitters.emitter
         shape: type = type(None)  # the type of the last result, and its emit function
         emit: Emit = _nothing
-        produce = unit.producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = handled = 0
         # The clock is read after each step of records (not per record): the transaction's time budget.
-        started, step = time.perf_counter(), 1
-        deadline = started + self._c.transaction_budget
+        started, step, budget = time.perf_counter(), 1, self._c.transaction_budget
         new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
+        record.attempt = 1  # and so it stays, unless some record is failing
         previous = bind_sink(buf)
         try:
             while handled < len(msgs):
@@ -190,15 +189,16 @@ class RecordRunner:
                 for msg in step_msgs:
                     topic = msg.topic() if only_topic is None else only_topic
                     partition, offset = msg.partition(), msg.offset()
-                    # record.message_record(), inlined (hot path). The last record is refilled unless something
-                    # still holds it (the handler kept it, an event or a traceback refers to it): UNSHARED_REFCOUNT.
+                    # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
                     if getrefcount(record) > unshared:
                         record = new_record(_MessageRecord)
+                        record.attempt = 1
                     record._msg = msg
                     record.topic = topic
                     record.partition = partition
                     record.offset = offset
-                    record.attempt = _attempt(tracker, msg, step_msgs, handled) if failing else 1
+                    if failing:
+                        record.attempt = _attempt(tracker, msg, step_msgs, handled)
                     record.key, record.value = msg.key(), msg.value()
                     error = None
                     try:
@@ -215,7 +215,7 @@ class RecordRunner:
                             raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
                         self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
                     if buf:
-                        outputs += _produce_buffered(emitters, produce, record, step_msgs, handled)
+                        outputs += _produce_buffered(emitters, unit.producer.produce, record, step_msgs, handled)
                     if failing and error is None:  # its first call succeeded: that ends its count (FailureTracker)
                         tracker.clear(record)
                     if partition != run_partition or topic != run_topic:
@@ -225,7 +225,7 @@ class RecordRunner:
                     run_last = offset
                 handled += len(step_msgs)
                 if handled < len(msgs):
-                    step = _records_to_next_check(started, deadline, handled)
+                    step = _records_to_next_check(started, budget, handled)
                     if not step:  # the transaction's time is up: the rest is fetched again
                         self._stopped_at = handled
                         break
@@ -307,9 +307,10 @@ def _nothing(result: object) -> int:
     return 0
 
 
-def _records_to_next_check(started: float, deadline: float, handled: int) -> int:
+def _records_to_next_check(started: float, budget: float, handled: int) -> int:
     """How many records to handle before looking at the clock again; 0 once the transaction's time is up."""
     now = time.perf_counter()
+    deadline = started + budget
     if now >= deadline:
         return 0
     per_record = (now - started) / handled
