@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafkatx.errors import NotInTransactionError
-from kafkatx.outputs import PendingOutput, encode, encode_headers, new_pending
+from kafkatx.outputs import REFUSED, PendingOutput, buffer_output, encode, encode_headers, new_pending
 
 __all__ = [
     "OutputSink",
@@ -120,15 +120,21 @@ def send(
         and (type(value) is bytes or value is None)
         and (type(key) is bytes or key is None)
     ):
-        # The common call, nothing to encode. A record runner whose failures abort the whole transaction
-        # lends its sink a stream (per topic it has looked up, outputs.direct_or_buffer): produced now, unless
-        # something is buffered before it (order is kept).
+        # The common call, nothing to encode. A record runner whose failures abort the whole transaction lends
+        # its buffer a stream (confluent-kafka's produce per topic it has looked up): the produce-or-buffer rule
+        # of outputs.buffer_output, written out here as in each emit function (no helper call on the fast path).
         stream = getattr(sink, "stream", None)
         if stream is not None:
-            to_topic = stream.get(topic)
-            if to_topic is not None:
-                sink.produced += to_topic(value, key)  # type: ignore[attr-defined]
-                return
+            produce = stream.get(topic)
+            if produce is not None and not sink:
+                try:
+                    produce(topic, value, key)
+                    sink.produced += 1  # type: ignore[attr-defined]
+                    return
+                except REFUSED:
+                    pass
+            buffer_output(sink, topic, value, key)  # type: ignore[arg-type]
+            return
         sink.add(new_pending(PendingOutput, (topic, value, key, None, None)))
         return
     serializer = sink.serializer

@@ -40,9 +40,10 @@ __all__ = [
     "OTHER",
     "Emit",
     "Produce",
+    "REFUSED",
+    "REFUSED_WITH_HEADERS",
     "ResultEmitters",
-    "Send",
-    "direct_or_buffer",
+    "buffer_output",
 ]
 
 Serializer = Callable[[Any], bytes]
@@ -226,44 +227,39 @@ def collect_outputs(
 
 
 # -- producing what a handler returned, in its transaction ---------------------------------------------------------
+#
+# The produce-or-buffer rule: a record that needs no encoding goes straight to confluent-kafka's ``produce`` when
+# its topic was looked up and nothing is buffered before it (order is kept); otherwise, or when confluent-kafka
+# refuses it, it waits in the buffer (buffer_output) for the runner's buffered produce (produce_pending). Each emit
+# function, and send(), calls ``produce`` itself, in its own ``try``: a Python call costs up to a tenth of a
+# record's handling (bench/micro_hot_path.py --callgrind), so the fast path calls no helper.
 
 #: confluent-kafka's ``Producer.produce`` (for a topic that exists, in an open transaction).
 Produce = Callable[..., Any]
-#: ``send(value, key=None, headers=None)`` for one topic: 1 when produced now, 0 when buffered (see direct_or_buffer).
-Send = Callable[..., int]
 #: Produces (or buffers) one handler result of a given shape; returns how many records it produced now.
 Emit = Callable[[Any], int]
 
+#: What confluent-kafka's ``produce`` raises for a record the buffered produce can still handle: it waits for
+#: queue space (BufferError) and classifies the error (KafkaException).
+REFUSED = (BufferError, KafkaException)
+#: The same for a record with headers, plus the header values confluent-kafka cannot take (kafkatx's encoding
+#: then names them).
+REFUSED_WITH_HEADERS = (BufferError, KafkaException, TypeError, ValueError)
 
-def direct_or_buffer(produce: Produce | None, pending: list[PendingOutput], topic: str) -> Send:
-    """The one produce-or-buffer rule, bound to ``topic``: ``send(value, key=None, headers=None) -> int``.
 
-    ``value`` and ``key`` are bytes or None, ``headers`` None or a dict with
-    str names. The record goes straight to confluent-kafka's ``produce``
-    when nothing is buffered before it (order is kept) and the topic exists;
-    when confluent-kafka refuses it (queue full, an error, headers it cannot
-    take), or otherwise, it is appended to ``pending`` for the runner's
-    buffered produce, which waits for queue space, classifies errors and
-    names bad headers. A closure rather than a function of the topic: the
-    hot path pays one call per record for it, nothing more.
+def buffer_output(
+    pending: list[PendingOutput], topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None
+) -> int:
+    """The rule's fallback, shared by every emit function and ``send()``: the record waits in ``pending``.
+
+    Returns 0, the records produced now. ``headers`` (None or a dict with
+    str names) are encoded here, after the ``except`` block that caught
+    confluent-kafka's refusal, so a bad header's OutputError names the
+    header and does not chain to the refusal.
     """
-
-    def send(value: bytes | None, key: bytes | None = None, headers: Any = None) -> int:
-        if produce is not None and not pending:
-            try:
-                if headers is None:
-                    produce(topic, value, key)
-                else:
-                    produce(topic, value, key, headers=headers)
-                return 1
-            except (BufferError, KafkaException, TypeError, ValueError):
-                pass
-        # Outside the except block: a header encoding error names the headers, not confluent-kafka's refusal.
-        encoded = None if headers is None else encode_headers(headers)
-        pending.append(new_pending(PendingOutput, (topic, value, key, encoded, None)))
-        return 0
-
-    return send
+    encoded = None if headers is None else encode_headers(headers)
+    pending.append(new_pending(PendingOutput, (topic, value, key, encoded, None)))
+    return 0
 
 
 class ResultEmitters:
@@ -271,13 +267,15 @@ class ResultEmitters:
 
     :meth:`emitter` picks the function for a result's type the first time
     the type is seen (:func:`result_kind`, cached per listener in ``kinds``)
-    and keeps it in ``by_type``; each one produces what needs no encoding
-    through :func:`direct_or_buffer` and encodes the rest into ``pending``
-    with :func:`to_pending` (a bad result fails its record with an
-    OutputError). ``stream_items`` produces an iterable's items as they come
-    (a failing handler aborts the whole transaction, so nothing need be held
-    back); without it they wait in ``pending`` until the handler returned.
-    ``senders`` (topic -> :data:`Send`) is what ``send()`` produces through.
+    and keeps it in ``by_type``; each one produces what needs no encoding by
+    the produce-or-buffer rule (see :func:`buffer_output`) and encodes the
+    rest into ``pending`` with :func:`to_pending` (a bad result fails its
+    record with an OutputError). ``stream_items`` produces an iterable's
+    items as they come (a failing handler aborts the whole transaction, so
+    nothing need be held back); without it they wait in ``pending`` until
+    the handler returned. ``directs`` (topic -> confluent-kafka's
+    ``produce``, or None) holds the topics looked up so far; ``send()``
+    produces through it.
     """
 
     __slots__ = (
@@ -289,9 +287,7 @@ class ResultEmitters:
         "_stream_items",
         "pending",
         "directs",
-        "senders",
         "by_type",
-        "to_default",
     )
 
     def __init__(
@@ -308,44 +304,38 @@ class ResultEmitters:
         self._default_topic, self._serializer, self._listener = default_topic, serializer, listener
         self._direct_for, self._kinds, self._stream_items = direct_for, kinds, stream_items
         self.pending = pending
-        self.directs: dict[str, Produce | None] = {}  # the topics looked up: confluent-kafka's produce, or None
-        self.senders: dict[str, Send] = {}
+        self.directs: dict[str, Produce | None] = {}
         self.by_type: dict[type, Emit] = {}
-        self.to_default = self.sender(default_topic) if default_topic is not None else None
+        if default_topic is not None:
+            self.direct(default_topic)
 
     def direct(self, topic: str) -> Produce | None:
         """confluent-kafka's ``produce`` for ``topic`` (None if it cannot take it), looked up once."""
-        if topic not in self.directs:
-            self.sender(topic)
-        return self.directs[topic]
-
-    def sender(self, topic: str) -> Send:
-        """The :func:`direct_or_buffer` of ``topic``, looked up once."""
-        send = self.senders.get(topic)
-        if send is None:
-            fast = self.directs[topic] = self._direct_for(topic)
-            send = self.senders[topic] = direct_or_buffer(fast, self.pending, topic)
-        return send
+        directs = self.directs
+        if topic in directs:
+            return directs[topic]
+        produce = directs[topic] = self._direct_for(topic)
+        return produce
 
     def emitter(self, cls: type) -> Emit:
         """The function producing a result of type ``cls`` (chosen once per type)."""
         kind = self._kinds.get(cls)
         if kind is None:
             kind = self._kinds[cls] = result_kind(cls, self._serializer)
-        to_default, pending = self.to_default, self.pending
-        fallback = self._buffer_encoded
+        topic = self._default_topic or ""  # "" when the listener has no output topic: never looked up
+        produce, pending, fallback = self.directs.get(topic), self.pending, self._buffer_encoded
         emit: Emit
-        if to_default is not None and cls is bytes:
-            emit = to_default
-        elif to_default is not None and cls is tuple:
-            emit = _pair_emitter(to_default, fallback)
+        if produce is not None and cls is bytes:
+            emit = _value_emitter(produce, pending, topic)
+        elif produce is not None and cls is tuple:
+            emit = _pair_emitter(produce, pending, topic, fallback)
         elif kind == OUTPUT:
-            emit = _output_emitter(to_default, self.sender, self.senders, fallback)
+            emit = _output_emitter(topic, self.directs, self.direct, pending, fallback)
         elif kind == MANY:
-            emit = _many_emitter(to_default if self._stream_items else None, fallback)
-        elif kind == SERIALIZE and to_default is not None:
-            emit = _serialized_emitter(to_default, self._serializer)  # type: ignore[arg-type]
-        else:  # str, other tuples, no output topic, unsupported: as collect_outputs() documents
+            emit = _many_emitter(produce if self._stream_items else None, pending, topic, fallback)
+        elif kind == SERIALIZE and produce is not None:
+            emit = _serialized_emitter(produce, pending, topic, self._serializer)  # type: ignore[arg-type]
+        else:  # str, other tuples, an output topic not taken directly, unsupported: as collect_outputs() documents
             emit = functools.partial(_collect, pending, self._default_topic, self._serializer, self._listener)
         self.by_type[cls] = emit
         return emit
@@ -373,7 +363,7 @@ class ResultEmitters:
                     else:
                         fast(topic, value, key, -1 if partition is None else partition, headers=headers)
                     continue
-                except (BufferError, KafkaException):
+                except REFUSED:
                     pass  # produce() waits for queue space, or classifies the error
             produce(out)
         count = len(pending)
@@ -388,74 +378,128 @@ def _collect(
     return 0
 
 
-def _pair_emitter(to_default: Send, fallback: Emit) -> Emit:
+def _value_emitter(produce: Produce, pending: list[PendingOutput], topic: str) -> Emit:
+    def emit_value(value: bytes) -> int:
+        """Bytes for the listener's output topic."""
+        if not pending:
+            try:
+                produce(topic, value)
+                return 1
+            except REFUSED:
+                pass
+        return buffer_output(pending, topic, value)
+
+    return emit_value
+
+
+def _pair_emitter(produce: Produce, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
     def emit_pair(result: tuple[Any, ...]) -> int:
-        """A ``(key, value)`` tuple for the listener's output topic."""
+        """A ``(key, value)`` tuple for the listener's output topic; encoded by ``fallback`` unless of bytes."""
         if len(result) == 2:
             key, value = result
             if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                return to_default(value, key)
+                if not pending:
+                    try:
+                        produce(topic, value, key)
+                        return 1
+                    except REFUSED:
+                        pass
+                return buffer_output(pending, topic, value, key)
         return fallback(result)
 
     return emit_pair
 
 
 def _output_emitter(
-    to_default: Send | None, sender: Callable[[str], Send], senders: dict[str, Send], fallback: Emit
+    default_topic: str,
+    directs: dict[str, Produce | None],
+    direct: Callable[[str], Produce | None],
+    pending: list[PendingOutput],
+    fallback: Emit,
 ) -> Emit:
     def emit_output(result: Output) -> int:
-        """An Output; straight through when it names no partition and its headers are a dict with str names."""
-        target = result.topic
-        send = to_default if not target else senders.get(target) or sender(target)
+        """An Output; as it is when it names no partition, its value and key are bytes and its headers a dict.
+
+        confluent-kafka encodes a dict's header values as kafkatx would
+        (bytes, str as UTF-8, None) and refuses others, which
+        :func:`buffer_output` then encodes (naming the problem); but it would
+        turn a name 1 into "1", and pairs are checked by kafkatx's encoding.
+        """
+        topic = result.topic or default_topic
         value, key, headers = result.value, result.key, result.headers
         if (
-            send is not None
-            and result.partition is None
-            and (type(value) is bytes or value is None)
-            and (type(key) is bytes or key is None)
+            not topic
+            or result.partition is not None
+            or not (type(value) is bytes or value is None)
+            or not (type(key) is bytes or key is None)
         ):
-            if headers is None:
-                return send(value, key)
-            # confluent-kafka encodes a dict's values as kafkatx would (bytes, str as UTF-8, None) and refuses
-            # others, which direct_or_buffer then encodes (naming the problem); but it would turn a name 1 into
-            # "1", and pairs are checked by kafkatx's encoding.
-            if type(headers) is dict:
-                for name in headers:
-                    if type(name) is not str:
-                        break
+            return fallback(result)
+        if headers is not None:
+            if type(headers) is not dict:
+                return fallback(result)
+            for name in headers:
+                if type(name) is not str:
+                    return fallback(result)
+        produce = directs[topic] if topic in directs else direct(topic)
+        if produce is not None and not pending:
+            try:
+                if headers is None:
+                    produce(topic, value, key)
                 else:
-                    return send(value, key, headers)
-        return fallback(result)
+                    produce(topic, value, key, headers=headers)
+                return 1
+            except REFUSED_WITH_HEADERS:
+                pass
+        return buffer_output(pending, topic, value, key, headers)
 
     return emit_output
 
 
-def _many_emitter(stream_to: Send | None, fallback: Emit) -> Emit:
+def _many_emitter(stream_to: Produce | None, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
     def emit_many(result: Iterable[Any]) -> int:
-        """An iterable: with ``stream_to`` bytes and ``(key, value)`` items go out as they come."""
+        """An iterable: with ``stream_to`` bytes and ``(key, value)`` items go out as they come.
+
+        The others, and any item once one is buffered (order is kept), are
+        encoded into the buffer by ``fallback``.
+        """
         produced = 0
         for item in result:
             if item is None:
                 continue
-            if stream_to is not None:
+            if stream_to is not None and not pending:
                 itype = type(item)
                 if itype is bytes:
-                    produced += stream_to(item)
-                    continue
-                if itype is tuple and len(item) == 2:
+                    try:
+                        stream_to(topic, item)
+                        produced += 1
+                        continue
+                    except REFUSED:
+                        pass
+                elif itype is tuple and len(item) == 2:
                     key, value = item
                     if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                        produced += stream_to(value, key)
-                        continue
+                        try:
+                            stream_to(topic, value, key)
+                            produced += 1
+                            continue
+                        except REFUSED:
+                            pass
             fallback(item)
         return produced
 
     return emit_many
 
 
-def _serialized_emitter(to_default: Send, serializer: Serializer) -> Emit:
+def _serialized_emitter(produce: Produce, pending: list[PendingOutput], topic: str, serializer: Serializer) -> Emit:
     def emit_serialized(result: Any) -> int:
         """Anything else, encoded by the listener's serializer."""
-        return to_default(serialize(result, "value", serializer))
+        value = serialize(result, "value", serializer)
+        if not pending:
+            try:
+                produce(topic, value)
+                return 1
+            except REFUSED:
+                pass
+        return buffer_output(pending, topic, value)
 
     return emit_serialized

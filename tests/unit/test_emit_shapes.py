@@ -230,9 +230,9 @@ def test_str_is_encoded_and_buffered() -> None:
 
 def test_the_emit_function_is_chosen_once_per_type() -> None:
     made, _ = emitters(FakeProduce())
-    first = made.emitter(tuple)
-    assert made.by_type[tuple] is first
-    assert made.emitter(bytes) is made.to_default
+    pair, value = made.emitter(tuple), made.emitter(bytes)
+    assert made.by_type == {tuple: pair, bytes: value}
+    assert pair is not value
 
 
 def test_buffered_outputs_are_produced_in_order_with_their_partition_and_headers() -> None:
@@ -272,8 +272,8 @@ def test_send_goes_through_the_same_rule_as_returned_records() -> None:
     fake = FakeProduce(refuse=1)
     sink = Sink()
     made = ResultEmitters(OUT, None, "listener", sink, lambda t: fake, stream_items=True, kinds={})
-    made.sender("other")
-    sink.stream = made.senders
+    made.direct("other")
+    sink.stream = made.directs
     previous = bind_sink(sink)
     try:
         send("other", b"refused", b"k")  # BufferError: buffered

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from fakes import FakeHost, listener, messages
 
 from kafkatx import Record
@@ -182,12 +181,6 @@ def test_succeeded_needs_no_pass_over_the_records_when_only_the_failed_one_is_fa
     assert tracker.attempt("in", 0, 2) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not done yet: a first-call success inside RecordRunner._handle does not end the count, so a batch that "
-    "Kafka aborts (and the unit runs again) re-runs X at its old attempt. The fix belongs in _handle: end the slot "
-    "found in its `if failing:` branch once that record's handler and outputs succeeded without in-place handling",
-)
 def test_a_success_in_a_batch_kafka_aborts_ends_the_count_too() -> None:
     host: FakeHost
     handle, log = _scripted({b"x": {1, 2, 4}})

@@ -13,9 +13,10 @@ record, so it keeps to local variables, reads the clock once per step of
 records, and hands each result to the emit function of its type
 (:class:`~kafkatx.outputs.ResultEmitters`, chosen once per type), which
 produces whatever needs no encoding (bytes, ``(key, value)`` of bytes, an
-``Output`` of bytes) straight through confluent-kafka. Each emit function
-costs a Python call per record; ``bench/micro_hot_path.py --callgrind``
-counts what each shape costs.
+``Output`` of bytes) straight through confluent-kafka. The emit function is
+the one Python call per record kafkatx adds to the handler's: it calls
+confluent-kafka itself, with no helper call on the fast path
+(``bench/micro_hot_path.py --callgrind`` counts what each shape costs).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import after_rollback, recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.outputs import Emit, PendingOutput, ResultEmitters, Send, collect_outputs
+from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.policy import Action
 
@@ -52,10 +53,11 @@ class _RecordBuffer(list[PendingOutput]):
     """Outputs of the record being handled; ``send()`` appends here.
 
     While the runner handles a unit with ``retry="rollback"``, ``stream``
-    maps the topics it has looked up to their
-    :func:`~kafkatx.outputs.direct_or_buffer`, and ``send()`` produces
-    through it (counting in ``produced``): a failing handler aborts the
-    whole transaction, so there is nothing to hold back.
+    maps the topics it has looked up to confluent-kafka's ``produce`` (or
+    None), and ``send()`` produces through it by the produce-or-buffer rule
+    (:func:`~kafkatx.outputs.buffer_output`), counting in ``produced``: a
+    failing handler aborts the whole transaction, so there is nothing to
+    hold back.
     """
 
     __slots__ = ("serializer", "stream", "produced")
@@ -63,7 +65,7 @@ class _RecordBuffer(list[PendingOutput]):
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
-        self.stream: dict[str, Send] | None = None
+        self.stream: dict[str, Produce | None] | None = None
         self.produced = 0
 
     add = list.append
@@ -159,27 +161,27 @@ class RecordRunner:
 
         Per record: refill the record, call the handler, produce its result by
         the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
-        then produce what it buffered. With ``retry="rollback"`` a failing
-        handler aborts the whole transaction, so ``send()`` and a generator's
-        items are produced as they come; with ``retry="in_place"`` the
-        transaction goes on, so they wait in the buffer until the handler returned.
+        then produce what it buffered; while some record is failing, a success
+        on the first call ends the record's count, commit or not (FailureTracker).
+        With ``retry="rollback"`` a failing handler aborts the whole
+        transaction, so ``send()`` and a generator's items are produced as they
+        come; with ``retry="in_place"`` they wait in the buffer until the handler returned.
         """
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
-        failing = tracker.failing  # non-empty only while a record is failing
+        failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
         emitters = self._emitters(unit, in_place)
         by_type, emitter_for = emitters.by_type, emitters.emitter
         shape: type = type(None)  # the type of the last result, and its emit function
         emit: Emit = _nothing
-        produce = unit.producer.produce  # the producer's own produce: waits for queue space, classifies errors
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = handled = 0
         # The clock is read after each step of records (not per record): the transaction's time budget.
-        started, step = time.perf_counter(), 1
-        deadline = started + self._c.transaction_budget
+        started, step, budget = time.perf_counter(), 1, self._c.transaction_budget
         new_record, unshared = object.__new__, UNSHARED_REFCOUNT
         record: Any = new_record(_MessageRecord)
+        record.attempt = 1  # and so it stays, unless some record is failing
         previous = bind_sink(buf)
         try:
             while handled < len(msgs):
@@ -187,15 +189,16 @@ class RecordRunner:
                 for msg in step_msgs:
                     topic = msg.topic() if only_topic is None else only_topic
                     partition, offset = msg.partition(), msg.offset()
-                    # record.message_record(), inlined (hot path). The last record is refilled unless something
-                    # still holds it (the handler kept it, an event or a traceback refers to it): UNSHARED_REFCOUNT.
+                    # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
                     if getrefcount(record) > unshared:
                         record = new_record(_MessageRecord)
+                        record.attempt = 1
                     record._msg = msg
                     record.topic = topic
                     record.partition = partition
                     record.offset = offset
-                    record.attempt = _attempt(tracker, msg, step_msgs, handled) if failing else 1
+                    if failing:
+                        record.attempt = _attempt(tracker, msg, step_msgs, handled)
                     record.key, record.value = msg.key(), msg.value()
                     error = None
                     try:
@@ -212,7 +215,9 @@ class RecordRunner:
                             raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
                         self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
                     if buf:
-                        outputs += _produce_buffered(emitters, produce, record, step_msgs, handled)
+                        outputs += _produce_buffered(emitters, unit.producer.produce, record, step_msgs, handled)
+                    if failing and error is None:  # its first call succeeded: that ends its count (FailureTracker)
+                        tracker.clear(record)
                     if partition != run_partition or topic != run_topic:
                         if run_topic is not None:
                             offsets[(run_topic, run_partition)] = run_last + 1
@@ -220,7 +225,7 @@ class RecordRunner:
                     run_last = offset
                 handled += len(step_msgs)
                 if handled < len(msgs):
-                    step = _records_to_next_check(started, deadline, handled)
+                    step = _records_to_next_check(started, budget, handled)
                     if not step:  # the transaction's time is up: the rest is fetched again
                         self._stopped_at = handled
                         break
@@ -246,7 +251,7 @@ class RecordRunner:
             stream_items=not in_place,
             kinds=self._kinds,
         )
-        buf.stream = emitters.senders if not in_place else None
+        buf.stream = emitters.directs if not in_place else None
         return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
@@ -302,9 +307,10 @@ def _nothing(result: object) -> int:
     return 0
 
 
-def _records_to_next_check(started: float, deadline: float, handled: int) -> int:
+def _records_to_next_check(started: float, budget: float, handled: int) -> int:
     """How many records to handle before looking at the clock again; 0 once the transaction's time is up."""
     now = time.perf_counter()
+    deadline = started + budget
     if now >= deadline:
         return 0
     per_record = (now - started) / handled
