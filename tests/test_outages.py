@@ -8,6 +8,7 @@ from collections import Counter
 
 from kafkatx import App, OutageTooLongError, Record
 from kafkatx.events import HandlerFailed, OutageEnded, OutageStarted, RecordRecovered
+from kafkatx.metrics import instrument
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -29,6 +30,11 @@ def test_an_outage_costs_no_attempt_dead_letters_nothing_and_pauses_every_contai
     app.on(OutageEnded)(ended.append)
     app.on(HandlerFailed)(failed.append)
     app.on(RecordRecovered)(recovered.append)
+    metrics = instrument(app)
+
+    def metric(name: str) -> float | None:
+        sample = metrics.registry.get_sample_value(name, {"app": app.name, "listener": "payments"})
+        return None if sample is None else float(sample)
 
     @app.listener(src, output=out, concurrency=2, max_attempts=3, dlq=True, name="payments")
     def handle(record: Record) -> bytes:
@@ -52,6 +58,7 @@ def test_an_outage_costs_no_attempt_dead_letters_nothing_and_pauses_every_contai
         kafka.produce(src, [{"value": v, "partition": 1} for v in later])
         wait_for(lambda: retries_of_the_first_record() >= 3, 30, message="the outage lasting a few seconds")
         assert [c for c in calls if c[0] == 1] == [], "the other container handled records during the outage"
+        assert metric("kafkatx_listener_in_outage") == 1.0
         down.clear()
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="everything committed after the outage")
     assert Counter(kafka.values(out)) == Counter(v.upper() for v in first + later), "every output exactly once"
@@ -61,6 +68,7 @@ def test_an_outage_costs_no_attempt_dead_letters_nothing_and_pauses_every_contai
     assert len(started) == 1 and len(ended) == 1, "one outage, one start and one end"
     assert started[0].listener == "payments" and started[0].record is not None and started[0].record.offset == 0
     assert ended[0].retries >= 3 and ended[0].seconds >= 3.0
+    assert metric("kafkatx_listener_in_outage") == 0.0 and metric("kafkatx_outages_total") == 1.0
 
 
 def test_an_operator_pauses_and_resumes_a_listener(kafka: KafkaTestKit) -> None:
