@@ -245,3 +245,41 @@ def test_the_hold_pauses_the_containers_partitions_and_seeks_back_what_was_fetch
     assert [[m.offset() for m in batch] for batch in handled] == [[5]]
     outage.committed({IN: 6})
     assert not hold.poll(handled.append) and consumer.paused == set(), "the whole container resumes"
+
+
+def test_kafkatx_run_exits_non_zero_and_says_why_when_an_outage_outlasts_max_outage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from kafkatx.cli.run import _failed
+
+    clock = Clock()
+    outage, _ = _outage(clock, max_outage=5.0)
+    outage.report(0, ConnectionError("cache cluster unreachable"), _record(5))
+    clock.now += 6.0
+    with pytest.raises(OutageTooLongError) as stopped:
+        outage.admits(0, {IN})
+    assert _failed(stopped.value, None, argparse.Namespace()) == 1
+    err = capsys.readouterr().err
+    assert "max_outage=5s" in err and "cache cluster unreachable" in err and "delivered again on restart" in err
+
+
+def test_one_line_when_it_starts_a_reminder_every_minute_and_one_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    outage, _ = _outage(clock)
+    with caplog.at_level("INFO", logger="kafkatx.outage"):
+        outage.report(0, ConnectionError("payments API unreachable"), _record(5))
+        for _ in range(130):  # two minutes of polls, one a second, and a failed retry each time it is due
+            clock.now += 1.0
+            if outage.admits(0, {IN}):
+                outage.report(0, ConnectionError("payments API unreachable"), _record(5))
+        clock.now += MAX_RETRY_DELAY  # its retry is due, and passes
+        outage.committed({IN: 6})
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 4, lines
+    assert "a dependency is unavailable (ConnectionError: payments API unreachable) while handling in/0@5" in lines[0]
+    assert "still paused" in lines[1] and "for 60s" in lines[1] and "still paused" in lines[2]
+    assert "available again after" in lines[3]
