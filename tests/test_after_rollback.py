@@ -94,7 +94,7 @@ def test_fails_once_then_succeeds_with_attempt_two(kafka: KafkaTestKit) -> None:
     def handler(record: Record) -> bytes | None:
         seen.append((record.value or b"", record.attempt))
         if record.value == b"flaky" and record.attempt == 1:
-            raise ConnectionError("transient")
+            raise TimeoutError("transient")
         return record.value
 
     with running(app):
@@ -124,7 +124,7 @@ def test_a_success_ends_the_count_even_when_a_batch_mate_aborts_its_transaction(
         if value == b"y":
             raise PoisonError("y is broken")
         if fails:
-            raise ConnectionError("x's service is down")
+            raise TimeoutError("x's service is down")
         return value.upper()
 
     with running(app):
@@ -175,7 +175,7 @@ def test_backoff_is_honoured(kafka: KafkaTestKit) -> None:
     def handler(record: Record) -> bytes | None:
         stamps.append(time.monotonic())
         if len(stamps) < 3:
-            raise ConnectionError("down")
+            raise TimeoutError("down")
         return record.value
 
     with running(app):
@@ -197,7 +197,7 @@ def test_long_backoff_does_not_leave_the_group_and_other_partitions_flow(kafka: 
         if record.value == b"slow":
             stamps.append(time.monotonic())
             if len(stamps) == 1:
-                raise ConnectionError("first attempt fails")
+                raise TimeoutError("first attempt fails")
         return record.value
 
     with running(app):
@@ -223,7 +223,7 @@ def test_stop_interrupts_a_backoff(kafka: KafkaTestKit) -> None:
 
     @app.listener(src, backoff=60, dlq=True)
     def handler(record: Record) -> None:
-        raise ConnectionError("down")
+        raise TimeoutError("down")
 
     app.start()
     assert scheduled.wait(20), "the record waits for its 60 s back-off"
@@ -459,7 +459,7 @@ def test_a_short_back_off_takes_about_what_it_says(kafka: KafkaTestKit) -> None:
     def handler(record: Record) -> bytes | None:
         stamps.append(time.monotonic())
         if len(stamps) < 3:
-            raise ConnectionError("down")
+            raise TimeoutError("down")
         return record.value
 
     with running(app):
@@ -485,7 +485,7 @@ def test_a_long_back_off_takes_about_what_it_says(kafka: KafkaTestKit, partition
         if record.value == b"x":
             stamps.append(time.monotonic())
             if len(stamps) < 3:
-                raise ConnectionError("down")
+                raise TimeoutError("down")
         return record.value
 
     with running(app):

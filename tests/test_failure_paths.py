@@ -183,7 +183,7 @@ def test_11_5_stopping_during_a_back_off_decides_nothing(kafka: KafkaTestKit, re
     def handle(record: Record) -> None:
         if record.value == b"x":
             failed.set()
-            raise ConnectionError("down")
+            raise TimeoutError("down")
 
     app.start()
     try:
@@ -261,7 +261,7 @@ def test_17_2_a_pause_ends_with_the_assignment_it_was_made_for(kafka: KafkaTestK
     def handle(record: Record) -> bytes:
         attempts.append(record.attempt)
         if record.attempt == 1:
-            raise ConnectionError("first delivery fails; the partition is held for 120 s")
+            raise TimeoutError("first delivery fails; the partition is held for 120 s")
         return record.value or b""
 
     with running(app):

@@ -30,6 +30,8 @@ __all__ = [
     "RecoveryFailed",
     "ProducerRecreated",
     "KafkaErrorHandled",
+    "OutageStarted",
+    "OutageEnded",
     "EventBus",
 ]
 
@@ -133,6 +135,27 @@ class KafkaErrorHandled(Event):
     error: BaseException | None = None
     action: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OutageStarted(Event):
+    """A dependency is down (``exception``, while handling ``record``): the whole listener pauses.
+
+    ``listener`` is the listener's name (not one worker's): every container
+    of it is paused. ``retry_in`` is the wait before ``record`` is tried again.
+    """
+
+    record: Record | None = None
+    exception: BaseException | None = None
+    retry_in: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutageEnded(Event):
+    """The record an outage stopped at was handled: the listener resumes after ``seconds`` (``retries`` failed)."""
+
+    seconds: float = 0.0
+    retries: int = 0
 
 
 E = TypeVar("E", bound=Event)

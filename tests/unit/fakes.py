@@ -23,6 +23,7 @@ from kafkatx.errors import GroupMembershipChanged
 from kafkatx.events import Event
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.host import ClaimKeeper, ListenerSettings, ProducerReactions
+from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.spec import ListenerSpec, build_spec
@@ -215,6 +216,7 @@ class FakeHost:
         self.member_changed = False
         self.crash_guard = CrashGuard(self)  # claims and counts in the commit metadata (spec.count_crashes)
         self.error_reactions = KafkaErrorReactions(self)  # (typed as itself: tests call its consumer_error too)
+        self.outage = ListenerOutage.for_listener(spec, self.publish)  # (one container: the listener's own)
 
     @property
     def spec(self) -> ListenerSettings:

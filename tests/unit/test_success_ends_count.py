@@ -44,7 +44,7 @@ def _scripted(
         fails = deliveries[value] in failing_deliveries.get(value, set())
         log.append((value, record.attempt, not fails))
         if fails:
-            raise ConnectionError(f"{value!r} cannot reach its service")
+            raise TimeoutError(f"{value!r} cannot reach its service")
         return value.upper()
 
     return handle, log

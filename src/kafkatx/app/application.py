@@ -35,6 +35,7 @@ from kafkatx.listener.options import (
     check_option_names,
     signature_with_options,
 )
+from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
 
 __all__ = ["App", "Transaction"]
@@ -128,6 +129,8 @@ class App:
         self.events = EventBus()
         self.listeners: list[ListenerSpec] = []
         self.containers: list[ListenerContainer] = []
+        #: Per listener name: its outage state, shared by its containers (and app.pause/resume).
+        self._outages: dict[str, ListenerOutage] = {}
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._exited: set[int] = set()  # ids of the containers that finished their exit path
@@ -173,6 +176,7 @@ class App:
                 raise InvalidConfigurationError(f"a listener named {spec.name!r} already exists; pass name=...")
             self.client_config.check_consumer_overrides(spec.consumer_config)
             self.listeners.append(spec)
+            self._outages[spec.name] = ListenerOutage.for_listener(spec, self.events.publish)
         return spec
 
     def spark_listener(self, *topics: str, **options: Unpack[SparkListenerOptions]) -> Callable[[F], F]:
@@ -269,13 +273,41 @@ class App:
             self._stopped.clear()
             self._exited = set()
             workers = [(spec, worker) for spec in self.listeners for worker in range(spec.concurrency)]
+            for outage in self._outages.values():
+                outage.reset()
             self.containers = [
-                ListenerContainer(spec, self, worker, index) for index, (spec, worker) in enumerate(workers)
+                ListenerContainer(spec, self, worker, index, self._outages[spec.name])
+                for index, (spec, worker) in enumerate(workers)
             ]
             self._running = True
             for c in self.containers:
                 c.start()
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
+
+    def pause(self, listener: str) -> None:
+        """Hold every partition of ``listener`` (by name) until :meth:`resume`. Thread-safe.
+
+        The consumers keep polling, so the group sees no change; a
+        transaction under way finishes first. An outage of a dependency
+        does the same by itself (see the listener's ``outages`` option).
+        """
+        self._outage_of(listener).pause()
+
+    def resume(self, listener: str) -> None:
+        """End :meth:`pause` of ``listener``: it goes on from where it stopped. Thread-safe."""
+        self._outage_of(listener).resume()
+
+    def _outage_of(self, listener: str) -> ListenerOutage:
+        if not isinstance(listener, str):
+            raise TypeError(f"name the listener to pause or resume by its name (a str), got {listener!r}")
+        with self._lock:
+            outage = self._outages.get(listener)
+            if outage is None:
+                names = ", ".join(repr(s.name) for s in self.listeners) or "none"
+                raise InvalidConfigurationError(
+                    f"app {self.name} has no listener named {listener!r} (listeners: {names})"
+                )
+        return outage
 
     def container_exited(self, container: ListenerContainer) -> None:
         """Called by a container thread as it ends; a failure stops the whole App."""

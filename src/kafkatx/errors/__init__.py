@@ -13,7 +13,8 @@
     ├── GroupMembershipChanged            the consumer left its group mid-transaction
     ├── ContainerError                    a container stopped and could not go on safely
     │   ├── RecoveryExhaustedError        max_recovery_failures reached
-    │   └── FencedTooOftenError           the transactional.id is used elsewhere too
+    │   ├── FencedTooOftenError           the transactional.id is used elsewhere too
+    │   └── OutageTooLongError            a dependency was down longer than max_outage
     ├── OutputError (TypeError)           a handler returned or sent something unproducible
     │   ├── UnknownTopicError             ... to a topic that does not exist
     │   └── RecordRejectedError           ... that the client refused (too large)
@@ -22,6 +23,7 @@
     ├── DeadLetterPublishError            the dead-letter record could not be written
     ├── ProcessCrashedError               a record killed the process max_attempts times (dead letters name it)
     ├── DatabaseUnavailableError          database= could not be reached (kafkatx.database)
+    ├── DependencyUnavailable             raise it when a service the handler needs is down (an outage)
     └── NotInTransactionError             send() outside a handler or transaction
 
 Which KIP-1050 class a Kafka error belongs to is decided in
@@ -60,6 +62,8 @@ __all__ = [
     "ContainerError",
     "RecoveryExhaustedError",
     "FencedTooOftenError",
+    "OutageTooLongError",
+    "DependencyUnavailable",
     "OutputError",
     "UnknownTopicError",
     "RecordRejectedError",
@@ -246,6 +250,20 @@ class RecoveryExhaustedError(ContainerError):
 
 class FencedTooOftenError(ContainerError):
     """The producer kept being fenced: another process is probably using the same transactional.id."""
+
+
+class OutageTooLongError(ContainerError):
+    """A dependency stayed unavailable longer than the listener's ``max_outage``: the App stops."""
+
+
+class DependencyUnavailable(KafkaTxError):
+    """Raise it from a handler when a service the handler needs is down: an outage, not the record's failure.
+
+    The record's ``attempt`` does not move and it never reaches the
+    recoverer: the whole listener pauses and the record is handled again
+    once the dependency answers (see the listener's ``outages`` option, for
+    the exception types that mean the same without being raised as this).
+    """
 
 
 class OutputError(KafkaTxError, TypeError):

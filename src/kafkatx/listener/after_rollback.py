@@ -59,8 +59,16 @@ def after_rollback(
     back-off are kept in memory by the container until it ends
     (:meth:`~kafkatx.listener.host.Unit.defer`); everything is rewound
     instead when ``keep_in_memory`` is False.
+
+    A failure that means a dependency is down (the listener's ``outages``)
+    is no record's: nothing is counted, the processor is not called, the
+    unit is rewound and the whole listener waits (:mod:`kafkatx.listener.outage`).
     """
     while True:
+        if unit.outage.matches(failure.exc):
+            unit.rewind(msgs)
+            unit.outage.report(unit.worker, failure.exc, failure.record)
+            return []
         _end_counts_of_successes(unit, msgs, failure)
         scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
         started = time.perf_counter()

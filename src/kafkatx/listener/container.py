@@ -47,6 +47,7 @@ from kafkatx.events import (
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.host import Runner
+from kafkatx.listener.outage import ListenerOutage, OutageHold
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
@@ -72,7 +73,14 @@ class ListenerContainer:
     its helpers (unit, crash guard, reactions, health checks) are written on.
     """
 
-    def __init__(self, spec: ListenerSpec, runtime: Runtime[ListenerContainer], worker: int, txn_index: int) -> None:
+    def __init__(
+        self,
+        spec: ListenerSpec,
+        runtime: Runtime[ListenerContainer],
+        worker: int,
+        txn_index: int,
+        outage: ListenerOutage | None = None,
+    ) -> None:
         self.spec = spec
         self.runtime = runtime
         self.worker = worker
@@ -82,6 +90,9 @@ class ListenerContainer:
         self.tracker = FailureTracker()
         self.reactions = KafkaErrorReactions(self)
         self.guard = CrashGuard(self)
+        #: Shared by the listener's containers (the App builds one per listener): an outage pauses them all.
+        self.outage = outage or ListenerOutage.for_listener(spec, runtime.events.publish)
+        self._hold = OutageHold(self)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
         if self.database is not None:  # outputs are stored per input partition: the handler says whose they are
@@ -418,6 +429,8 @@ class ListenerContainer:
         consumer = self.consumer
         assert consumer is not None
         spec = self.spec
+        if self._hold.poll(self._handle_batch):  # the listener waits out an outage, or an operator paused it
+            return
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
         if self._paused_until:
             deferred = self._resume_due()

@@ -1,5 +1,5 @@
 """What a transaction unit does differently with ``database=``: finish work stored before a crash, find the
-record behind a failed database commit, wait out an outage.
+record behind a failed database commit, report an outage.
 
 A mixin of :class:`~kafkatx.listener.unit.TransactionUnit`: ``transact``
 calls these steps on the unit itself. The ordering argument they rely on is
@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.record import to_record
 
 if TYPE_CHECKING:
     from kafkatx.client.producer import TransactionalProducer
@@ -134,12 +135,15 @@ class DatabaseSteps:
         self.rewind()
 
     def wait_for_database(self, exc: DatabaseUnavailableError, records: int) -> None:
-        """Nothing committed on either side: fetch the unit again after a back-off (not a record's failure)."""
-        database = self._c.database
-        assert database is not None
+        """Nothing committed on either side: an outage, not a record's failure (see :mod:`kafkatx.listener.outage`).
+
+        The unit is fetched again once the listener's outage ends; every
+        container of the listener waits meanwhile.
+        """
         self.abort(records, str(exc))
         self.rewind()
-        database.unavailable += 1
-        delay = min(30.0, 0.5 * 2 ** min(database.unavailable - 1, 6))
-        log.warning("%s; nothing was committed, retrying in %.3gs", exc, delay)
-        self.wait(delay)
+        first = self.messages[0] if self.messages else None
+        record = None
+        if first is not None:
+            record = to_record(first, self._c.tracker.attempt(first.topic(), first.partition(), first.offset()))
+        self._c.outage.report(self._c.worker, exc, record)

@@ -38,6 +38,7 @@ __all__ = [
     "ClaimKeeper",
     "ContainerHost",
     "HandlerFailure",
+    "ListenerGate",
     "ListenerSettings",
     "ProducerReactions",
     "Runner",
@@ -126,6 +127,26 @@ class ProducerReactions(Protocol):
         """Seek the partitions of ``msgs`` that are still owned to their committed offsets."""
 
 
+class ListenerGate(Protocol):
+    """The outage state shared by the containers of one listener (:class:`~kafkatx.listener.outage.ListenerOutage`)."""
+
+    @property
+    def active(self) -> bool:
+        """True while a dependency outage pauses the listener."""
+
+    def matches(self, exc: BaseException) -> bool:
+        """True if ``exc`` means a dependency is down (the listener's ``outages``), not that the record failed."""
+
+    def report(self, worker: int, exc: BaseException, record: Record | None) -> float:
+        """A dependency is down: pause every container of the listener. Returns the wait before the next retry."""
+
+    def committed(self, offsets: Mapping[TP, int]) -> None:
+        """A transaction with records committed ``offsets`` (the end of an outage, once past its record)."""
+
+    def admits(self, worker: int, assigned: set[TP]) -> frozenset[TP] | None:
+        """The partitions container ``worker`` may handle now: None for all of them."""
+
+
 class ContainerHost(Protocol):
     """The services of a listener container that its helpers use (the container implements it)."""
 
@@ -148,6 +169,10 @@ class ContainerHost(Protocol):
     @property
     def guard(self) -> ClaimKeeper:
         """The crash guard: claims written with every commit."""
+
+    @property
+    def outage(self) -> ListenerGate:
+        """The listener's outage state, shared with its other containers."""
 
     @property
     def reactions(self) -> ProducerReactions:
@@ -221,6 +246,10 @@ class Unit(Protocol):
     @property
     def assignment(self) -> set[TP]:
         """The partitions the container owns right now."""
+
+    @property
+    def outage(self) -> ListenerGate:
+        """The listener's outage state (a dependency that is down pauses the whole listener)."""
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early if the container stops. True if it is stopping."""

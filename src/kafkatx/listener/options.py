@@ -68,6 +68,8 @@ class ListenerOptions(_SharedOptions, total=False):
     retry: RetryMode
     count_crashes: bool
     database: Any
+    outages: Iterable[type[BaseException]]
+    max_outage: float | None
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -104,6 +106,8 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "idle_event_interval": None,
     "count_crashes": True,
     "database": None,
+    "outages": (ConnectionError,),
+    "max_outage": None,
 }
 
 

@@ -91,6 +91,10 @@ class ListenerSpec:
     count_crashes: bool = True
     #: ``database=``: the database whose transaction joins each Kafka transaction (kafkatx.database).
     database: Backend | None = None
+    #: Exception types that mean "a dependency is down": the listener pauses, no attempt is counted (listener/outage.py).
+    outages: tuple[type[BaseException], ...] = (ConnectionError,)
+    #: Stop the App once an outage lasts longer than this many seconds (None: wait for as long as it takes).
+    max_outage: float | None = None
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
     runner: RunnerFactory | None = None
 
@@ -146,7 +150,31 @@ def build_spec(
         count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
         runner=runner,
         database=database,
+        outages=_exception_types(opts.get("outages", (ConnectionError,)), "outages"),
+        max_outage=_seconds_or_none(opts.get("max_outage"), "max_outage"),
     )
+
+
+def _exception_types(value: Any, name: str) -> tuple[type[BaseException], ...]:
+    """A tuple of exception classes (one class alone is accepted too)."""
+    if isinstance(value, type):
+        value = (value,)
+    try:
+        types = tuple(value or ())
+    except TypeError:
+        types = (value,)
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise InvalidConfigurationError(f"{name} must be exception classes, got {t!r}")
+    return types
+
+
+def _seconds_or_none(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InvalidConfigurationError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
+    return float(value)
 
 
 def _topics_of(topics: Iterable[str], opts: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None, tuple[str, ...]]:

@@ -47,7 +47,7 @@ from kafkatx.errors import (
 )
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import DatabaseSteps
-from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerSettings
+from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate, ListenerSettings
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 
@@ -159,6 +159,11 @@ class TransactionUnit(DatabaseSteps):
     def assignment(self) -> set[TP]:
         """The partitions the container owns right now."""
         return set(self._c.assigned)
+
+    @property
+    def outage(self) -> ListenerGate:
+        """The listener's outage state (a dependency that is down pauses the whole listener)."""
+        return self._c.outage
 
     def partition_count(self, topic: str) -> int | None:
         """Partitions of ``topic`` from metadata (cached), or None if it does not exist."""
@@ -315,6 +320,10 @@ class TransactionUnit(DatabaseSteps):
                 raise HandlerFailure(0, exc, first) from None
         self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
         self._c.committed(self._offsets)
+        if self.messages:
+            outage = self._c.outage
+            if outage.active:  # records went through: the outage may be over
+                outage.committed(self._offsets)
 
     def abort(self, records: int, reason: str) -> bool:
         """Abort the open transaction. False if the abort failed (the producer was then replaced and the unit rewound)."""

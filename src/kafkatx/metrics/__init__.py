@@ -29,6 +29,8 @@ from kafkatx.events import (
     ContainerStopped,
     HandlerFailed,
     KafkaErrorHandled,
+    OutageEnded,
+    OutageStarted,
     PartitionsAssigned,
     PartitionsRevoked,
     ProducerRecreated,
@@ -125,6 +127,10 @@ class _Families:
         )
         self.assigned = gauge("kafkatx_assigned_partitions", "Partitions currently assigned to the listener")
         self.running = gauge("kafkatx_containers_running", "Listener containers (consumer threads) running")
+        self.in_outage = gauge(
+            "kafkatx_listener_in_outage", "1 while a dependency outage pauses the listener (every container of it)"
+        )
+        self.outages = counter("kafkatx_outages", "Dependency outages that paused the listener")
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
@@ -161,6 +167,8 @@ class Metrics:
         on(ContainerStopped, self._stopped)
         on(PartitionsAssigned, self._partitions)
         on(PartitionsRevoked, self._partitions)
+        on(OutageStarted, self._outage_started)
+        on(OutageEnded, self._outage_ended)
         lag.add_sink(self._lag_update)
 
     @property
@@ -191,6 +199,14 @@ class Metrics:
     def _recovered(self, event: RecordRecovered) -> None:
         self._f.recovered.labels(*self._labels(event), event.recoverer or "unknown").inc()
 
+    def _outage_started(self, event: OutageStarted) -> None:
+        labels = self._labels(event)
+        self._f.outages.labels(*labels).inc()
+        self._f.in_outage.labels(*labels).set(1)
+
+    def _outage_ended(self, event: OutageEnded) -> None:
+        self._f.in_outage.labels(*self._labels(event)).set(0)
+
     def _kafka_error(self, event: KafkaErrorHandled) -> None:
         self._f.kafka_errors.labels(*self._labels(event), event.error_class or "UNKNOWN").inc()
 
@@ -198,6 +214,7 @@ class Metrics:
         with self._lock:
             self._running.add((event.listener, event.worker))
         self._f.running.labels(*self._labels(event)).inc()
+        self._f.in_outage.labels(*self._labels(event)).set(0)  # the series exists before any outage
         self._set_assigned(event.listener, event.worker, 0)  # the series exists before the first assignment
 
     def _stopped(self, event: ContainerStopped) -> None:
