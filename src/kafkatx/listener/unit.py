@@ -42,12 +42,14 @@ from kafkatx.errors import (
     GroupMembershipChanged,
     KafkaClientError,
     KafkaTxError,
+    OutputRefusedError,
     RecoveryError,
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import DatabaseSteps
 from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerSettings
+from kafkatx.listener.refused import blame_refused_output
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 
@@ -173,7 +175,10 @@ class TransactionUnit(DatabaseSteps):
         ``max_abortable_retries`` times in a row, then the producer is
         replaced). On an application-recoverable error, or when the consumer
         left its group, the unit is rewound to the committed offsets and
-        False is returned. Other Kafka errors (invalid configuration) are
+        False is returned. An output the broker refused
+        (:class:`~kafkatx.OutputRefusedError`) aborts the transaction and
+        fails the input record that produced it, found by isolation (see
+        :mod:`kafkatx.listener.refused`). Other Kafka errors (invalid configuration) are
         raised as they are: the container stops. Any other exception (a
         handler's) aborts the transaction and is raised again; if the abort
         itself failed (the producer was replaced and the unit rewound), False
@@ -186,6 +191,7 @@ class TransactionUnit(DatabaseSteps):
             reaction: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged | None = None
             failure: BaseException | None = None
             unavailable: DatabaseUnavailableError | None = None
+            refused: OutputRefusedError | None = None
             try:
                 self.begin()
                 if self._stored:
@@ -198,6 +204,8 @@ class TransactionUnit(DatabaseSteps):
                 reaction = exc
             except DatabaseUnavailableError as exc:
                 unavailable = exc
+            except OutputRefusedError as exc:
+                refused = exc
             except KafkaClientError:
                 if database is not None:
                     database.rollback()
@@ -209,6 +217,12 @@ class TransactionUnit(DatabaseSteps):
                 if failure is not None and not isinstance(failure, _Isolate):
                     unavailable = database.lost_connection(failure)  # the server went away under the handler
                 database.rollback()
+            if refused is not None:
+                self._c.reactions.note(refused, "abort; fail the input record that produced it")
+                blamed = blame_refused_output(self, self._c.guard, refused, count)
+                if blamed is None:
+                    return False
+                raise blamed
             if isinstance(failure, _Isolate):
                 self.isolate(failure.exc, count)
                 return False
