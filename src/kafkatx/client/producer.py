@@ -304,6 +304,13 @@ class TransactionalProducer:
             ) from exc
         finally:
             self.in_transaction = False
+        if any(OutputRefusedError.is_refusal(err) for err, _, _ in self._delivery_failures):
+            # librdkafka does not take back the sequence numbers of records the broker refused for good, so
+            # the next produce to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER (seen on Kafka's
+            # protocol and the mock cluster alike). A new producer (new epoch) starts its sequences afresh:
+            # the next begin() creates it. Not counted as a replacement: no other process is involved.
+            log.debug("%s: replacing the producer after an output refused by the broker", self.transactional_id)
+            self.discard()
 
     def flush(self, timeout: float = 30.0) -> list[str]:
         """Wait for everything sent so far; return the delivery errors seen."""

@@ -253,10 +253,8 @@ class OutputRefusedError(KafkaClientError, TypeError):
     ) -> None:
         if message is None and error is not None:
             where = f"{topic}[{partition}]" if topic is not None else "an output topic"
-            message = (
-                f"the broker refused an output record for {where}: {error.name()} ({error.str()}); "
-                "the input record that produced it is failed (not retryable by default)"
-            )
+            reason = describe(error, error_class or ErrorClass.HANDLER_FAILURE, operation)
+            message = f"the broker refused an output record for {where}: {reason}"
         super().__init__(message, error=error, error_class=error_class, operation=operation)
         self.topic = topic
         self.partition = partition
