@@ -9,12 +9,14 @@ the App keeps running and handles what comes next.
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kafkatx import App, Output, OutputRefusedError, Record
+from kafkatx import App, Output, OutputRefusedError, Record, db
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import ProducerRecreated, RecordRecovered
 from kafkatx.testing import KafkaTestKit, unique_name, wait_for
@@ -89,3 +91,32 @@ def test_a_null_key_refused_by_a_compacted_topic_dead_letters_its_input(kafka: K
     assert [d.value for d in dead] == [b"v2"]
     info = parse_dead_letter_headers(dead[0].headers)
     assert info.exception_message is not None and "INVALID_RECORD" in info.exception_message
+
+
+def test_with_a_database_the_refused_records_rows_are_rolled_back_with_it(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE seen (v TEXT)")
+    src, out = kafka.topic(partitions=1), kafka.topic(config={"max.message.bytes": "2000"})
+    values = [b"d%02d" % i for i in range(12)]
+    kafka.produce(src, values)
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, database=lambda: sqlite3.connect(path), dlq=True)
+    def save(record: Record) -> bytes:
+        value = record.value or b""
+        db().execute("INSERT INTO seen VALUES (?)", (value.decode(),))
+        return b"x" * 10_000 if value == b"d05" else b"out-" + value
+
+    app.start()
+    try:
+        wait_for(lambda: app.failure is not None or kafka.caught_up(app.group_id, src), 60, message="caught up")
+        assert app.failure is None, app.failure
+    finally:
+        app.stop(timeout=15)
+    with sqlite3.connect(path) as conn:
+        rows = Counter(r[0] for r in conn.execute("SELECT v FROM seen"))
+    good = [v for v in values if v != b"d05"]
+    assert rows == Counter(v.decode() for v in good), "the refused record's rows are rolled back; the rest once"
+    assert sorted(kafka.values(out)) == sorted(b"out-" + v for v in good)
+    assert [d.value for d in kafka.read(src + "-dlt")] == [b"d05"]

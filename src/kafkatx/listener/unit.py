@@ -315,6 +315,7 @@ class TransactionUnit(DatabaseSteps):
             # The offsets go to the transaction before the database commits, so that a producer fenced by now
             # fails here, with nothing committed anywhere (see docs/DATABASE.md).
             self._producer.flush_offsets()
+            self._check_deliveries()
             try:
                 database.commit(self._offsets, self._c.committed_offset)
             except KafkaTxError:
@@ -329,6 +330,18 @@ class TransactionUnit(DatabaseSteps):
                 raise HandlerFailure(0, exc, first) from None
         self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
         self._c.committed(self._offsets)
+
+    def _check_deliveries(self) -> None:
+        """With ``database=``: an output the broker refused fails the transaction before the database commits.
+
+        Found later, at the Kafka commit, the database would already hold the records' rows and outbox, and
+        the next transaction would produce the refused record from the outbox again, for ever.
+        """
+        producer = self._producer
+        producer.wait_for_deliveries()
+        failure = producer.transaction_failure()
+        if isinstance(failure, OutputRefusedError):
+            raise failure
 
     def abort(self, records: int, reason: str) -> bool:
         """Abort the open transaction. False if the abort failed (the producer was then replaced and the unit rewound)."""
