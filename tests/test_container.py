@@ -270,13 +270,13 @@ def test_max_transaction_ms_is_validated() -> None:
 
 
 def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
-    from kafkatx.listener.container import _transaction_budget
     from kafkatx.listener.spec import ListenerSpec, build_spec
+    from kafkatx.listener.time_limits import transaction_budget
 
     app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=30_000)
 
     def budget(spec: ListenerSpec) -> float:
-        return _transaction_budget(spec, app.transaction_timeout_ms, app.consumer_config(spec, "g", 0))
+        return transaction_budget(spec, app.transaction_timeout_ms, app.consumer_config(spec, "g", 0))
 
     assert budget(build_spec(lambda r: None, ["in"], {})) == 10.0
     tight = build_spec(lambda r: None, ["in"], {"consumer_config": {"max.poll.interval.ms": 6000}})

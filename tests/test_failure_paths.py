@@ -243,8 +243,13 @@ def test_11_8_a_dead_letter_is_not_blamed_for_another_records_delivery(kafka: Ka
     finally:
         app.stop(timeout=15)
     assert recovery_failures == [], [str(e.recovery_error) for e in recovery_failures]
-    if app.failure is not None:  # the refused output is what stops the container, named as such
-        assert "MSG_SIZE_TOO_LARGE" in str(app.failure) and out in str(app.failure), app.failure
+    # Issue 28 part 2: the refused output is its input record's failure (no longer a stop of the App).
+    assert app.failure is None, app.failure
+    dead = {d.value: parse_dead_letter_headers(d.headers) for d in kafka.read(src + "-dlt")}
+    assert sorted(dead) == [b"big", b"poison"]
+    assert dead[b"big"].exception_fqcn == "kafkatx.errors.OutputRefusedError"
+    assert "MSG_SIZE_TOO_LARGE" in (dead[b"big"].exception_message or "")
+    assert dead[b"poison"].exception_fqcn is not None and dead[b"poison"].exception_fqcn.endswith("PoisonError")
 
 
 def test_17_2_a_pause_ends_with_the_assignment_it_was_made_for(kafka: KafkaTestKit) -> None:

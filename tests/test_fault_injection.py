@@ -35,6 +35,7 @@ from kafkatx import (
     ContainerError,
     FencedTooOftenError,
     InvalidConfigurationError,
+    OutputRefusedError,
     Record,
     StuckCallError,
     TransactionAbortableError,
@@ -755,8 +756,6 @@ _TXN_OPS = {"send_offsets_to_transaction", "commit_transaction"}
         (ApiKey.ADD_PARTITIONS_TO_TXN, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TXN_OPS, _TXN_ID_ACL),
         (ApiKey.ADD_PARTITIONS_TO_TXN, E.TOPIC_AUTHORIZATION_FAILED, _TXN_OPS, _TOPIC_ACL),
         (ApiKey.PRODUCE, E.TOPIC_AUTHORIZATION_FAILED, "commit_transaction", _TOPIC_ACL),
-        (ApiKey.PRODUCE, E.INVALID_RECORD, "commit_transaction", ["compacted topic"]),
-        (ApiKey.PRODUCE, E.MSG_SIZE_TOO_LARGE, "commit_transaction", ["max.message.bytes"]),
     ],
     ids=lambda v: v.name if isinstance(v, ApiKey) else (E(v).name() if isinstance(v, int) else None),
 )
@@ -782,6 +781,62 @@ def test_invalid_configuration_stops_the_container_with_a_clear_message(
     else:
         assert h.values_seen() == ([] if api is ApiKey.INIT_PRODUCER_ID else [b"a"]), "no reprocessing"
         assert h.of(TransactionCommitted) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "hint"),
+    [
+        (E.MSG_SIZE_TOO_LARGE, "max.message.bytes"),
+        (E.INVALID_RECORD, "compacted topic"),
+        (E.RECORD_LIST_TOO_LARGE, "segment.bytes"),
+        (E.INVALID_TIMESTAMP, None),
+    ],
+    ids=lambda v: E(v).name() if isinstance(v, int) else None,
+)
+def test_an_output_the_broker_refuses_fails_its_input_record_and_the_container_goes_on(
+    mc: MockCluster, code: int, hint: str | None
+) -> None:
+    # Issue 28 part 2: a refusal of the record itself is the input record's failure (not retryable by
+    # default: recovered at once), not a configuration error that stops the App.
+    h = Harness(mc, hold_on=b"a")
+    h.app.start()
+    try:
+        h.fail_output_of_a(code)
+        wait_for(lambda: h.of(RecordRecovered) or h.app.failure is not None, 15, message="a recovered")
+        assert h.app.failure is None, repr(h.app.failure)
+        (recovered,) = h.of(RecordRecovered)
+        assert recovered.record.value == b"a"
+        failure = recovered.exception
+        assert isinstance(failure, OutputRefusedError), repr(failure)
+        assert failure.code_name == E(code).name() and failure.topic == h.dst
+        assert hint is None or hint in str(failure), str(failure)
+        assert h.values_seen() == [b"warm-up", b"a"], "not retryable by default: handled once"
+        h.assert_keeps_processing()
+    finally:
+        h.app.stop(timeout=10)
+    assert h.app.failure is None
+    assert h.of(ProducerRecreated) == [], "not a fencing: the producer is replaced quietly after the abort"
+
+
+def test_a_refused_output_in_a_unit_of_several_records_stops_a_listener_that_cannot_isolate_them(
+    mc: MockCluster,
+) -> None:
+    # count_crashes=False (the harness's default) has no careful mode to run records one per
+    # transaction: which record produced the refused output cannot be told, so the container stops.
+    h = Harness(mc, slow=b"b")
+    h.produce(b"a", b"b")
+    mc.push_request_errors(ApiKey.PRODUCE, *[E.MSG_SIZE_TOO_LARGE] * 4)
+    h.app.start()
+    try:
+        assert h.app.wait(15), "the container did not stop"
+    finally:
+        h.app.stop(timeout=10)
+    failure = h.app.failure
+    assert isinstance(failure, InvalidConfigurationError), repr(failure)
+    assert failure.code_name == "MSG_SIZE_TOO_LARGE"
+    assert "count_crashes" in str(failure) and "2 records" in str(failure), str(failure)
+    assert h.of(TransactionCommitted) == []
+    assert h.of(RecordRecovered) == []
 
 
 def test_topic_authorization_failure_in_a_multi_record_batch_stops_the_container(mc: MockCluster) -> None:

@@ -6,8 +6,10 @@ none of them).
   middle of a batch. The container must recreate its producer, rewind to the committed offsets and
   carry on, so that the output topic (read_committed) holds every expected output exactly once and
   the committed offsets reach the end of the input.
-- INVALID_CONFIGURATION: the broker refuses an output (a null key on a compacted topic). The
-  container stops, naming the cause, and nothing of that transaction is visible or committed.
+- A refused output (a null key on a compacted topic) is not a configuration error: the record
+  that produced it fails (dead-lettered), the rest commits. A listener that cannot run records one
+  per transaction (count_crashes=False) cannot tell which record it was: the container stops,
+  naming the cause, and nothing of that transaction is visible or committed.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from kafkatx import App, ApplicationRecoverableError, InvalidConfigurationError, Output, Record
+from kafkatx import App, ApplicationRecoverableError, InvalidConfigurationError, Output, OutputRefusedError, Record
 from kafkatx.events import (
     ContainerStopped,
     Event,
     HandlerFailed,
     KafkaErrorHandled,
     ProducerRecreated,
+    RecordRecovered,
     TransactionAborted,
     TransactionCommitted,
 )
@@ -188,7 +192,7 @@ def _topic_missing(kafka: KafkaTestKit, topic: str) -> bool:
 
 
 def _compacted_output_app(
-    kafka: KafkaTestKit, slow_key: bytes | None = None
+    kafka: KafkaTestKit, slow_key: bytes | None = None, **options: Any
 ) -> tuple[App, str, str, list[Event], list[Record]]:
     src = kafka.topic(partitions=1)
     dst = kafka.topic(partitions=1, config={"cleanup.policy": "compact"})
@@ -202,7 +206,7 @@ def _compacted_output_app(
             time.sleep(0.2)  # the output before it in the batch is refused meanwhile
         return Output(b"out-" + (record.value or b""), key=record.key)  # no key: refused on a compacted topic
 
-    app.add_listener(handle, src, output=dst, name="h")
+    app.add_listener(handle, src, output=dst, name="h", **options)
     app.on(Event)(lambda e: events.append(e))
     return app, src, dst, events, calls
 
@@ -213,28 +217,34 @@ def _assert_stopped_on_invalid_record(app: App, events: list[Event]) -> None:
     assert isinstance(failure, InvalidConfigurationError), repr(failure)
     assert failure.code_name == "INVALID_RECORD"
     assert "compacted topic" in str(failure) and "non-null key" in str(failure)
+    assert "count_crashes" in str(failure), "why the record could not be found"
     assert [e.reason for e in events if isinstance(e, ContainerStopped)] == ["config"]
     assert not [e for e in events if isinstance(e, ProducerRecreated)], "no restart loop"
 
 
-def test_refused_output_stops_the_container_and_commits_nothing_of_the_batch(kafka: KafkaTestKit) -> None:
+def test_a_refused_output_fails_its_record_and_the_container_goes_on(kafka: KafkaTestKit) -> None:
     app, src, dst, events, calls = _compacted_output_app(kafka)
     app.start()
     try:
         kafka.produce(src, [(b"k1", b"v1")])
         wait_for(lambda: any(isinstance(e, TransactionCommitted) for e in list(events)), 20, message="k1 committed")
-        kafka.produce(src, [(None, b"v2")])
-        _assert_stopped_on_invalid_record(app, events)
+        kafka.produce(src, [(None, b"v2"), (b"k3", b"v3")])
+        wait_for(lambda: app.failure is not None or kafka.caught_up(app.group_id, src), 20, message="caught up")
+        assert app.failure is None, app.failure
     finally:
         app.stop(timeout=15)
-    assert app.failure is not None and app.failure.operation == "commit_transaction"
-    assert [r.value for r in calls] == [b"v1", b"v2"], "handled once: no abort-and-retry loop"
-    assert kafka.values(dst) == [b"out-v1"], "the refused transaction is not visible"
-    assert kafka.committed(app.group_id, src) == {0: 1}, "v2 will be delivered again once the cause is fixed"
+    recovered = [e for e in events if isinstance(e, RecordRecovered)]
+    assert [(e.record.value, type(e.exception).__name__) for e in recovered] == [(b"v2", "OutputRefusedError")]
+    assert isinstance(recovered[0].exception, OutputRefusedError)
+    assert recovered[0].exception.code_name == "INVALID_RECORD"
+    assert kafka.values(dst) == [b"out-v1", b"out-v3"], "the refused transaction is not visible; v3 once"
+    assert not [e for e in events if isinstance(e, ProducerRecreated)], "no restart loop"
 
 
-def test_refused_output_in_a_multi_record_batch_stops_the_container(kafka: KafkaTestKit) -> None:
-    app, src, dst, events, calls = _compacted_output_app(kafka, slow_key=b"k3")
+def test_refused_output_in_a_multi_record_batch_stops_a_listener_that_cannot_isolate_records(
+    kafka: KafkaTestKit,
+) -> None:
+    app, src, dst, events, calls = _compacted_output_app(kafka, slow_key=b"k3", count_crashes=False)
     app.start()
     try:
         kafka.produce(src, [(b"k1", b"v1"), (None, b"v2"), (b"k3", b"v3")])
@@ -242,6 +252,4 @@ def test_refused_output_in_a_multi_record_batch_stops_the_container(kafka: Kafka
     finally:
         app.stop(timeout=15)
     assert kafka.values(dst) == []
-    assert kafka.committed(app.group_id, src).get(0, 0) == 0, (
-        "nothing past the refused batch (a crash-counting claim commits its start)"
-    )
+    assert kafka.committed(app.group_id, src).get(0, 0) == 0, "nothing past the refused batch"

@@ -19,6 +19,7 @@ from kafkatx.client.retry import retry_call
 from kafkatx.errors import (
     ApplicationRecoverableError,
     KafkaClientError,
+    OutputRefusedError,
     RecordRejectedError,
     TransactionAbortableError,
     UnknownTopicError,
@@ -58,7 +59,7 @@ class TransactionalProducer:
         self._producer: Producer | None = None
         self.in_transaction = False
         self.delivery_errors: list[str] = []
-        self._delivery_failures: list[tuple[KafkaError, str]] = []  # the error, and where: "topic[partition]"
+        self._delivery_failures: list[tuple[KafkaError, str, int]] = []  # the error, and the record's topic, partition
         self._known_topics: dict[str, int] = {}
         self.generation = 0  # bumped each time a new Producer takes over the id
         #: When set (a listener with ``database=``), every produced record is appended here for the outbox.
@@ -303,6 +304,13 @@ class TransactionalProducer:
             ) from exc
         finally:
             self.in_transaction = False
+        if any(OutputRefusedError.is_refusal(err) for err, _, _ in self._delivery_failures):
+            # librdkafka does not take back the sequence numbers of records the broker refused for good, so
+            # the next produce to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER (seen on Kafka's
+            # protocol and the mock cluster alike). A new producer (new epoch) starts its sequences afresh:
+            # the next begin() creates it. Not counted as a replacement: no other process is involved.
+            log.debug("%s: replacing the producer after an output refused by the broker", self.transactional_id)
+            self.discard()
 
     def flush(self, timeout: float = 30.0) -> list[str]:
         """Wait for everything sent so far; return the delivery errors seen."""
@@ -315,9 +323,9 @@ class TransactionalProducer:
 
     def transaction_failure(self, *, besides: KafkaError | None = None) -> KafkaClientError | None:
         """The typed error of the first record of this transaction that failed delivery (other than ``besides``)."""
-        for err, where in self._delivery_failures:
+        for err, topic, partition in self._delivery_failures:
             if err is not besides:
-                return _located(err, "produce", where)
+                return _located(err, "produce", topic, partition)
         return None
 
     def wait_for_deliveries(self, timeout: float = 30.0) -> int:
@@ -376,7 +384,14 @@ class TransactionalProducer:
             )
         except KafkaClientError as exc:
             err = exc.error
-            if err is not None and err.code() == KafkaError._STATE and err.txn_requires_abort() and self.in_transaction:
+            if (
+                err is not None
+                and err.txn_requires_abort()
+                and self.in_transaction
+                and (err.code() == KafkaError._STATE or OutputRefusedError.is_refusal(err))
+            ):
+                # A record of the transaction failed delivery: its own error decides (a commit reports the
+                # refusal of a record under that record's code, a later call under _STATE).
                 raise self._failed_delivery_error(err, operation) from exc
             raise
 
@@ -387,8 +402,10 @@ class TransactionalProducer:
         if producer is not None and not self._delivery_failures:
             producer.poll(1.0)  # serve the delivery reports
         if self._delivery_failures:
-            err, where = self._delivery_failures[0]
-            return _located(err, operation, where)
+            err, topic, partition = self._delivery_failures[0]
+            return _located(err, operation, topic, partition)
+        if OutputRefusedError.is_refusal(err):
+            return OutputRefusedError(error=err, operation=operation)
         return TransactionAbortableError(
             f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
         )
@@ -448,12 +465,19 @@ class TransactionalProducer:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            self._delivery_failures.append((err, f"{msg.topic()}[{msg.partition()}]"))
+            self._delivery_failures.append((err, msg.topic() or "", msg.partition() or 0))
             self.delivery_errors.append(f"{msg.topic()}[{msg.partition()}]: {err.name()} {err.str()}")
 
 
-def _located(err: KafkaError, operation: str, where: str) -> KafkaClientError:
-    """The typed error of a failed delivery, saying which topic and partition refused the record."""
+def _located(err: KafkaError, operation: str, topic: str, partition: int) -> KafkaClientError:
+    """The typed error of a failed delivery, saying which topic and partition refused the record.
+
+    A refusal of the record itself (:data:`~kafkatx.errors.classification.RECORD_REFUSAL_CODES`) is an
+    :class:`~kafkatx.errors.OutputRefusedError`: the input record that produced it fails, not the App.
+    """
+    if OutputRefusedError.is_refusal(err):
+        return OutputRefusedError(error=err, operation=operation, topic=topic, partition=partition)
+    where = f"{topic}[{partition}]"
     exc = KafkaClientError.from_kafka(err, operation=operation, path="produce")
     return type(exc)(
         f"{exc.message} (a record for {where})", error=exc.error, error_class=exc.error_class, operation=exc.operation

@@ -9,7 +9,8 @@
     │   ├── TransactionAbortableError     abort the transaction, redo the batch
     │   ├── ApplicationRecoverableError   the producer is unusable: recreate it
     │   │   └── StuckCallError            a client call did not return in time
-    │   └── InvalidConfigurationError     a setting or permission is wrong: stop
+    │   ├── InvalidConfigurationError     a setting or permission is wrong: stop
+    │   └── OutputRefusedError (TypeError) the broker refused an output record: its input record failed
     ├── GroupMembershipChanged            the consumer left its group mid-transaction
     ├── ContainerError                    a container stopped and could not go on safely
     │   ├── RecoveryExhaustedError        max_recovery_failures reached
@@ -39,6 +40,7 @@ from confluent_kafka import KafkaError
 from kafkatx.errors.classification import (
     ABORT_OPERATION,
     FENCING_CODES,
+    RECORD_REFUSAL_CODES,
     ErrorClass,
     ErrorPath,
     classify,
@@ -58,6 +60,7 @@ __all__ = [
     "ApplicationRecoverableError",
     "StuckCallError",
     "InvalidConfigurationError",
+    "OutputRefusedError",
     "GroupMembershipChanged",
     "ContainerError",
     "RecoveryExhaustedError",
@@ -221,6 +224,58 @@ class InvalidConfigurationError(KafkaClientError):
     """
 
     default_error_class: ClassVar[ErrorClass] = ErrorClass.INVALID_CONFIGURATION
+
+
+class OutputRefusedError(KafkaClientError, TypeError):
+    """The broker refused a record a handler produced: too large for its topic, or invalid for it.
+
+    Its ``code_name`` is one of
+    :data:`~kafkatx.errors.classification.RECORD_REFUSAL_CODES` (e.g.
+    ``MSG_SIZE_TOO_LARGE``); ``topic`` and ``partition`` say where the record
+    was going. The input record that produced it is failed with this
+    exception, through the listener's failure policy: not retryable by
+    default (a TypeError, like :class:`OutputError`: the same output would be
+    refused again), so it goes to the recoverer, and a dead letter names the
+    broker's error. Its ``error_class`` is HANDLER_FAILURE.
+
+    A KafkaClientError rather than an :class:`OutputError`: it arrives in a
+    delivery report, after the handler that produced it has returned, so it
+    must not be blamed on whichever record is being handled when it is seen.
+    """
+
+    default_error_class: ClassVar[ErrorClass] = ErrorClass.HANDLER_FAILURE
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        error: KafkaError | None = None,
+        error_class: ErrorClass | None = None,
+        operation: str | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+    ) -> None:
+        if message is None and error is not None:
+            where = f"{topic}[{partition}]" if topic is not None else "an output topic"
+            reason = describe(error, error_class or ErrorClass.HANDLER_FAILURE, operation)
+            message = f"the broker refused an output record for {where}: {reason}"
+        super().__init__(message, error=error, error_class=error_class, operation=operation)
+        self.topic = topic
+        self.partition = partition
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_refused, (self.message, self.error, self.operation, self.topic, self.partition))
+
+    @staticmethod
+    def is_refusal(error: KafkaError | None) -> bool:
+        """True if ``error`` is the broker refusing one record for what it is (RECORD_REFUSAL_CODES)."""
+        return error is not None and error.code() in RECORD_REFUSAL_CODES
+
+
+def _rebuild_refused(
+    message: str, error: KafkaError | None, operation: str | None, topic: str | None, partition: int | None
+) -> OutputRefusedError:
+    return OutputRefusedError(message, error=error, operation=operation, topic=topic, partition=partition)
 
 
 CLASS_EXCEPTIONS: Final[dict[ErrorClass, type[KafkaClientError]]] = {

@@ -68,6 +68,7 @@ __all__ = [
     "ErrorPath",
     "CODE_CLASSES",
     "FENCING_CODES",
+    "RECORD_REFUSAL_CODES",
     "classify",
     "is_fatal_for_producer",
     "kafka_error_of",
@@ -188,6 +189,26 @@ _APPLICATION_RECOVERABLE_CODES: Final = (
 #: them: librdkafka reports every fatal idempotence error through it, an OUT_OF_ORDER_SEQUENCE_NUMBER
 #: after a broker lost its producer state as much as a fencing (see KafkaClientError.fenced).
 FENCING_CODES: Final = frozenset({_E._FENCED, _E.PRODUCER_FENCED, _E.INVALID_PRODUCER_EPOCH})
+
+#: The codes with which the broker refuses a produced record for what the record is, not for who sent it or
+#: where: its size, its content, the topic's rules for records. They stay INVALID_CONFIGURATION in the table
+#: (a client error with one of them, from anywhere else, stops the container), but when one comes back in a
+#: delivery report of a transaction the producer raises :class:`~kafkatx.errors.OutputRefusedError` and the
+#: input record that produced the refused output is failed, not the App (see kafkatx.listener.refused):
+#:
+#: * MSG_SIZE_TOO_LARGE (Java's RecordTooLargeException): larger than the topic's ``max.message.bytes``;
+#: * RECORD_LIST_TOO_LARGE (RecordBatchTooLargeException): a batch larger than the topic's segment size, which
+#:   a record of its own passes unless it alone is that large;
+#: * INVALID_RECORD (InvalidRecordException): a record the broker validates and rejects, e.g. a null key on a
+#:   compacted topic, or a broker-side record validation (a schema check) that refuses it;
+#: * INVALID_TIMESTAMP (InvalidTimestampException): a timestamp outside the topic's allowed difference.
+#:
+#: Not among them, and still stopping the App: authorization (TOPIC_AUTHORIZATION_FAILED and the other
+#: *_AUTHORIZATION_FAILED), a missing topic, UNSUPPORTED_FOR_MESSAGE_FORMAT (the topic's message format, the
+#: same for every record) and CORRUPT_MESSAGE (a CRC error in transit: RETRIABLE, the record itself is fine).
+RECORD_REFUSAL_CODES: Final = frozenset(
+    {_E.MSG_SIZE_TOO_LARGE, _E.RECORD_LIST_TOO_LARGE, _E.INVALID_RECORD, _E.INVALID_TIMESTAMP}
+)
 
 _INVALID_CONFIGURATION_CODES: Final = (
     _E.SASL_AUTHENTICATION_FAILED,

@@ -50,6 +50,7 @@ from kafkatx.listener.host import Runner
 from kafkatx.listener.outage import ListenerOutage, OutageHold
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
+from kafkatx.listener.time_limits import fence_hold, transaction_budget
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
@@ -118,8 +119,8 @@ class ListenerContainer:
         self._last_idle_event = self._last_activity
         self._stall_check = StallCheck(self)
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
-        self.transaction_budget = _transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
-        self.fence_hold = _fence_hold(self.consumer_config)
+        self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
+        self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
@@ -584,28 +585,6 @@ class ListenerContainer:
         except Exception:
             log.debug("resume of %s failed (revoked?)", due, exc_info=True)
         return [m for tp in due for m in self._deferred.pop(tp, ())]
-
-
-def _transaction_budget(spec: ListenerSpec, transaction_timeout_ms: int, consumer_config: dict[str, Any]) -> float:
-    """Seconds of handling after which a transaction takes no more records (``max_transaction_ms``).
-
-    By default a third of the smaller of the transaction timeout and
-    max.poll.interval.ms: slow handlers then split a big poll over several
-    transactions instead of outliving the broker's transaction timeout or
-    being thrown out of the group.
-    """
-    if spec.max_transaction_ms is not None:
-        return spec.max_transaction_ms / 1000.0
-    max_poll = int(consumer_config.get("max.poll.interval.ms", 300_000))
-    return min(transaction_timeout_ms, max_poll) / 3000.0
-
-
-def _fence_hold(consumer_config: dict[str, Any]) -> float:
-    """Seconds to hold a partition after fencing: two heartbeats (a consumer dropped from its
-    group learns it from the next heartbeat response), plus a second, at most a session timeout."""
-    heartbeat = int(consumer_config.get("heartbeat.interval.ms", 3000)) / 1000.0
-    session = int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0
-    return min(session, 2 * heartbeat + 1.0)
 
 
 def _fmt_tps(tps: list[TP]) -> str:

@@ -263,7 +263,11 @@ class CrashGuard:
         c = self._c
         tp, offset = (msg.topic(), msg.partition()), msg.offset()
         record: Record = to_record(msg, crashes)
-        exc = ProcessCrashedError(record.coordinates, crashes)
+        state = c.tracker.state_at(tp[0], tp[1], offset)
+        # A failure this process saw (its recovery was rolled back with a batch-mate's transaction, e.g. an
+        # output the broker refused) is recovered as what it was; a count read from a claim is a crash's.
+        seen = state.last_exception if state is not None else None
+        exc: BaseException = seen if seen is not None else ProcessCrashedError(record.coordinates, crashes)
         unit = TransactionUnit(c, c.producer_for(tp), [msg])
         log.error("listener %s: %s", c.name, exc)
 

@@ -42,12 +42,14 @@ from kafkatx.errors import (
     GroupMembershipChanged,
     KafkaClientError,
     KafkaTxError,
+    OutputRefusedError,
     RecoveryError,
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import DatabaseSteps
 from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate, ListenerSettings
+from kafkatx.listener.refused import blame_refused_output
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 
@@ -178,7 +180,10 @@ class TransactionUnit(DatabaseSteps):
         ``max_abortable_retries`` times in a row, then the producer is
         replaced). On an application-recoverable error, or when the consumer
         left its group, the unit is rewound to the committed offsets and
-        False is returned. Other Kafka errors (invalid configuration) are
+        False is returned. An output the broker refused
+        (:class:`~kafkatx.OutputRefusedError`) aborts the transaction and
+        fails the input record that produced it, found by isolation (see
+        :mod:`kafkatx.listener.refused`). Other Kafka errors (invalid configuration) are
         raised as they are: the container stops. Any other exception (a
         handler's) aborts the transaction and is raised again; if the abort
         itself failed (the producer was replaced and the unit rewound), False
@@ -191,6 +196,7 @@ class TransactionUnit(DatabaseSteps):
             reaction: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged | None = None
             failure: BaseException | None = None
             unavailable: DatabaseUnavailableError | None = None
+            refused: OutputRefusedError | None = None
             try:
                 self.begin()
                 if self._stored:
@@ -203,6 +209,8 @@ class TransactionUnit(DatabaseSteps):
                 reaction = exc
             except DatabaseUnavailableError as exc:
                 unavailable = exc
+            except OutputRefusedError as exc:
+                refused = exc
             except KafkaClientError:
                 if database is not None:
                     database.rollback()
@@ -214,6 +222,12 @@ class TransactionUnit(DatabaseSteps):
                 if failure is not None and not isinstance(failure, _Isolate):
                     unavailable = database.lost_connection(failure)  # the server went away under the handler
                 database.rollback()
+            if refused is not None:
+                self._c.reactions.note(refused, "abort; fail the input record that produced it")
+                blamed = blame_refused_output(self, self._c.guard, refused, count)
+                if blamed is None:
+                    return False
+                raise blamed
             if isinstance(failure, _Isolate):
                 self.isolate(failure.exc, count)
                 return False
@@ -306,6 +320,7 @@ class TransactionUnit(DatabaseSteps):
             # The offsets go to the transaction before the database commits, so that a producer fenced by now
             # fails here, with nothing committed anywhere (see docs/DATABASE.md).
             self._producer.flush_offsets()
+            self._check_deliveries()
             try:
                 database.commit(self._offsets, self._c.committed_offset)
             except KafkaTxError:
@@ -324,6 +339,18 @@ class TransactionUnit(DatabaseSteps):
             outage = self._c.outage
             if outage.active:  # records went through: the outage may be over
                 outage.committed(self._offsets)
+
+    def _check_deliveries(self) -> None:
+        """With ``database=``: an output the broker refused fails the transaction before the database commits.
+
+        Found later, at the Kafka commit, the database would already hold the records' rows and outbox, and
+        the next transaction would produce the refused record from the outbox again, for ever.
+        """
+        producer = self._producer
+        producer.wait_for_deliveries()
+        failure = producer.transaction_failure()
+        if isinstance(failure, OutputRefusedError):
+            raise failure
 
     def abort(self, records: int, reason: str) -> bool:
         """Abort the open transaction. False if the abort failed (the producer was then replaced and the unit rewound)."""
