@@ -6,13 +6,16 @@ import struct
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 import tenacity
+from confluent_kafka import Consumer
 from helpers import POISON_FQCN, PoisonError, make_app
 
 from kafkatx import (
     App,
+    DeadLetterPublishingRecoverer,
     DefaultAfterRollbackProcessor,
     Record,
     RecoveryExhaustedError,
@@ -21,6 +24,7 @@ from kafkatx import (
 )
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import (
+    PartitionsAssigned,
     PartitionsRevoked,
     RecordRecovered,
     RecordRetryScheduled,
@@ -494,3 +498,95 @@ def test_a_long_back_off_takes_about_what_it_says(kafka: KafkaTestKit, partition
     assert len(gaps) == 2 and all(1.45 <= g < 1.85 for g in gaps), gaps
     assert kafka.values(out) == [b"x", b"y"]
     assert handled == [b"x", b"x", b"x", b"y"], "the record after the failing one waits with it, and runs once"
+
+
+@pytest.mark.parametrize("retry", ["in_place", "rollback"])
+def test_stopping_during_a_back_off_decides_nothing(kafka: KafkaTestKit, retry: str) -> None:
+    """11.5: with a long back-off, stopping after attempt 1 must not call the recoverer (a rolling deploy
+    would dead-letter records that failed once)."""
+    src = kafka.topic()
+    kafka.produce(src, [b"a", b"x"])
+    app = make_app(kafka)
+    failed = threading.Event()
+    recovered: list[Any] = []
+    app.on(RecordRecovered)(recovered.append)
+
+    @app.listener(src, max_attempts=2, backoff=30, dlq=True, retry=retry)  # type: ignore[arg-type]
+    def handle(record: Record) -> None:
+        if record.value == b"x":
+            failed.set()
+            raise TimeoutError("down")
+
+    app.start()
+    try:
+        assert failed.wait(20)
+        wait_for(lambda: app.containers[0].alive, 5)
+    finally:
+        app.stop(timeout=15)
+    assert recovered == []
+    assert kafka.read(src + "-dlt") == []
+    assert kafka.committed(app.group_id, src).get(0, 0) <= 1, "x was not committed"
+
+
+def test_in_place_retries_follow_the_after_rollback_processor(kafka: KafkaTestKit) -> None:
+    """11.6: retry="in_place" ignored after_rollback= (its max_attempts, recoverer, and its DLT at startup)."""
+    src, dlt = kafka.topic(), unique_name("custom-dlt")
+    kafka.produce(src, [b"p"])
+    app = make_app(kafka)
+    calls: list[int] = []
+    processor = DefaultAfterRollbackProcessor(DeadLetterPublishingRecoverer(dlt), max_attempts=2)
+
+    @app.listener(src, retry="in_place", after_rollback=processor)
+    def handle(record: Record) -> None:
+        calls.append(record.attempt)
+        raise PoisonError("p")
+
+    with running(app):
+        assert dlt in kafka_topics(kafka), "the processor's dead-letter topic is created at startup"
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="committed")
+    assert calls == [1, 2], "the processor's max_attempts"
+    assert [d.value for d in kafka.read(dlt)] == [b"p"], "the processor's recoverer"
+
+
+def kafka_topics(kafka: KafkaTestKit) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10).topics)
+
+
+def test_a_pause_ends_with_the_assignment_it_was_made_for(kafka: KafkaTestKit) -> None:
+    """17.2: librdkafka keeps a partition paused across revoke and re-assign; a back-off pause did then
+    outlive a rebalance and the partition was never fetched again."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"flaky"])
+    app = make_app(kafka, consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    attempts: list[int] = []
+    assigned: list[Any] = []
+    app.on(PartitionsAssigned)(assigned.append)
+
+    @app.listener(src, output=out, backoff=120)
+    def handle(record: Record) -> bytes:
+        attempts.append(record.attempt)
+        if record.attempt == 1:
+            raise TimeoutError("first delivery fails; the partition is held for 120 s")
+        return record.value or b""
+
+    with running(app):
+        wait_for(lambda: attempts == [1], 20, message="the first failure")
+        wait_for(lambda: app.containers[0]._paused_until, 10, message="the back-off pause")
+        before = len(assigned)
+        other = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": app.group_id,
+                "enable.auto.commit": False,
+                "session.timeout.ms": 6000,
+            }
+        )
+        other.subscribe([src])
+        deadline = time.monotonic() + 30
+        while len(assigned) == before and time.monotonic() < deadline:
+            other.poll(0.2)  # joining makes the group rebalance: kafkatx's partition is revoked
+        other.close()  # leaving rebalances again: the partition comes back
+        wait_for(lambda: kafka.values(out) == [b"flaky"], 40, message="the record handled after the rebalance")
+    assert attempts[:2] == [1, 2]
