@@ -1,4 +1,4 @@
-"""What the database tests read back from a table, shared by test_database*.py."""
+"""The tables the database tests write to and what they read back from them, shared by test_database*.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,23 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kafkatx.testing import wait_for
+from kafkatx.testing import unique_name, wait_for
+
+
+def fresh_table(engine: sa.Engine, name: str, unique: bool = False) -> None:
+    """Create the table ``name`` (k, v) anew, dropping what an earlier run left; ``unique`` makes k UNIQUE."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}"))
+        constraint = " UNIQUE" if unique else ""
+        conn.execute(sa.text(f"CREATE TABLE {name} (k VARCHAR(64){constraint}, v VARCHAR(64))"))
+
+
+def new_table(engine: sa.Engine, unique: str = "") -> str:
+    """Create a (k, v) table under a name of its own and return the name; ``unique`` is k's column constraint."""
+    name = unique_name("t").replace("-", "_")
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {name} (k VARCHAR(64) {unique}, v VARCHAR(64))"))
+    return name
 
 
 def table_rows(engine: sa.Engine, table: str) -> Counter[str]:
