@@ -143,3 +143,20 @@ def test_chained_listeners_on_the_embedded_broker_log_a_warning(
 def test_no_chain_warning_for_a_cluster_that_is_not_an_embedded_broker_of_this_process() -> None:
     listeners = [_Listener("a", ("src",), output="mid"), _Listener("b", ("mid",))]
     assert warn_about_chained_listeners(listeners, "127.0.0.1:1") == []
+
+
+def test_chained_listeners_are_found_through_declared_send_targets() -> None:
+    from dataclasses import dataclass
+
+    from kafkatx.local import chained_listeners
+
+    @dataclass
+    class Listener:
+        name: str
+        topics: tuple[str, ...]
+        output: str | None = None
+        dlq_topic: str | None = None
+        sends_to: tuple[str, ...] = ()
+
+    listeners = [Listener("a", ("src",), output="out", sends_to=("audit",)), Listener("b", ("audit",))]
+    assert chained_listeners(listeners) == [("a", "audit", "b")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -454,3 +455,23 @@ def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: Ka
     with running(make_app(failing=False)):
         wait_for(lambda: sorted(kafka.values(out)) == [b"1", b"2"], timeout=30, message="replayed records processed")
     assert Counter(r.header(REPLAYED_FROM) is not None for r in kafka.read(orders)) == Counter({False: 2, True: 2})
+
+
+def test_dlq_inspect_says_what_replayed_means(
+    kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kafkatx.cli import main
+
+    monkeypatch.setenv("KAFKATX_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    dlt, target = kafka.topic(), kafka.topic()
+    kafka.produce(dlt, [(b"k1", b"v1"), (b"k2", b"v2"), (b"k3", b"v3")])
+    assert main(["dlq", "replay", dlt, "--to", target, "--filter", "key=k2", "--no-progress"]) == 0
+    assert "skipped 2 record(s)" in capsys.readouterr().out
+    assert main(["dlq", "inspect", dlt]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if re.match(r"0@\d", line)]
+    assert [row[-2:] for row in rows] == [["yes", "-"]] * 3, out  # REPLAYED, then the (absent) message
+    assert (
+        f"REPLAYED yes: 3 record(s) behind the offsets of replay group kafkatx-dlq-replay.{dlt}" in out
+        and "skipped by its --filter" in out
+    ), out

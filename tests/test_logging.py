@@ -1,4 +1,7 @@
-"""kafkatx.logging: the record's coordinates in text and JSON log lines. No broker needed."""
+"""kafkatx.logging: the record's coordinates in text and JSON log lines, and librdkafka's lines through logging.
+
+No broker needed.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 import threading
 
 import pytest
+from helpers import os_threads, wait_for_client_threads_to_end
 
 from kafkatx.logging import JsonFormatter, TextFormatter, configure
 
@@ -126,3 +130,13 @@ def test_configure_sends_python_warnings_through_the_formatter(restore_logging: 
     line = json.loads(lines[0])
     assert line["level"] == "WARNING" and line["logger"] == "py.warnings"
     assert "RuntimeWarning: Producer abort_transaction failed during close" in line["message"]
+
+
+def test_the_test_kit_logs_through_logging_not_raw_lines(capfd: pytest.CaptureFixture[str]) -> None:
+    from kafkatx.testing import create_topic
+
+    before = os_threads()
+    with pytest.raises(Exception):  # noqa: B017 - whatever confluent-kafka raises for a broker that is down
+        create_topic("127.0.0.1:1", "never", timeout=1)
+    wait_for_client_threads_to_end(before)  # all it could print is printed
+    assert "%3|" not in capfd.readouterr().err

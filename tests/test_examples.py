@@ -1,0 +1,119 @@
+"""Every example runs as its docstring says, under ``kafkatx run --local`` (issue 15, a new user's first hour)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from process_helpers import read_until
+
+from kafkatx.testing import produce, read_topic, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_local(target: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    text = "".join(seen) + out
+    assert proc.returncode == 0, text
+    assert "%3|" not in text and "%4|" not in text, "librdkafka's lines go through logging"
+    return text
+
+
+def test_every_example_app_is_run_under_local_by_the_suite() -> None:
+    apps = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if re.search(r"^app = App\(", p.read_text(), re.M))
+    assert apps == ["orders", "payments", "people", "spark_wordcount"], apps
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    for name in apps:
+        assert re.search(rf"\"examples\.{name}:app\"[^\n]*\"--local\"|_run_local\(\"examples\.{name}:app\"", tests), (
+            f"no test runs `kafkatx run examples.{name}:app --local`"
+        )
+
+
+def test_the_readme_demo_runs_and_checks_itself() -> None:
+    """README's first command ends with `python examples/quickstart.py`."""
+    env = {k: v for k, v in os.environ.items() if k != "KAFKATX_BOOTSTRAP_SERVERS"}
+    result = subprocess.run(
+        [sys.executable, "examples/quickstart.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exactly-once check: OK" in result.stdout and "3 dead-lettered records" in result.stdout, result.stdout
+    assert "%3|" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.local_broker_only
+def test_the_people_example_runs_under_local_and_leaves_no_database_behind(tmp_path: Path) -> None:
+    """Its database stores how far each partition was processed: a file kept across runs of a temporary
+    broker made the second run skip the new broker's records as done. The default is now temporary too."""
+    pytest.importorskip("sqlalchemy")
+    pattern = str(Path(tempfile.gettempdir()) / "kafkatx-people-*")
+    before = set(glob.glob(pattern))
+    proc, seen = _run_local("examples.people:app", cwd=tmp_path), []
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned people-in\[", 120, seen)
+        produce(bootstrap, "people-in", [(b"1", b'{"id": 1, "name": "Ada"}'), (b"2", b'{"id": 2}')])
+        wait_for(
+            lambda: len(read_topic(bootstrap, "people-in-dlt")) == 1, 60, message="the nameless person dead-lettered"
+        )
+        events = [json.loads(r.value or b"{}") for r in read_topic(bootstrap, "people-saved")]
+        assert events == [{"event": "person-saved", "id": 1}]
+        _stop(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert list(tmp_path.iterdir()) == [], "no people.db in the directory it was run from"
+    assert set(glob.glob(pattern)) == before, "the temporary database is removed at exit"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_spark_wordcount_example_runs_under_local() -> None:
+    pytest.importorskip("pyspark")
+    proc, seen = _run_local("examples.spark_wordcount:app"), []
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned lines\[", 170, seen)
+        produce(bootstrap, "lines", [b"the cat and the hat", b"The end"])
+
+        def totals() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for r in read_topic(bootstrap, "word-counts"):
+                counts[(r.key or b"").decode()] = counts.get((r.key or b"").decode(), 0) + int(r.value or b"0")
+            return counts
+
+        expected = {"the": 3, "cat": 1, "and": 1, "hat": 1, "end": 1}
+        # The two lines may sit in different partitions, committed by different transactions: wait for both.
+        wait_for(lambda: totals() == expected, 120, message=f"the word counts {expected}")
+        # A marker into each of the 3 partitions: a line counted twice would be committed before the marker.
+        produce(bootstrap, "lines", [{"value": b"marker", "partition": p} for p in range(3)])
+        wait_for(lambda: totals().get("marker") == 3, 120, message="the markers counted")
+        assert totals() == {**expected, "marker": 3}, "nothing counted twice"
+        _stop(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
