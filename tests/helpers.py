@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from kafkatx import App
@@ -22,12 +23,25 @@ def make_app(kafka: KafkaTestKit, *, name: str = "app", instance_id: str = "test
     return App(unique_name(name), bootstrap_servers=kafka.bootstrap_servers, instance_id=instance_id, **options)
 
 
-def os_threads() -> int:
-    """This process's threads, librdkafka's included (which ``threading`` does not list). Linux only."""
-    return len(os.listdir("/proc/self/task"))
+def client_threads() -> frozenset[int]:
+    """This process's librdkafka threads (``threading`` does not list them; their names start ``rdk:``). Linux only."""
+    threads = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith("rdk"):
+            threads.add(int(tid))
+    return frozenset(threads)
 
 
-def wait_for_client_threads_to_end(before: int, timeout: float = 10) -> None:
-    """Wait until the threads of the clients made since ``before = os_threads()`` have ended: from then on
-    nothing they printed can still arrive (their raw log lines come from those threads)."""
-    wait_for(lambda: os_threads() <= before, timeout, message=f"back to {before} threads (the clients closed)")
+def wait_for_client_threads_to_end(before: frozenset[int], timeout: float = 10) -> None:
+    """Wait until the librdkafka threads started since ``before = client_threads()`` have ended: from then on
+    nothing they printed can still arrive (their raw log lines come from those threads). Threads of other
+    clients that live on (a fixture's, an earlier test's) do not count."""
+
+    def ended() -> bool:
+        return not (client_threads() - before)
+
+    wait_for(ended, timeout, message="the clients' librdkafka threads ended")

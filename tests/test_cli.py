@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import os_threads, wait_for_client_threads_to_end
+from helpers import client_threads, wait_for_client_threads_to_end
 from process_helpers import read_until
 
 from kafkatx.testing import produce, read_topic, wait_for
@@ -381,7 +381,7 @@ def test_topics_and_produce_with_the_broker_down_are_one_line_each(
 
     monkeypatch.setattr(_cli_topics, "_METADATA_TIMEOUT", 1.0)
     for argv in (["topics", "list"], ["topics", "create", "t"], ["produce", "t", "--value", "v"]):
-        before = os_threads()
+        before = client_threads()
         assert main([*argv, "--bootstrap-servers", "127.0.0.1:1"]) == 1, argv
         wait_for_client_threads_to_end(before)  # all their threads could write is written
         out, err = capfd.readouterr()

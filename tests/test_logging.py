@@ -12,7 +12,7 @@ import sys
 import threading
 
 import pytest
-from helpers import os_threads, wait_for_client_threads_to_end
+from helpers import client_threads, wait_for_client_threads_to_end
 
 from kafkatx.logging import JsonFormatter, TextFormatter, configure
 
@@ -135,7 +135,7 @@ def test_configure_sends_python_warnings_through_the_formatter(restore_logging: 
 def test_the_test_kit_logs_through_logging_not_raw_lines(capfd: pytest.CaptureFixture[str]) -> None:
     from kafkatx.testing import create_topic
 
-    before = os_threads()
+    before = client_threads()
     with pytest.raises(Exception):  # noqa: B017 - whatever confluent-kafka raises for a broker that is down
         create_topic("127.0.0.1:1", "never", timeout=1)
     wait_for_client_threads_to_end(before)  # all it could print is printed
