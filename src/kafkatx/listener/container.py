@@ -470,14 +470,13 @@ class ListenerContainer:
             self._handle_batch(batch)
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
-        """Split ``batch`` into transaction units (careful mode first) and run them."""
+        """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
         spec = self.spec
         self._last_activity = time.monotonic()
         self._positions_checked = False
-        if self.guard.careful:
-            batch = self._run_careful(batch)
-            if not batch:
-                return
+        batch = self.guard.run_careful(batch, self._runner)  # partitions searched for a crash, a part at a time
+        if not batch:
+            return
         if self.guard.unclaimed and not self.guard.claim_first(batch):
             return  # the claim did not commit (the group changed?): poll again before handing anything over
         if spec.fencing == "partition":
@@ -490,31 +489,6 @@ class ListenerContainer:
         else:
             assert self._group_producer is not None
             self._runner(TransactionUnit(self, self._group_producer, batch))
-
-    def _run_careful(self, batch: list[ConsumedMessage]) -> list[ConsumedMessage]:
-        """Handle the records of partitions in careful mode one per transaction; return the others.
-
-        A partition whose record does not commit (it is retried after a
-        back-off, or its recovery failed) gives up the rest of its records in
-        this poll: they are fetched again in order.
-        """
-        guard, rest, stopped = self.guard, [], set()
-        for msg in batch:
-            tp = (msg.topic(), msg.partition())
-            if tp in stopped:
-                continue
-            known = self._committed.get(tp)
-            if known is not None and msg.offset() < known:
-                continue  # committed meanwhile (the database outbox finished a unit past it): never run it again
-            if not guard.is_careful(msg) or tp not in self.assigned:
-                rest.append(msg)
-                continue
-            if self.stop_event.is_set() or not guard.run_careful(msg, self._runner):
-                stopped.add(tp)
-                if tp not in self._paused_until:  # a held record's pause already rewound it
-                    committed = self.committed_offset(tp)
-                    self.seek(tp, committed if committed is not None and committed <= msg.offset() else msg.offset())
-        return [m for m in rest if (m.topic(), m.partition()) not in stopped]
 
     def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
         """Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.
