@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
 
 __all__ = ["add_parser", "load_app"]
@@ -333,6 +334,7 @@ def _serve(app: Any, args: argparse.Namespace) -> int:
 
         server = serve_metrics(app, args.metrics_port, args.metrics_addr)
         print(f"kafkatx: metrics at {server.url}", flush=True)
+    report_progress(app)  # to a supervisor (--workers), if there is one
     status = None
     if args.status or (args.status is None and sys.stderr.isatty()):
         try:

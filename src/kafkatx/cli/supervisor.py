@@ -12,7 +12,10 @@ The supervisor forwards SIGINT/SIGTERM to every worker and waits for them; a
 second signal kills them. A worker that exits non-zero is restarted after a
 back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
 60 s) ends the whole run with exit code 1, and a configuration error (exit
-78) ends it at once with 78: restarting cannot fix either.
+78) ends it at once with 78: restarting cannot fix either. A crash after
+which the worker had made progress (:mod:`kafkatx.cli.progress`: records
+committed, a record dead-lettered, the search for a record that kills the
+process narrowed) is not a loop: it is restarted after 1 s and not counted.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from kafkatx.cli.progress import ENV_PROGRESS_FILE, ProgressFile
 
 __all__ = ["Supervisor", "worker_ids"]
 
@@ -36,6 +43,7 @@ EX_CONFIG = 78
 _CRASH_WINDOW_S = 60.0
 _MAX_CRASHES = 5
 _MAX_BACKOFF_S = 30.0
+_FIRST_BACKOFF_S = 1.0
 
 
 def worker_ids(base: str, workers: int) -> list[str]:
@@ -45,10 +53,11 @@ def worker_ids(base: str, workers: int) -> list[str]:
 @dataclass
 class _Worker:
     instance_id: str
+    progress: ProgressFile
     proc: subprocess.Popen[bytes] | None = None
     crashes: collections.deque[float] = field(default_factory=collections.deque)
     restart_at: float | None = None
-    backoff: float = 1.0
+    backoff: float = _FIRST_BACKOFF_S
 
 
 class Supervisor:
@@ -63,14 +72,19 @@ class Supervisor:
         shutdown_timeout: float = 60.0,
     ) -> None:
         self.command = list(command)
-        self.workers = [_Worker(i) for i in ids]
+        self._progress_dir = tempfile.mkdtemp(prefix="kafkatx-progress-")
+        self.workers = [
+            _Worker(i, ProgressFile(os.path.join(self._progress_dir, i)), backoff=_FIRST_BACKOFF_S) for i in ids
+        ]
         self.env = env
         self.shutdown_timeout = shutdown_timeout
         self._signals = 0
         self.exit_code = 0
 
     def _spawn(self, worker: _Worker) -> None:
-        worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=self.env)
+        worker.progress.reset()
+        env = {**(os.environ if self.env is None else self.env), ENV_PROGRESS_FILE: worker.progress.path}
+        worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=env)
         worker.restart_at = None
         log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
 
@@ -111,6 +125,7 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            shutil.rmtree(self._progress_dir, ignore_errors=True)
 
     def _exited(self, worker: _Worker, code: int, now: float) -> int | None:
         """React to a worker's exit; an exit code ends the supervisor."""
@@ -124,6 +139,17 @@ class Supervisor:
                 file=sys.stderr,
             )
             return EX_CONFIG
+        if worker.progress.moved():
+            log.warning(
+                "worker %s exited with code %d after making progress; restarting it under the same id in %.0fs",
+                worker.instance_id,
+                code,
+                _FIRST_BACKOFF_S,
+            )
+            worker.crashes.clear()
+            worker.backoff = _FIRST_BACKOFF_S
+            worker.restart_at = now + worker.backoff
+            return None
         worker.crashes.append(now)
         while worker.crashes and worker.crashes[0] < now - _CRASH_WINDOW_S:
             worker.crashes.popleft()

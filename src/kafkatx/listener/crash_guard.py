@@ -31,7 +31,7 @@ from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.errors import ProcessCrashedError, RecoveryError
-from kafkatx.events import RecordRecovered
+from kafkatx.events import CrashSearchNarrowed, RecordRecovered
 from kafkatx.listener.after_rollback import recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
@@ -326,6 +326,8 @@ class CrashGuard:
             unit = TransactionUnit(c, producer, [])
             if not unit.transact(lambda: unit.send_offsets({tp: offset}, {tp: marker}), records=0, what="marker"):
                 return False
+        if end > offset + 1:
+            c.publish(CrashSearchNarrowed(c.name, c.worker, tp[0], tp[1], offset, end))
         if len(part) > 1:
             log.info(
                 "listener %s: handling %s[%d] offsets %d..%d in one transaction (crash search)",
