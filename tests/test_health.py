@@ -189,6 +189,19 @@ def test_kafkatx_run_serves_the_probes_on_the_port_it_is_given(kafka: KafkaTestK
     assert f"health probes at http://127.0.0.1:{port}" in out
 
 
+def test_a_health_port_in_use_ends_kafkatx_run_with_one_configuration_error(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_command(kafka, tmp_path, "--health-port", str(port), "--bootstrap-servers", kafka.bootstrap_servers)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    assert f"configuration error: cannot serve health probes on 127.0.0.1:{port}" in out
+
+
 @pytest.mark.slow
 def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestKit, tmp_path: Path) -> None:
     port = free_port()

@@ -229,7 +229,11 @@ def _supervise(args: argparse.Namespace) -> int:
             command += ["--bootstrap-servers", args.bootstrap_servers]
         ids = worker_ids(args.instance_id or default_base_id(), args.workers)
         supervisor = Supervisor(command, ids, health=health)
-        server = supervisor.serve_health()
+        try:
+            server = supervisor.serve_health()
+        except InvalidConfigurationError as exc:  # the port is in use: say so once, start no worker
+            print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+            return EX_CONFIG
         if server is not None:
             print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
         print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
