@@ -225,6 +225,15 @@ def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestK
         assert all(w["health"]["listeners"][0]["listener"] == "orders" for w in body["workers"])
         status, body = get(url + "/livez")
         assert status == 200 and [w["process"] for w in body["workers"]] == ["running", "running"]
+        killed = body["workers"][0]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        body = wait_for(
+            lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 30, message="not ready"
+        )
+        assert [w["ready"] for w in body["workers"]] == [False, True], body
+        assert get(url + "/livez")[0] == 200, "a worker being restarted made the supervisor not live"
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 90, message="ready again after the restart")
+        assert get(url + "/readyz")[1]["workers"][0]["pid"] != killed
     finally:
         out = stop(proc)
     assert proc.returncode == 0, out

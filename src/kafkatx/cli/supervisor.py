@@ -129,7 +129,7 @@ class Supervisor:
                 "running" if running else "restarting" if w.restart_at is not None or proc is not None else "stopped"
             )
             port = read_port_file(self._health_port_file(w)) if running else None
-            states.append(WorkerState(w.instance_id, process, port))
+            states.append(WorkerState(w.instance_id, process, port, proc.pid if running and proc else None))
         return states
 
     def serve_health(self) -> HealthServer | None:

@@ -79,13 +79,22 @@ class WorkerState:
     process: Literal["running", "restarting", "stopped"]
     #: The port the worker serves its probes on, once it said so.
     port: int | None = None
+    #: Its process id while it runs.
+    pid: int | None = None
+
+
+def _row(w: WorkerState) -> dict[str, Any]:
+    row: dict[str, Any] = {"worker": w.instance_id, "process": w.process}
+    if w.pid is not None:
+        row["pid"] = w.pid
+    return row
 
 
 def workers_liveness(workers: Sequence[WorkerState], probe: Probe = probe_worker) -> Verdict:
     """Live while every worker runs or is being restarted, and none that answers says it is not live."""
     rows = []
     for w in workers:
-        row: dict[str, Any] = {"worker": w.instance_id, "process": w.process}
+        row = _row(w)
         live = w.process != "stopped"
         if w.process == "running" and w.port is not None:
             status, body = probe(w.port, "/livez")
@@ -101,7 +110,7 @@ def workers_readiness(workers: Sequence[WorkerState], probe: Probe = probe_worke
     """Ready when every worker runs and says it is ready."""
     rows = []
     for w in workers:
-        row: dict[str, Any] = {"worker": w.instance_id, "process": w.process}
+        row = _row(w)
         if w.process != "running":
             ready, row["reason"] = False, f"process {w.process}"
         elif w.port is None:
