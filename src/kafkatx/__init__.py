@@ -36,6 +36,7 @@ from kafkatx.errors import (
     UnknownTopicError,
 )
 from kafkatx.errors.classification import ErrorClass, classify
+from kafkatx.health import HealthServer, serve_health
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer
@@ -61,6 +62,7 @@ __all__ = [
     "FailurePolicy",
     "FencedTooOftenError",
     "GroupMembershipChanged",
+    "HealthServer",
     "InvalidConfigurationError",
     "OutputRefusedError",
     "KafkaClientError",
@@ -87,4 +89,5 @@ __all__ = [
     "classify",
     "db",
     "send",
+    "serve_health",
 ]

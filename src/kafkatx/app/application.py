@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
@@ -27,6 +27,7 @@ from kafkatx.errors import (
     InvalidConfigurationError,
 )
 from kafkatx.events import Event, EventBus
+from kafkatx.health.checks import DEFAULT_NOT_READY_AFTER, check_health_options
 from kafkatx.listener.container import ListenerContainer
 from kafkatx.listener.options import (
     LISTENER_DEFAULTS,
@@ -37,6 +38,9 @@ from kafkatx.listener.options import (
 )
 from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
+
+if TYPE_CHECKING:
+    from kafkatx.health.server import HealthServer
 
 __all__ = ["App", "Transaction"]
 
@@ -107,6 +111,9 @@ class App:
         max_producer_recreations: int = 5,
         static_membership: bool = True,
         rebalance: Literal["eager", "cooperative"] = "eager",
+        health_port: int | None = None,
+        health_addr: str = "127.0.0.1",
+        not_ready_after: float = DEFAULT_NOT_READY_AFTER,
     ) -> None:
         self.client_config = ClientConfig(
             name,
@@ -123,6 +130,14 @@ class App:
             rebalance=rebalance,
         )
         self.create_topics = create_topics
+        check_health_options(health_port, health_addr, not_ready_after)
+        #: Serve /livez, /readyz (and /metrics) on this port from start() (0: a free one; None: not at all).
+        self.health_port = health_port
+        self.health_addr = health_addr
+        #: Seconds a listener may be stuck on a batch, or paused, before /readyz says it is not ready.
+        self.not_ready_after = not_ready_after
+        #: The health endpoint start() opened (``health_port``), if any.
+        self.health_server: HealthServer | None = None
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
         self.cluster_id: str | None = None
@@ -279,6 +294,10 @@ class App:
                 ListenerContainer(spec, self, worker, index, self._outages[spec.name])
                 for index, (spec, worker) in enumerate(workers)
             ]
+            if self.health_port is not None and self.health_server is None:
+                from kafkatx.health.server import serve_health
+
+                self.health_server = serve_health(self, self.health_port, self.health_addr)
             self._running = True
             for c in self.containers:
                 c.start()
@@ -296,6 +315,10 @@ class App:
     def resume(self, listener: str) -> None:
         """End :meth:`pause` of ``listener``: it goes on from where it stopped. Thread-safe."""
         self._outage_of(listener).resume()
+
+    def listener_outage(self, listener: str) -> ListenerOutage:
+        """The outage state of ``listener`` (by name): whether it is held, and for how long (read by /readyz)."""
+        return self._outage_of(listener)
 
     def _outage_of(self, listener: str) -> ListenerOutage:
         if not isinstance(listener, str):
@@ -341,6 +364,12 @@ class App:
                 self._stopped.set()
                 if wait:
                     self._run_shutdown_hooks()
+                    self._stop_health_server()
+
+    def _stop_health_server(self) -> None:
+        server, self.health_server = self.health_server, None
+        if server is not None:
+            server.stop()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every container has stopped and its thread has ended (but the caller's own); True if so."""

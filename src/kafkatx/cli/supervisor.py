@@ -32,8 +32,17 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from kafkatx.cli.progress import ENV_PROGRESS_FILE, ProgressFile
+from kafkatx.health.server import HealthServer, verdict_response
+from kafkatx.health.workers import (
+    ENV_HEALTH_PORT_FILE,
+    WorkerState,
+    read_port_file,
+    workers_liveness,
+    workers_readiness,
+)
 
 __all__ = ["Supervisor", "worker_ids"]
 
@@ -70,6 +79,7 @@ class Supervisor:
         *,
         env: dict[str, str] | None = None,
         shutdown_timeout: float = 60.0,
+        health: tuple[str, int] | None = None,
     ) -> None:
         self.command = list(command)
         self._progress_dir = tempfile.mkdtemp(prefix="kafkatx-progress-")
@@ -80,10 +90,18 @@ class Supervisor:
         self.shutdown_timeout = shutdown_timeout
         self._signals = 0
         self.exit_code = 0
+        #: (address, port) of the one health endpoint that reports every worker (``--health-port``), if any.
+        self.health = health
+        self.health_server: HealthServer | None = None
 
     def _spawn(self, worker: _Worker) -> None:
         worker.progress.reset()
         env = {**(os.environ if self.env is None else self.env), ENV_PROGRESS_FILE: worker.progress.path}
+        if self.health is not None:
+            port_file = self._health_port_file(worker)
+            if os.path.exists(port_file):
+                os.remove(port_file)  # the new process reports its own
+            env[ENV_HEALTH_PORT_FILE] = port_file
         worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=env)
         worker.restart_at = None
         log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
@@ -97,10 +115,44 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
+    # -- health -----------------------------------------------------------------
+    def _health_port_file(self, worker: _Worker) -> str:
+        return os.path.join(self._progress_dir, f"{worker.instance_id}.health-port")
+
+    def worker_states(self) -> list[WorkerState]:
+        """Each worker's process state and health port, for the supervisor's probes (read from their thread)."""
+        states = []
+        for w in self.workers:
+            proc = w.proc
+            running = proc is not None and proc.poll() is None
+            process: Literal["running", "restarting", "stopped"] = (
+                "running" if running else "restarting" if w.restart_at is not None or proc is not None else "stopped"
+            )
+            port = read_port_file(self._health_port_file(w)) if running else None
+            states.append(WorkerState(w.instance_id, process, port, proc.pid if running and proc else None))
+        return states
+
+    def serve_health(self) -> HealthServer | None:
+        """Open the supervisor's health endpoint (``health``), reporting every worker; None without one."""
+        if self.health is None:
+            return None
+        addr, port = self.health
+        self.health_server = HealthServer(
+            {
+                "/livez": lambda: verdict_response(workers_liveness(self.worker_states())),
+                "/readyz": lambda: verdict_response(workers_readiness(self.worker_states())),
+            },
+            port,
+            addr,
+        )
+        return self.health_server
+
     def run(self) -> int:
         """Supervise until a signal or a crash loop; the exit code for ``kafkatx run``."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if self.health_server is None:
+                self.serve_health()
             for worker in self.workers:
                 self._spawn(worker)
             while True:
@@ -125,6 +177,8 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.health_server is not None:
+                self.health_server.stop()
             shutil.rmtree(self._progress_dir, ignore_errors=True)
 
     def _exited(self, worker: _Worker, code: int, now: float) -> int | None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from kafkatx.client.bounded import BoundedCaller
+from kafkatx.client.bounded import BoundedCaller, CallInProgress
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
@@ -118,6 +118,10 @@ class ListenerContainer:
         self._positions_checked = True
         self._last_idle_event = self._last_activity
         self._stall_check = StallCheck(self)
+        #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
+        self.handling_since: float | None = None
+        #: Set once the group gave this container its assignment (maybe empty) since start.
+        self.assignment_received = threading.Event()
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
         self.fence_hold = fence_hold(self.consumer_config)
@@ -165,6 +169,19 @@ class ListenerContainer:
     def max_producer_recreations(self) -> int:
         """How many producer replacements within a minute stop the container (the App's setting)."""
         return self.runtime.max_producer_recreations
+
+    @property
+    def stalled_partitions(self) -> frozenset[TP]:
+        """Owned partitions with records behind their position that fetched nothing for a while (StallCheck)."""
+        return frozenset(self._stall_check.stalled)
+
+    def blocked_call(self) -> CallInProgress | None:
+        """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
+        for producer in [*filter(None, [self._group_producer]), *list(self._partition_producers.values())]:
+            call = producer.blocked_in
+            if call is not None:
+                return call
+        return None
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
@@ -286,6 +303,7 @@ class ListenerContainer:
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
+        self.assignment_received.set()
         log.info("listener %s assigned %s", self.name, _fmt_tps(tps))
         if partitions:
             # librdkafka keeps a partition's pause flag across revoke and re-assign; kafkatx's own
@@ -427,6 +445,7 @@ class ListenerContainer:
 
     # -- the loop -------------------------------------------------------------
     def _poll_and_process(self) -> None:
+        self.handling_since = None  # the previous batch, if any, is done
         consumer = self.consumer
         assert consumer is not None
         spec = self.spec
@@ -472,7 +491,7 @@ class ListenerContainer:
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
         """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
         spec = self.spec
-        self._last_activity = time.monotonic()
+        self._last_activity = self.handling_since = time.monotonic()
         self._positions_checked = False
         batch = self.guard.run_careful(batch, self._runner)  # partitions searched for a crash, a part at a time
         if not batch:

@@ -10,8 +10,8 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx._validate import is_int
 from kafkatx.client.offsets import TP
@@ -19,12 +19,44 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import ContainerStopped, PartitionsAssigned, PartitionsRevoked
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
+    from kafkatx.events import EventBus
+    from kafkatx.listener.spec import ListenerSpec
 
 log = logging.getLogger("kafkatx.metrics")
 
 #: librdkafka ``statistics.interval.ms`` set for lag, unless the App sets its own.
-__all__ = ["DEFAULT_STATS_INTERVAL_MS", "LagSink", "LagTracker", "listener_label", "shared_lag_tracker"]
+__all__ = [
+    "DEFAULT_STATS_INTERVAL_MS",
+    "InstrumentedApp",
+    "LagSink",
+    "LagTracker",
+    "listener_label",
+    "shared_lag_tracker",
+]
+
+
+class _Running(Protocol):
+    @property
+    def alive(self) -> bool: ...
+
+
+class InstrumentedApp(Protocol):
+    """What metrics read of a :class:`kafkatx.App` (a Protocol: the App may import metrics without a circle)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def consumer_config_overrides(self) -> dict[str, Any]: ...
+    @property
+    def containers(self) -> Sequence[_Running]: ...
+    @property
+    def listeners(self) -> Sequence[ListenerSpec]: ...
+    def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]: ...
+
 
 #: Building the statistics JSON costs librdkafka some CPU, so not every second.
 DEFAULT_STATS_INTERVAL_MS = 5_000
@@ -57,7 +89,7 @@ class LagTracker:
     before it polls again, so this is the committed lag to within one batch.
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: InstrumentedApp) -> None:
         self._app_ref = weakref.ref(app)  # the App owns us (through its event bus), not the reverse
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, str, int], int] = {}
@@ -222,11 +254,11 @@ def _partition_lag(p: dict[str, Any]) -> int | None:
     return max(0, end - position)
 
 
-_TRACKERS: weakref.WeakKeyDictionary[App, LagTracker] = weakref.WeakKeyDictionary()
+_TRACKERS: weakref.WeakKeyDictionary[InstrumentedApp, LagTracker] = weakref.WeakKeyDictionary()
 _TRACKERS_LOCK = threading.Lock()
 
 
-def shared_lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> LagTracker:
+def shared_lag_tracker(app: InstrumentedApp, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> LagTracker:
     """The App's lag tracker, created and installed once (shared by metrics and the status line)."""
     with _TRACKERS_LOCK:
         tracker = _TRACKERS.get(app)
