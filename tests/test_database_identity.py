@@ -48,6 +48,11 @@ def test_every_temporary_local_broker_has_a_cluster_id_of_its_own_and_keeps_it_a
     assert before and cluster_id(second) and before != cluster_id(second)
     first.restart()
     assert cluster_id(first) == before, "a restarted broker (same data dir) is the same cluster"
+    # Still recognised as the embedded broker by a process that did not start it (kafkatx run --workers,
+    # kafkatx broker): fencing="auto" picks per-partition fencing there.
+    from kafkatx.client.brokers import is_embedded_broker
+
+    assert is_embedded_broker("127.0.0.1:1", before)
 
 
 def test_a_database_from_a_previous_local_broker_is_a_clear_stop_and_nothing_is_skipped(

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 
 from kafkatx.client.brokers import (  # chained_listeners and warn_about_chained_listeners re-exported
+    EMBEDDED_CLUSTER_ID_PREFIX,
     chained_listeners,
     live_brokers,
     port_in_use,
@@ -157,7 +158,7 @@ def _seed_cluster_id(data_dir: Path) -> None:
     snapshot = data_dir / _SNAPSHOT
     if snapshot.exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    cluster_id = EMBEDDED_CLUSTER_ID_PREFIX + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
     state = {
         "topics": [],
         "broker_id": 1,
