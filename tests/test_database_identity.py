@@ -139,3 +139,30 @@ def test_the_embedded_broker_gives_topic_ids(kafka: KafkaTestKit) -> None:
     topic = kafka.topic()
     config = {"bootstrap.servers": kafka.bootstrap_servers}
     assert log_identity(Producer(config), config, topic).topic_id is not None
+
+
+def test_a_producer_transactions_database_from_a_previous_local_broker_publishes_nothing_stale(
+    two_brokers: tuple[LocalBroker, LocalBroker], tmp_path: Path
+) -> None:
+    """``app.transaction(database=...)`` produces what the database has and Kafka has not before its own work:
+    on a new broker, that was the old broker's last unit, published again. Now a clear stop."""
+    from kafkatx import send
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'producer.db'}")
+    old, new = (KafkaTestKit(b.bootstrap_servers) for b in two_brokers)
+    out = unique_name("out")
+    name = unique_name("ptx")
+    for kit in (old, new):
+        kit.topic(name=out)
+
+    first = App(name, bootstrap_servers=old.bootstrap_servers, instance_id="t")
+    with first.transaction(database=engine):
+        send(out, b"old")
+    assert old.values(out) == [b"old"]
+
+    second = App(name, bootstrap_servers=new.bootstrap_servers, instance_id="t")
+    with pytest.raises(InvalidConfigurationError, match=r"another Kafka cluster.*DELETE FROM kafkatx_offsets"):
+        with second.transaction(database=engine):
+            send(out, b"new")
+    assert new.values(out) == [], "nothing of the old broker's published on the new one"
+    engine.dispose()

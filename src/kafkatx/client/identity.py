@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient
 
-__all__ = ["LogIdentity", "log_identity"]
+__all__ = ["LogIdentity", "cluster_id_of", "log_identity"]
 
 log = logging.getLogger("kafkatx.client")
 
@@ -44,6 +44,11 @@ def log_identity(client: Any, config: Mapping[str, Any], topic: str, timeout: fl
     """
     cluster_id = client.list_topics(topic, timeout=timeout).cluster_id or None
     return LogIdentity(cluster_id, _topic_id(config, topic, timeout))
+
+
+def cluster_id_of(client: Any, timeout: float = 10.0) -> str | None:
+    """The id of the cluster ``client`` (a live confluent-kafka client) talks to, None if the broker gives none."""
+    return client.list_topics(timeout=timeout).cluster_id or None
 
 
 def _topic_id(config: Mapping[str, Any], topic: str, timeout: float) -> str | None:
