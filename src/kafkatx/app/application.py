@@ -317,7 +317,8 @@ class App:
 
     def container_exited(self, container: ListenerContainer) -> None:
         """Called by a container thread as it ends; a failure stops the whole App."""
-        leave_group_on_clean_stop(self.resolved_bootstrap_servers(), self.cluster_id, container)
+        if self.failure is None:  # (fenced by a live process with our instance id: its membership is not ours)
+            leave_group_on_clean_stop(self.resolved_bootstrap_servers(), self.cluster_id, container)
         if container.failure is not None and not self._stopped.is_set():
             log.error("stopping app %s because listener %s failed", self.name, container.name)
             self.stop(wait=False)
