@@ -22,7 +22,13 @@ from kafkatx.client.brokers import is_embedded_broker
 from kafkatx.client.membership import LeaveGroupError, leave_group
 from kafkatx.client.offsets import TP
 
-__all__ = ["StaleMemberWatch", "leave_group_on_clean_stop", "stale_member_message", "watch_for_stale_members"]
+__all__ = [
+    "GroupLook",
+    "StaleMemberWatch",
+    "leave_group_on_clean_stop",
+    "stale_member_message",
+    "watch_for_stale_members",
+]
 
 log = logging.getLogger("kafkatx.app")
 
@@ -66,10 +72,12 @@ def leave_group_on_clean_stop(bootstrap_servers: str, cluster_id: str | None, co
 
 
 #: When the stale-member check samples the groups after a start: two looks, so that "no progress" means something.
-STALE_CHECK_AT_S = (4.0, 9.0)
+STALE_CHECK_AT_S = (3.0, 7.0)
 
 
-class _Sample(NamedTuple):
+class GroupLook(NamedTuple):
+    """One look at a group: its state, its static members' partitions, committed offsets, records waiting."""
+
     state: str
     members: dict[str, tuple[TP, ...]]  # group.instance.id -> its partitions (static members only)
     committed: dict[TP, int]
@@ -128,7 +136,7 @@ class StaleMemberWatch:
 Groups = tuple[frozenset[str], tuple[str, ...]]
 
 
-def _sample(admin: Any, group: str, topics: tuple[str, ...]) -> _Sample:
+def _sample(admin: Any, group: str, topics: tuple[str, ...]) -> GroupLook:
     from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
@@ -141,7 +149,7 @@ def _sample(admin: Any, group: str, topics: tuple[str, ...]) -> _Sample:
     metadata = admin.list_topics(timeout=3)
     tps = [TopicPartition(t, p) for t in topics if t in metadata.topics for p in metadata.topics[t].partitions]
     if not tps:
-        return _Sample(str(described.state), members, {}, set())
+        return GroupLook(str(described.state), members, {}, set())
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)], request_timeout=3)
     committed = {(tp.topic, tp.partition): tp.offset for tp in offsets[group].result().topic_partitions}
     level = IsolationLevel.READ_COMMITTED
@@ -156,11 +164,11 @@ def _sample(admin: Any, group: str, topics: tuple[str, ...]) -> _Sample:
             position = starts[tp].result().offset
         if ends[tp].result().offset > position:
             waiting.add(key)
-    return _Sample(str(described.state), members, committed, waiting)
+    return GroupLook(str(described.state), members, committed, waiting)
 
 
 def stale_member_message(
-    group: str, ours: frozenset[str], first: _Sample, second: _Sample, bootstrap: str
+    group: str, ours: frozenset[str], first: GroupLook, second: GroupLook, bootstrap: str
 ) -> str | None:
     """The warning for static members of ``group`` that look left behind (see StaleMemberWatch), or None."""
     others = {m for m in second.members if m not in ours and m in first.members}
