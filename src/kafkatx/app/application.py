@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
 from kafkatx.app.transactions import ProducerTransactions, Transaction
 from kafkatx.client.brokers import warn_about_chained_listeners
@@ -141,6 +142,8 @@ class App:
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
         self.cluster_id: str | None = None
+        #: On the embedded broker: the check for static members left behind by killed processes.
+        self._stale_members: StaleMemberWatch | None = None
         self.events = EventBus()
         self.listeners: list[ListenerSpec] = []
         self.containers: list[ListenerContainer] = []
@@ -301,6 +304,9 @@ class App:
             self._running = True
             for c in self.containers:
                 c.start()
+            self._stale_members = watch_for_stale_members(
+                self.client_config.base_config(), self.resolved_bootstrap_servers(), self.cluster_id, self.containers
+            )
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
 
     def pause(self, listener: str) -> None:
@@ -334,6 +340,8 @@ class App:
 
     def container_exited(self, container: ListenerContainer) -> None:
         """Called by a container thread as it ends; a failure stops the whole App."""
+        if self.failure is None:  # (fenced by a live process with our instance id: its membership is not ours)
+            leave_group_on_clean_stop(self.resolved_bootstrap_servers(), self.cluster_id, container)
         if container.failure is not None and not self._stopped.is_set():
             log.error("stopping app %s because listener %s failed", self.name, container.name)
             self.stop(wait=False)
@@ -347,6 +355,8 @@ class App:
     def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stop all containers. Thread-safe. Each finishes (or aborts) its open
         transaction and closes its clients; nothing half-done is committed."""
+        if self._stale_members is not None:
+            self._stale_members.stop()
         for c in list(self.containers):
             c.stop()
         if wait and threading.current_thread() not in {c.thread for c in self.containers}:

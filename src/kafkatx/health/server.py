@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.health.checks import Verdict, check_health_options, liveness, readiness
 from kafkatx.health.snapshot import ContainerView, HealthSource, listener_states
-from kafkatx.metrics.lag import InstrumentedApp
+from kafkatx.metrics.lag import InstrumentedApp, MeteredContainer
 
 if TYPE_CHECKING:
     from kafkatx.listener.spec import ListenerSpec
@@ -33,11 +33,15 @@ Response = tuple[int, str, bytes]
 _JSON = "application/json"
 
 
+class _ProbedContainer(ContainerView, MeteredContainer, Protocol):
+    """A container as the health endpoint reads it, for the probes and for the metrics on the same port."""
+
+
 class HealthApp(HealthSource, InstrumentedApp, Protocol):
     """A :class:`kafkatx.App` as the health endpoint sees it (its probes, and its metrics when installed)."""
 
     @property
-    def containers(self) -> Sequence[ContainerView]: ...
+    def containers(self) -> Sequence[_ProbedContainer]: ...
     @property
     def listeners(self) -> Sequence[ListenerSpec]: ...
 
