@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from sys import getrefcount
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
-from kafkatx.errors import OutputError, RecoveryError
+from kafkatx.errors import InvalidConfigurationError, OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import after_rollback, recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
@@ -116,6 +117,8 @@ class RecordRunner:
                 abandoned = True
             # Outside the except blocks, so that nothing the handler raises from here on chains to them.
             if failure is not None:
+                if type(failure.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
+                    raise failure.exc
                 in_memory = time.monotonic() - self._c.polled_at < self._c.transaction_budget
                 msgs = after_rollback(current, msgs, failure, self.processor, self.replay, keep_in_memory=in_memory)
                 continue
@@ -252,6 +255,8 @@ class RecordRunner:
             kinds=self._kinds,
         )
         buf.stream = emitters.directs if not in_place else None
+        refuse = functools.partial(_refuse_awaitable, self.spec.name)
+        emitters.by_type.update(dict.fromkeys(_AWAITABLES, refuse))
         return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
@@ -265,6 +270,8 @@ class RecordRunner:
         when the recoverer fails.
         """
         spec, policy, tracker, buf = self.spec, unit.policy, unit.tracker, self._buffer
+        if type(exc) is NotAwaitedError:
+            raise exc
         while True:
             buf.clear()
             state = tracker.record_failure(record, exc)
@@ -300,6 +307,25 @@ class RecordRunner:
             tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
+
+
+#: What a handler returns when it is an ``async def`` hidden behind a plain function: never something to produce.
+_AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
+
+
+class NotAwaitedError(InvalidConfigurationError):
+    """A handler returned a coroutine: a declaration error (it fails every record alike), not a record's failure."""
+
+
+def _refuse_awaitable(listener: str, result: Any) -> int:
+    """The emit function of a coroutine: the container stops, nothing is dead-lettered."""
+    if type(result) is types.CoroutineType:
+        result.close()  # never awaited, on purpose: no RuntimeWarning about it
+    raise NotAwaitedError(
+        f"listener {listener!r}: its handler returned a {type(result).__name__} (an async def behind a plain "
+        "function or decorator?); kafkatx does not await it, so no record was handled or dead-lettered: "
+        "declare the handler itself def, or run the coroutine with asyncio.run() inside it"
+    )
 
 
 def _nothing(result: object) -> int:

@@ -24,7 +24,7 @@ from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollb
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory
 
-__all__ = ["ListenerSpec", "build_spec", "validate_topic"]
+__all__ = ["ListenerSpec", "build_spec", "is_async_handler", "validate_topic"]
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -119,6 +119,7 @@ def build_spec(
         raise InvalidConfigurationError(
             f"a listener handler must be callable (a function taking a Record), got {type(handler).__name__} {handler!r}"
         )
+    _check_not_async(handler, kind, runner)
     if kind == "record":
         _check_takes_one_argument(handler)
     topics, output, sends_to = _topics_of(topics, opts)
@@ -314,6 +315,31 @@ def _recoverer(dlq: Any, topics: tuple[str, ...]) -> tuple[Recoverer, str | None
 def _dlq_topic(recoverer: Any) -> str | None:
     topic = getattr(recoverer, "topic", None)
     return topic if isinstance(topic, str) else None
+
+
+def is_async_handler(handler: Any) -> bool:
+    """Whether calling ``handler`` returns a coroutine to await (an ``async def``, or an object whose ``__call__`` is)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+
+
+def _check_not_async(handler: Any, kind: str, runner: RunnerFactory | None) -> None:
+    """Refuse an ``async def`` handler where it would not be awaited (it would fail every record)."""
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    if inspect.isasyncgenfunction(handler) or inspect.isasyncgenfunction(getattr(handler, "__call__", None)):
+        raise InvalidConfigurationError(
+            f"listener handler {name} is an async generator, which kafkatx cannot produce from: "
+            "declare it def and return a list of outputs (or call kafkatx.send() for each)"
+        )
+    if not is_async_handler(handler):
+        return
+    if kind != "record" or runner is not None:
+        raise InvalidConfigurationError(
+            f"spark/batch listener handler {name} is an async def: a batch job is called, not awaited; declare it def"
+        )
+    raise InvalidConfigurationError(
+        f"listener handler {name} is an async def, which this version of kafkatx does not await: "
+        "declare it def (call your async code with asyncio.run() inside it)"
+    )
 
 
 def _check_takes_one_argument(handler: Callable[..., Any]) -> None:
