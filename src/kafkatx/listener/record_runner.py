@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
-from kafkatx.errors import InvalidConfigurationError, OutputError, RecoveryError
+from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import after_rollback, recovery_failed
+from kafkatx.listener.concurrent import ConcurrentDispatch, NotAwaitedError, refuse_awaitable
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
@@ -96,6 +97,8 @@ class RecordRunner:
         # A listener of one topic gets that topic's records only: the hot path need not ask each Message.
         self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
         self._stopped_at = -1
+        #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
+        self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
 
     def __call__(self, unit: TransactionUnit) -> None:
         msgs = unit.messages
@@ -106,8 +109,9 @@ class RecordRunner:
             recovery: _InPlaceRecoveryFailed | None = None
             abandoned = False
             self._stopped_at = -1
+            work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
             try:
-                if not current.transact(functools.partial(self._handle, current, msgs)):
+                if not current.transact(work):
                     return
             except HandlerFailure as exc:
                 failure = exc
@@ -146,8 +150,21 @@ class RecordRunner:
                 current.rewind(msgs[stopped_at:])
             return
 
+    def close(self) -> None:
+        """The container is closing: stop the concurrent dispatch's event loop and threads, if any."""
+        if self._dispatch is not None:
+            self._dispatch.close()
+
+    def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
+        """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""
+        assert self._dispatch is not None
+        handled = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
+        self._stopped_at = handled if handled < len(msgs) else -1
+
     def replay(self, record: Record) -> list[PendingOutput]:
         """Run the handler for ``record`` and return its encoded outputs (returned and sent)."""
+        if self._dispatch is not None:
+            return self._dispatch.replay(record)
         spec, buf = self.spec, self._buffer
         buf.clear()
         previous = bind_sink(buf)
@@ -255,7 +272,7 @@ class RecordRunner:
             kinds=self._kinds,
         )
         buf.stream = emitters.directs if not in_place else None
-        refuse = functools.partial(_refuse_awaitable, self.spec.name)
+        refuse = functools.partial(refuse_awaitable, self.spec.name)
         emitters.by_type.update(dict.fromkeys(_AWAITABLES, refuse))
         return emitters
 
@@ -311,21 +328,6 @@ class RecordRunner:
 
 #: What a handler returns when it is an ``async def`` hidden behind a plain function: never something to produce.
 _AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
-
-
-class NotAwaitedError(InvalidConfigurationError):
-    """A handler returned a coroutine: a declaration error (it fails every record alike), not a record's failure."""
-
-
-def _refuse_awaitable(listener: str, result: Any) -> int:
-    """The emit function of a coroutine: the container stops, nothing is dead-lettered."""
-    if type(result) is types.CoroutineType:
-        result.close()  # never awaited, on purpose: no RuntimeWarning about it
-    raise NotAwaitedError(
-        f"listener {listener!r}: its handler returned a {type(result).__name__} (an async def behind a plain "
-        "function or decorator?); kafkatx does not await it, so no record was handled or dead-lettered: "
-        "declare the handler itself def, or run the coroutine with asyncio.run() inside it"
-    )
 
 
 def _nothing(result: object) -> int:
