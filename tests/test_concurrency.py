@@ -1,0 +1,156 @@
+"""Key-ordered concurrency inside the transaction (in_flight > 1), on a real broker: order, isolation, exactness."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from helpers import PoisonError, make_app
+
+from kafkatx import App, Record
+from kafkatx.testing import KafkaTestKit, running, wait_for
+
+PARTITIONS = 4
+
+
+class TransientError(Exception):
+    """A failure that goes away when the record is retried."""
+
+
+def _keyed_input(kafka: KafkaTestKit, count: int, keys: int) -> str:
+    """``count`` records over ``keys`` keys on a 4-partition topic; values are ``<key>:<seq within key>``."""
+    src = kafka.topic(partitions=PARTITIONS)
+    seq: Counter[int] = Counter()
+    records = []
+    for i in range(count):
+        key = i % keys
+        records.append((b"k%d" % key, b"k%d:%d" % (key, seq[key])))
+        seq[key] += 1
+    kafka.produce(src, records)
+    return src
+
+
+def _per_key(values: list[bytes | None]) -> dict[bytes, list[int]]:
+    by_key: dict[bytes, list[int]] = defaultdict(list)
+    for value in values:
+        assert value is not None
+        key, _, n = value.partition(b":")
+        by_key[key].append(int(n))
+    return by_key
+
+
+def _declare(app: App, src: str, out: str, kind: str, seen: list[bytes], **options: Any) -> None:
+    """An enriching handler that waits a little (async or on the pool) and returns ``(key, value)``."""
+    if kind == "async":
+
+        @app.listener(src, output=out, **options)
+        async def enrich(record: Record) -> tuple[bytes | None, bytes | None]:
+            await asyncio.sleep(random.random() / 200)
+            seen.append(record.value or b"")
+            return record.key, record.value
+
+    else:
+
+        @app.listener(src, output=out, **options)
+        def enrich_sync(record: Record) -> tuple[bytes | None, bytes | None]:
+            time.sleep(random.random() / 200)
+            seen.append(record.value or b"")
+            return record.key, record.value
+
+
+@pytest.mark.parametrize("kind", ["async", "pool"])
+def test_each_keys_outputs_are_in_input_order_under_in_flight_50(kafka: KafkaTestKit, kind: str) -> None:
+    src, out = _keyed_input(kafka, 2000, 50), kafka.topic(partitions=PARTITIONS)
+    app, seen = make_app(kafka), []
+    _declare(app, src, out, kind, seen, in_flight=50)
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    values = kafka.values(out)
+    assert len(values) == 2000 and len(set(values)) == 2000, "each record's output exactly once"
+    for key, numbers in _per_key(values).items():
+        assert numbers == list(range(40)), f"{key!r}: outputs out of input order"
+    for key, numbers in _per_key(list(seen)).items():
+        assert numbers == sorted(numbers), f"{key!r}: handled out of order"
+
+
+@pytest.mark.parametrize("kind", ["async", "pool"])
+def test_a_poison_record_among_concurrent_ones_is_dead_lettered_alone(kafka: KafkaTestKit, kind: str) -> None:
+    src, out = _keyed_input(kafka, 600, 30), kafka.topic(partitions=PARTITIONS)
+    poison = b"k7:11"
+    app = make_app(kafka)
+    calls: Counter[bytes] = Counter()
+    lock = threading.Lock()
+
+    def check(record: Record) -> tuple[bytes | None, bytes | None]:
+        with lock:
+            calls[record.value or b""] += 1
+        if record.value == poison:
+            raise PoisonError("poison")
+        return record.key, record.value
+
+    if kind == "async":
+
+        @app.listener(src, output=out, in_flight=50, max_attempts=2, dlq=True)
+        async def handle(record: Record) -> tuple[bytes | None, bytes | None]:
+            await asyncio.sleep(0.001)
+            return check(record)
+
+    else:
+        app.add_listener(check, src, output=out, in_flight=50, max_attempts=2, dlq=True)
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    values = kafka.values(out)
+    assert sorted(values) == sorted({v for v in _all_values(600, 30)} - {poison}), "every other output exactly once"  # type: ignore[type-var]
+    assert kafka.values(src + "-dlt") == [poison]
+    assert calls[poison] == 2, "counted, retried once, then dead-lettered"
+    for key, numbers in _per_key(values).items():
+        assert numbers == sorted(numbers), f"{key!r}: outputs out of input order"
+
+
+def _all_values(count: int, keys: int) -> list[bytes]:
+    return [b"k%d:%d" % (i % keys, i // keys) for i in range(count)]
+
+
+def test_a_transient_failure_is_retried_and_its_record_produced_once(kafka: KafkaTestKit) -> None:
+    src, out = _keyed_input(kafka, 300, 10), kafka.topic(partitions=PARTITIONS)
+    app = make_app(kafka)
+    attempts: list[int] = []
+
+    @app.listener(src, output=out, in_flight=20, max_attempts=3, dlq=True)
+    async def flaky(record: Record) -> tuple[bytes | None, bytes | None]:
+        await asyncio.sleep(0.001)
+        if record.value == b"k3:5":
+            attempts.append(record.attempt)
+            if record.attempt == 1:
+                raise TransientError("the service hiccuped")
+        return record.key, record.value
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+    assert attempts == [1, 2]
+    assert sorted(kafka.values(out)) == sorted(_all_values(300, 10))  # type: ignore[type-var]
+    assert kafka.values(src + "-dlt") == []
+
+
+@pytest.mark.parametrize("kind", ["async", "pool"])
+def test_a_stop_during_in_flight_work_loses_and_duplicates_nothing(kafka: KafkaTestKit, kind: str) -> None:
+    src, out = _keyed_input(kafka, 1500, 100), kafka.topic(partitions=PARTITIONS)
+    group = make_app(kafka).group_id
+    seen: list[bytes] = []
+    for run in range(3):  # stopped twice mid-work, then run to the end
+        app = App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
+        _declare(app, src, out, kind, seen, in_flight=40, max_batch_records=500)
+        with running(app):
+            if run < 2:
+                wait_for(lambda: len(seen) > 400 * (run + 1), 60, message="some work done")
+            else:
+                wait_for(lambda: kafka.caught_up(group, src), 60, message="all committed")
+    values = kafka.values(out)
+    assert sorted(values) == sorted(_all_values(1500, 100)), "exactly once through two stops"  # type: ignore[type-var]
+    for key, numbers in _per_key(values).items():
+        assert numbers == list(range(15)), f"{key!r}: outputs out of input order"
