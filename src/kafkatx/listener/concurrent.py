@@ -262,6 +262,7 @@ class _BatchRun:
         self._deadline = time.perf_counter() + budget
         self.schedule = LaneSchedule(lanes_of(msgs, dispatch.spec.ordering), dispatch.spec.in_flight)
         self._records: dict[int, Record] = {}
+        self._running: dict[int, asyncio.Future[list[PendingOutput]]] = {}
         self._done: dict[int, list[PendingOutput]] = {}  # finished records past the produced prefix
         self._next_to_produce = 0
         self.failure: HandlerFailure | None = None
@@ -281,7 +282,8 @@ class _BatchRun:
                 record = self._record(index)
                 if record is not None:
                     self._records[index] = record
-                    dispatch.start(record).add_done_callback(functools.partial(self._finished_one, index))
+                    future = self._running[index] = dispatch.start(record)  # the loop keeps tasks by weak reference
+                    future.add_done_callback(functools.partial(self._finished_one, index))
         except BaseException as exc:  # noqa: BLE001 - a callback's error would otherwise leave the batch hanging
             self._error = self._error or exc
             schedule.stop_starting()
@@ -307,6 +309,7 @@ class _BatchRun:
         return to_record(msg, state.failures + 1)
 
     def _finished_one(self, index: int, future: asyncio.Future[list[PendingOutput]]) -> None:
+        del self._running[index]
         self.schedule.finished(index)
         try:
             self._settle(index, future)
