@@ -231,3 +231,35 @@ def test_combinations_that_cannot_be_made_right_are_refused_when_declared() -> N
         listener(enrich, in_flight=2, ordering="keys")
     with pytest.raises(InvalidConfigurationError, match=r"in_flight must be an integer >= 1"):
         listener(enrich, in_flight=0)
+
+
+@pytest.mark.parametrize("failing_again", [False, True])
+def test_batch_mates_are_re_run_together_after_a_rollback(failing_again: bool) -> None:
+    calls: dict[int, int] = {}
+    replaying = {"now": 0, "max": 0}
+    recovered: list[int] = []
+
+    async def enrich(record: Record) -> bytes:
+        calls[record.offset] = calls.get(record.offset, 0) + 1
+        again = calls[record.offset] > 1
+        if again:
+            replaying["now"] += 1
+            replaying["max"] = max(replaying["max"], replaying["now"])
+        await asyncio.sleep(0.002)
+        if again:
+            replaying["now"] -= 1
+        if record.offset == 30 or (failing_again and again and record.offset == 12):
+            raise ValueError("poison")
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=8, max_attempts=1, dlq=lambda r, e: recovered.append(r.offset)))
+    runner = host.runner()
+    keys = [b"k%d" % (i % 4) for i in range(40)]
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    assert replaying["max"] > 1, "the records before the failed one were re-run concurrently"
+    poisoned = [12, 30] if failing_again else [30]
+    assert sorted(recovered) == poisoned
+    assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i not in poisoned]

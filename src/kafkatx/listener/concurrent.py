@@ -36,7 +36,7 @@ import threading
 import time
 import types
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -60,15 +60,16 @@ def lanes_of(msgs: Sequence[ConsumedMessage], ordering: str) -> list[Hashable]:
     ``"key"``: its topic and key (a record without a key: its partition);
     ``"partition"``: its partition; ``"none"``: itself.
     """
+    return _lanes(((m.topic(), m.partition(), m.key()) for m in msgs), ordering)
+
+
+def _lanes(coordinates: Iterable[tuple[str, int, bytes | None]], ordering: str) -> list[Hashable]:
+    """The lanes of records given as ``(topic, partition, key)``."""
     if ordering == "none":
-        return list(range(len(msgs)))
+        return list(range(len(list(coordinates))))
     if ordering == "partition":
-        return [(m.topic(), m.partition()) for m in msgs]
-    lanes: list[Hashable] = []
-    for m in msgs:
-        key = m.key()
-        lanes.append((m.topic(), m.partition()) if key is None else (m.topic(), key))
-    return lanes
+        return [(topic, partition) for topic, partition, _ in coordinates]
+    return [(topic, partition) if key is None else (topic, key) for topic, partition, key in coordinates]
 
 
 class LaneSchedule:
@@ -176,6 +177,37 @@ class ConcurrentDispatch:
         if self.spec.is_async:
             return self.event_loop().run_until_complete(self.call_async(record))
         return self.call(record)
+
+    __call__ = replay
+
+    def replay_all(self, records: Sequence[Record]) -> list[list[PendingOutput] | BaseException | None]:
+        """Re-run ``records`` (after a rollback) concurrently, each lane in order, up to the first failure.
+
+        Returns each record's outputs or exception, in order: every record before the first failure has its
+        outputs; what comes after it may not have run (None).
+        """
+        return self.event_loop().run_until_complete(self._replay_all(records))
+
+    async def _replay_all(self, records: Sequence[Record]) -> list[list[PendingOutput] | BaseException | None]:
+        lanes = _lanes(((r.topic, r.partition, r.key) for r in records), self.spec.ordering)
+        schedule = LaneSchedule(lanes, self.spec.in_flight)
+        outcomes: list[list[PendingOutput] | BaseException | None] = [None] * len(records)
+        running: dict[asyncio.Future[list[PendingOutput]], int] = {}
+        while True:
+            index = schedule.take()
+            while index is not None:
+                running[self.start(records[index])] = index
+                index = schedule.take()
+            if not running:
+                return outcomes
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                index = running.pop(future)
+                schedule.finished(index)
+                error = future.exception()
+                outcomes[index] = future.result() if error is None else error
+                if error is not None:
+                    schedule.stop_at(index)
 
     def close(self) -> None:
         """Stop the thread pool and close the event loop (the container is closing; nothing is in flight)."""

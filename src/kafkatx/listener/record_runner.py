@@ -34,7 +34,7 @@ from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
-from kafkatx.listener.after_rollback import after_rollback, recovery_failed
+from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
 from kafkatx.listener.concurrent import ConcurrentDispatch, NotAwaitedError, refuse_awaitable
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
@@ -99,6 +99,8 @@ class RecordRunner:
         self._stopped_at = -1
         #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
         self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
+        #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
+        self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
     def __call__(self, unit: TransactionUnit) -> None:
         msgs = unit.messages
@@ -124,10 +126,10 @@ class RecordRunner:
                 if type(failure.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
                     raise failure.exc
                 in_memory = time.monotonic() - self._c.polled_at < self._c.transaction_budget
-                msgs = after_rollback(current, msgs, failure, self.processor, self.replay, keep_in_memory=in_memory)
+                msgs = after_rollback(current, msgs, failure, self.processor, self._replay, keep_in_memory=in_memory)
                 continue
             if recovery is not None:
-                recovery_failed(current, msgs, recovery.failure, recovery.error, self.replay)
+                recovery_failed(current, msgs, recovery.failure, recovery.error, self._replay)
                 return
             if abandoned:  # nothing was committed; the records come back on restart
                 current.rewind()
