@@ -263,3 +263,31 @@ def test_batch_mates_are_re_run_together_after_a_rollback(failing_again: bool) -
     poisoned = [12, 30] if failing_again else [30]
     assert sorted(recovered) == poisoned
     assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i not in poisoned]
+
+
+def test_pool_threads_log_as_the_container_and_async_sends_stay_with_their_record() -> None:
+    names: set[str] = set()
+
+    def plain(record: Record) -> None:
+        names.add(threading.current_thread().name)
+        time.sleep(0.001)
+        send("audit", record.value)
+
+    async def awaited(record: Record) -> bytes:
+        send("audit", b"before " + (record.value or b""))
+        await asyncio.sleep(0.001 * (5 - record.offset % 5))  # the others' sends come in between
+        return b"after " + (record.value or b"")
+
+    for handler, expected in (
+        (plain, [b"k%d:%d" % (i, i) for i in range(10)]),
+        (awaited, [v for i in range(10) for v in (b"before k%d:%d" % (i, i), b"after k%d:%d" % (i, i))]),
+    ):
+        host = FakeHost(listener(handler, in_flight=4))
+        runner = host.runner()
+        container = threading.Thread(target=runner, args=(host.unit(keyed(*[b"k%d" % i for i in range(10)])),))
+        container.name = "kafkatx-enricher"
+        container.start()
+        container.join(10)
+        runner.close()
+        assert host.producer.committed_values == expected
+    assert names == {"kafkatx-enricher"}, "log lines are attributed to the listener by the thread's name"
