@@ -116,12 +116,13 @@ def _all_values(count: int, keys: int) -> list[bytes]:
     return [b"k%d:%d" % (i % keys, i // keys) for i in range(count)]
 
 
-def test_a_transient_failure_is_retried_and_its_record_produced_once(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("retry", ["rollback", "in_place"])
+def test_a_transient_failure_is_retried_and_its_record_produced_once(kafka: KafkaTestKit, retry: str) -> None:
     src, out = _keyed_input(kafka, 300, 10), kafka.topic(partitions=PARTITIONS)
     app = make_app(kafka)
     attempts: list[int] = []
 
-    @app.listener(src, output=out, in_flight=20, max_attempts=3, dlq=True)
+    @app.listener(src, output=out, in_flight=20, max_attempts=3, dlq=True, retry=retry)
     async def flaky(record: Record) -> tuple[bytes | None, bytes | None]:
         await asyncio.sleep(0.001)
         if record.value == b"k3:5":

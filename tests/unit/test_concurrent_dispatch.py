@@ -223,8 +223,6 @@ def test_combinations_that_cannot_be_made_right_are_refused_when_declared() -> N
         listener(lambda r: None, in_flight=4, database="sqlite://")
     with pytest.raises(InvalidConfigurationError, match=r"database= cannot be combined with an async def"):
         listener(enrich, database="sqlite://")
-    with pytest.raises(InvalidConfigurationError, match=r'retry="in_place" cannot be combined with in_flight=4'):
-        listener(enrich, in_flight=4, retry="in_place")
     with pytest.raises(InvalidConfigurationError, match=r"max_batch_records=10 is below in_flight=50"):
         listener(enrich, in_flight=50, max_batch_records=10)
     with pytest.raises(InvalidConfigurationError, match=r"ordering must be 'key', 'partition' or 'none'"):
@@ -291,3 +289,52 @@ def test_pool_threads_log_as_the_container_and_async_sends_stay_with_their_recor
         runner.close()
         assert host.producer.committed_values == expected
     assert names == {"kafkatx-enricher"}, "log lines are attributed to the listener by the thread's name"
+
+
+@pytest.mark.parametrize("kind", ["async", "pool"])
+def test_in_place_retries_keep_the_batch_in_one_transaction(kind: str) -> None:
+    attempts: dict[int, list[int]] = {}
+    recovered: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def check(record: Record) -> bytes:
+        with lock:
+            attempts.setdefault(record.offset, []).append(record.attempt)
+        if record.offset == 3 and record.attempt == 1:
+            raise ValueError("transient")
+        if record.offset == 6:
+            raise ValueError("poison")
+        return record.value or b""
+
+    async def awaited(record: Record) -> bytes:
+        await asyncio.sleep(0.001)
+        return check(record)
+
+    handler = awaited if kind == "async" else check
+    options: dict[str, Any] = {"in_flight": 4, "retry": "in_place", "max_attempts": 2, "backoff": 0.01}
+    host = FakeHost(listener(handler, dlq=lambda r, e: recovered.append((r.offset, r.attempt)), **options))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*[b"k%d" % (i % 3) for i in range(10)])))
+    finally:
+        runner.close()
+    assert [t.outcome for t in host.producer.transactions] == ["committed"], "no abort: retried in place"
+    assert attempts[3] == [1, 2] and attempts[6] == [1, 2] and recovered == [(6, 2)]
+    assert host.producer.committed_values == [b"k%d:%d" % (i % 3, i) for i in range(10) if i != 6]
+    assert host.producer.committed_offsets == {("in", 0): 10}
+
+
+def test_a_stop_during_an_in_place_back_off_gives_the_batch_up() -> None:
+    async def failing(record: Record) -> bytes:
+        if record.offset == 1:
+            host.stop_event.set()
+            raise ValueError("fails, then the container stops during its back-off")
+        return record.value or b""
+
+    host = FakeHost(listener(failing, in_flight=2, retry="in_place", max_attempts=5, backoff=10.0))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b", b"c")))
+    finally:
+        runner.close()
+    assert host.producer.committed == [] and host.seeks == [(("in", 0), 0)], "nothing committed, all fetched again"

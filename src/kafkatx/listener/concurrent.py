@@ -32,26 +32,40 @@ import asyncio
 import functools
 import heapq
 import inspect
+import logging
 import threading
 import time
 import types
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
-from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError
+from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
+from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.listener.host import HandlerFailure
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.rollback.policy import Action
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import ListenerSettings
     from kafkatx.listener.unit import TransactionUnit
 
-__all__ = ["ConcurrentDispatch", "LaneSchedule", "NotAwaitedError", "lanes_of", "refuse_awaitable"]
+log = logging.getLogger("kafkatx.container")
+
+__all__ = [
+    "Abandoned",
+    "ConcurrentDispatch",
+    "InPlaceRecoveryFailed",
+    "LaneSchedule",
+    "NotAwaitedError",
+    "lanes_of",
+    "refuse_awaitable",
+]
 
 
 def lanes_of(msgs: Sequence[ConsumedMessage], ordering: str) -> list[Hashable]:
@@ -244,9 +258,14 @@ class ConcurrentDispatch:
             collect_outputs(result, spec.output, spec.serializer, spec.name, sink)
         return sink
 
-    def start(self, record: Record) -> asyncio.Future[list[PendingOutput]]:
-        """Start handling ``record`` on the loop (a task) or the pool (a future of the loop)."""
+    def start(self, record: Record, unit: TransactionUnit | None = None) -> asyncio.Future[Any]:
+        """Start handling ``record`` on the loop (a task) or the pool (a future of the loop).
+
+        With ``unit`` and ``retry="in_place"``, a failed attempt is retried (or left to recover) in the task.
+        """
         loop = self.event_loop()
+        if unit is not None and self.spec.retry == "in_place":
+            return loop.create_task(self._in_place(unit, record))
         if self.spec.is_async:
             task: asyncio.Future[list[PendingOutput]] = loop.create_task(self.call_async(record))
             return task
@@ -257,11 +276,62 @@ class ConcurrentDispatch:
         future: asyncio.Future[list[PendingOutput]] = loop.run_in_executor(self._pool, self.call, record)
         return future
 
+    async def _in_place(self, unit: TransactionUnit, record: Record) -> list[PendingOutput] | _Recover:
+        """``retry="in_place"``: attempts of ``record`` until one succeeds, or the policy says to recover it.
+
+        The decisions are taken on the loop's thread (the container's), as the
+        one-at-a-time runner takes them; an attempt's outputs are discarded with it.
+        """
+        policy, tracker = unit.policy, unit.tracker
+        while True:
+            error: Exception | None = None
+            try:
+                return await (self.call_async(record) if self.spec.is_async else self.start(record))
+            except Exception as exc:
+                error = exc
+            if isinstance(error, KafkaClientError) and not isinstance(error, OutputError):
+                raise error  # the client or a declaration error: no record's failure
+            state = tracker.record_failure(record, error)
+            unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
+            verdict = policy.decide(state.failures, error, unit.stop_event)
+            if verdict.action is Action.ABANDON:
+                raise Abandoned
+            if verdict.action is Action.RECOVER:
+                return _Recover(replace(record, attempt=state.failures), error)
+            unit.publish(RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay))
+            deadline = time.monotonic() + verdict.delay
+            while not unit.stopping and time.monotonic() < deadline:
+                await asyncio.sleep(min(0.05, deadline - time.monotonic()))
+            if unit.stopping:
+                raise Abandoned
+            record = replace(record, attempt=state.failures + 1)
+
     def event_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.new_event_loop()
         return loop
+
+
+class Abandoned(Exception):
+    """Internal: the container stopped while a record waited for an in-place retry: the unit is given up."""
+
+
+class InPlaceRecoveryFailed(Exception):
+    """Internal: an in-place recovery failed; the unit goes to the recovery-failed path."""
+
+    def __init__(self, failure: HandlerFailure, error: RecoveryError) -> None:
+        super().__init__(failure, error)
+        self.failure, self.error = failure, error
+
+
+class _Recover:
+    """An in-place record whose attempts are over: recovered when its turn to produce comes."""
+
+    __slots__ = ("record", "exc")
+
+    def __init__(self, record: Record, exc: BaseException) -> None:
+        self.record, self.exc = record, exc
 
 
 class NotAwaitedError(InvalidConfigurationError):
@@ -294,8 +364,8 @@ class _BatchRun:
         self._deadline = time.perf_counter() + budget
         self.schedule = LaneSchedule(lanes_of(msgs, dispatch.spec.ordering), dispatch.spec.in_flight)
         self._records: dict[int, Record] = {}
-        self._running: dict[int, asyncio.Future[list[PendingOutput]]] = {}
-        self._done: dict[int, list[PendingOutput]] = {}  # finished records past the produced prefix
+        self._running: dict[int, asyncio.Future[Any]] = {}
+        self._done: dict[int, list[PendingOutput] | _Recover] = {}  # finished records past the produced prefix
         self._next_to_produce = 0
         self.failure: HandlerFailure | None = None
         self._error: BaseException | None = None  # a client error: the whole transaction fails with it
@@ -314,7 +384,7 @@ class _BatchRun:
                 record = self._record(index)
                 if record is not None:
                     self._records[index] = record
-                    future = self._running[index] = dispatch.start(record)  # the loop keeps tasks by weak reference
+                    future = self._running[index] = dispatch.start(record, unit)  # the loop keeps tasks weakly
                     future.add_done_callback(functools.partial(self._finished_one, index))
         except BaseException as exc:  # noqa: BLE001 - a callback's error would otherwise leave the batch hanging
             self._error = self._error or exc
@@ -340,7 +410,7 @@ class _BatchRun:
             return None
         return to_record(msg, state.failures + 1)
 
-    def _finished_one(self, index: int, future: asyncio.Future[list[PendingOutput]]) -> None:
+    def _finished_one(self, index: int, future: asyncio.Future[Any]) -> None:
         del self._running[index]
         self.schedule.finished(index)
         try:
@@ -350,21 +420,22 @@ class _BatchRun:
             self.schedule.stop_starting()
         self._start_more()
 
-    def _settle(self, index: int, future: asyncio.Future[list[PendingOutput]]) -> None:
+    def _settle(self, index: int, future: asyncio.Future[Any]) -> None:
         """Record ``index`` finished: count its success and produce what is due, or note its failure."""
         record = self._records.pop(index)
         error = asyncio.CancelledError() if future.cancelled() else future.exception()
         if error is None:
+            outcome = future.result()
             tracker = self._unit.tracker
-            if tracker:
-                tracker.clear(record)  # its first call succeeded: that ends its count (FailureTracker)
-            self._done[index] = future.result()
+            if tracker and type(outcome) is not _Recover:
+                tracker.clear(record)  # a call succeeded: that ends its count (FailureTracker)
+            self._done[index] = outcome
             self._produce_prefix()
         elif isinstance(error, Exception) and not (
-            isinstance(error, KafkaClientError) and not isinstance(error, OutputError)
+            isinstance(error, (KafkaClientError, Abandoned)) and not isinstance(error, OutputError)
         ):
             self._failed(index, record, error)
-        else:  # the client failed (fatal, fenced...), a declaration error, or KeyboardInterrupt: no record's failure
+        else:  # the client failed, a declaration error, a stop during a back-off, KeyboardInterrupt: no record's
             self._error = self._error or error
             self.schedule.stop_starting()
 
@@ -378,10 +449,14 @@ class _BatchRun:
         done, cut, unit = self._done, self.schedule.cut, self._unit
         index = self._next_to_produce
         while index < cut and index in done:
-            outputs = done.pop(index)
+            outcome = done.pop(index)
             try:
-                for out in outputs:
-                    unit.produce(out)  # counted in unit.outputs
+                if isinstance(outcome, _Recover):
+                    if not self._recover(index, outcome):
+                        return
+                else:
+                    for out in outcome:
+                        unit.produce(out)  # counted in unit.outputs
             except OutputError as exc:  # an output the client refused: that record's failure
                 self._failed(index, to_record(self._msgs[index]), exc)
                 return
@@ -391,6 +466,21 @@ class _BatchRun:
                 return
             index += 1
         self._next_to_produce = index
+
+    def _recover(self, index: int, outcome: _Recover) -> bool:
+        """Recover an in-place record in the open transaction, in its turn. False if the recoverer failed."""
+        unit = self._unit
+        policy, record, exc = unit.policy, outcome.record, outcome.exc
+        try:
+            unit.recover(policy.recoverer, record, exc, confirm=False)
+        except RecoveryError as error:
+            log.warning("in-place recovery of %s failed: %s", record.coordinates, error)
+            self._error = self._error or InPlaceRecoveryFailed(HandlerFailure(index, exc, record), error)
+            self.schedule.stop_at(index)
+            return False
+        unit.tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
+        unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
+        return True
 
 
 def _next_offsets(msgs: Sequence[ConsumedMessage], count: int) -> dict[TP, int]:

@@ -35,7 +35,13 @@ from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
 from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
-from kafkatx.listener.concurrent import ConcurrentDispatch, NotAwaitedError, refuse_awaitable
+from kafkatx.listener.concurrent import (
+    Abandoned,
+    ConcurrentDispatch,
+    InPlaceRecoveryFailed,
+    NotAwaitedError,
+    refuse_awaitable,
+)
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
@@ -73,18 +79,6 @@ class _RecordBuffer(list[PendingOutput]):
     add = list.append
 
 
-class _Abandoned(Exception):
-    """Internal: the container stopped while a record waited for an in-place retry."""
-
-
-class _InPlaceRecoveryFailed(Exception):
-    """Internal: an in-place recovery failed; the unit goes to the recovery-failed path."""
-
-    def __init__(self, failure: HandlerFailure, error: RecoveryError) -> None:
-        super().__init__(failure, error)
-        self.failure, self.error = failure, error
-
-
 class RecordRunner:
     """``runner(unit)`` for record listeners (one handler call per record)."""
 
@@ -108,7 +102,7 @@ class RecordRunner:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
             failure: HandlerFailure | None = None
-            recovery: _InPlaceRecoveryFailed | None = None
+            recovery: InPlaceRecoveryFailed | None = None
             abandoned = False
             self._stopped_at = -1
             work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
@@ -117,9 +111,9 @@ class RecordRunner:
                     return
             except HandlerFailure as exc:
                 failure = exc
-            except _InPlaceRecoveryFailed as exc:
+            except InPlaceRecoveryFailed as exc:
                 recovery = exc
-            except _Abandoned:
+            except Abandoned:
                 abandoned = True
             # Outside the except blocks, so that nothing the handler raises from here on chains to them.
             if failure is not None:
@@ -297,13 +291,13 @@ class RecordRunner:
             unit.publish(HandlerFailed(unit.listener, unit.worker, record, exc, state.failures))
             verdict = policy.decide(state.failures, exc, unit.stop_event)
             if verdict.action is Action.ABANDON:
-                raise _Abandoned
+                raise Abandoned
             if verdict.action is Action.RETRY:
                 unit.publish(
                     RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay)
                 )
                 if unit.wait(verdict.delay):
-                    raise _Abandoned
+                    raise Abandoned
                 record = replace(record, attempt=state.failures + 1)
                 error = None
                 try:
@@ -322,7 +316,7 @@ class RecordRunner:
                 recovery = err
             if recovery is not None:
                 log.warning("in-place recovery of %s failed: %s", record.coordinates, recovery)
-                raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
+                raise InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
             tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return

@@ -188,11 +188,6 @@ def _concurrency_of(
             f"listener {name}: database= cannot be combined with {what} yet (one database transaction is joined by "
             "one handler at a time): drop database=, or use in_flight=1 with a def handler"
         )
-    if opts["retry"] == "in_place" and in_flight > 1:
-        raise InvalidConfigurationError(
-            f'listener {name}: retry="in_place" cannot be combined with in_flight={in_flight} yet: '
-            'use retry="rollback" (the default: a failing record is isolated and retried alone)'
-        )
     max_batch_records = opts["max_batch_records"]
     if "max_batch_records" in given and isinstance(max_batch_records, int) and max_batch_records < in_flight:
         raise InvalidConfigurationError(
