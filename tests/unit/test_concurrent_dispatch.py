@@ -338,3 +338,9 @@ def test_a_stop_during_an_in_place_back_off_gives_the_batch_up() -> None:
     finally:
         runner.close()
     assert host.producer.committed == [] and host.seeks == [(("in", 0), 0)], "nothing committed, all fetched again"
+
+
+def test_the_default_batch_holds_at_least_in_flight_records() -> None:
+    assert listener(lambda r: None, in_flight=8000).max_batch_records == 8000
+    assert listener(lambda r: None, in_flight=100).max_batch_records == 5000
+    assert listener(lambda r: None, in_flight=100, max_batch_records=100).max_batch_records == 100

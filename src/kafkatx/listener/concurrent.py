@@ -21,6 +21,11 @@ runner does:
   record not started yet: what is in flight finishes, the prefix commits,
   and the rest is fetched again.
 
+With ``retry="in_place"`` a record's attempts run in its own task (the
+decisions on the loop's thread, as the one-at-a-time runner takes them), and
+a record the policy gives up is recovered inside the transaction in its turn
+among the outputs.
+
 ``send()`` reaches the record's own buffer from its task or pool thread (a
 context variable, bound per record), and the pool's threads carry the
 container's thread name, which log lines are attributed by.

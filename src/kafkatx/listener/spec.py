@@ -142,7 +142,11 @@ def build_spec(
         output=output,
         sends_to=sends_to,
         kind=kind,
-        max_batch_records=_positive_int(opts["max_batch_records"], "max_batch_records"),
+        # A batch holds at least in_flight records unless told otherwise: fewer could never all be in flight.
+        max_batch_records=max(
+            _positive_int(opts["max_batch_records"], "max_batch_records"),
+            in_flight if "max_batch_records" not in options else 1,
+        ),
         max_batch_ms=max_batch_ms,
         max_transaction_ms=opts["max_transaction_ms"],
         fencing=fencing,
