@@ -10,9 +10,10 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from helpers import PoisonError, make_app
+from helpers import POISON_FQCN, PoisonError, make_app
 
 from kafkatx import App, Record
+from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.testing import KafkaTestKit, running, wait_for
 
 PARTITIONS = 4
@@ -106,7 +107,10 @@ def test_a_poison_record_among_concurrent_ones_is_dead_lettered_alone(kafka: Kaf
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
     values = kafka.values(out)
     assert sorted(values) == sorted({v for v in _all_values(600, 30)} - {poison}), "every other output exactly once"  # type: ignore[type-var]
-    assert kafka.values(src + "-dlt") == [poison]
+    (dead,) = kafka.read(src + "-dlt")
+    assert dead.value == poison and dead.key == b"k7"
+    headers = parse_dead_letter_headers(dead.headers)
+    assert headers.attempts == 2 and headers.exception_fqcn == POISON_FQCN, "Spring's headers, as with in_flight=1"
     assert calls[poison] == 2, "counted, retried once, then dead-lettered"
     for key, numbers in _per_key(values).items():
         assert numbers == sorted(numbers), f"{key!r}: outputs out of input order"
