@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helpers import POISON_FQCN, PoisonError, make_app
 
-from kafkatx import App, Record
+from kafkatx import App, InvalidConfigurationError, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.testing import KafkaTestKit, running, wait_for
 
@@ -159,3 +159,28 @@ def test_a_stop_during_in_flight_work_loses_and_duplicates_nothing(kafka: KafkaT
     assert sorted(values) == sorted(_all_values(1500, 100)), "exactly once through two stops"  # type: ignore[type-var]
     for key, numbers in _per_key(values).items():
         assert numbers == list(range(15)), f"{key!r}: outputs out of input order"
+
+
+@pytest.mark.parametrize("in_flight", [1, 10])
+def test_a_coroutine_from_a_plain_handler_stops_the_app_and_dead_letters_nothing(
+    kafka: KafkaTestKit, in_flight: int
+) -> None:
+    """Issue 29 item 3: an async def hidden behind a plain function dead-lettered every record."""
+    src, out = _keyed_input(kafka, 20, 5), kafka.topic(partitions=PARTITIONS)
+    app = make_app(kafka)
+
+    async def enrich(record: Record) -> bytes | None:
+        return record.value
+
+    def hidden(record: Record) -> Any:  # a decorator without functools.wraps
+        return enrich(record)
+
+    app.add_listener(hidden, src, output=out, dlq=True, in_flight=in_flight)
+    app.start()
+    try:
+        wait_for(lambda: app.failure is not None, 60, message="the App stops")
+    finally:
+        app.stop(timeout=30)
+    assert isinstance(app.failure, InvalidConfigurationError) and "returned a coroutine" in str(app.failure)
+    assert kafka.values(out) == [] and kafka.values(src + "-dlt") == [], "nothing produced, nothing dead-lettered"
+    assert set(kafka.committed(app.group_id, src).values()) <= {0}, "no record committed"

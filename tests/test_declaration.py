@@ -133,3 +133,9 @@ def test_an_async_handler_is_refused_where_it_would_not_be_awaited() -> None:
     for handler in (Handler(), functools.partial(enrich)):
         with pytest.raises(InvalidConfigurationError, match=r"async def"):
             build_spec(handler, ["in"], {}, kind="batch", runner=lambda container: lambda unit: None)
+
+
+def test_concurrency_options_are_refused_on_spark_listeners() -> None:
+    for option in ("in_flight", "ordering"):
+        with pytest.raises(InvalidConfigurationError, match=rf"spark_listener does not take {option!r}: a Spark job"):
+            app().spark_listener("in", **{option: 4})  # type: ignore[arg-type]
