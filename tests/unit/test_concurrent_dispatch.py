@@ -344,3 +344,17 @@ def test_the_default_batch_holds_at_least_in_flight_records() -> None:
     assert listener(lambda r: None, in_flight=8000).max_batch_records == 8000
     assert listener(lambda r: None, in_flight=100).max_batch_records == 5000
     assert listener(lambda r: None, in_flight=100, max_batch_records=100).max_batch_records == 100
+
+
+def test_a_transaction_whose_time_is_up_from_the_start_still_handles_a_record() -> None:
+    async def enrich(record: Record) -> bytes:
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=4))
+    host.transaction_budget = 0.0
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b", b"c")))
+    finally:
+        runner.close()
+    assert host.producer.committed_values == [b"a:0"] and host.seeks == [(("in", 0), 1)]

@@ -312,6 +312,7 @@ class ConcurrentDispatch:
             record = replace(record, attempt=state.failures + 1)
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The container's event loop, created on first use (on the container's thread: the one that uses it)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.new_event_loop()
@@ -369,6 +370,7 @@ class _BatchRun:
         self._deadline = time.perf_counter() + budget
         self.schedule = LaneSchedule(lanes_of(msgs, dispatch.spec.ordering), dispatch.spec.in_flight)
         self._records: dict[int, Record] = {}
+        self._started = False
         self._running: dict[int, asyncio.Future[Any]] = {}
         self._done: dict[int, list[PendingOutput] | _Recover] = {}  # finished records past the produced prefix
         self._next_to_produce = 0
@@ -381,7 +383,7 @@ class _BatchRun:
         schedule, unit, dispatch = self.schedule, self._unit, self._dispatch
         try:
             while True:
-                if unit.stopping or time.perf_counter() >= self._deadline:
+                if unit.stopping or (self._started and time.perf_counter() >= self._deadline):
                     schedule.stop_starting()  # what is in flight finishes; the rest is fetched again
                 index = schedule.take()
                 if index is None:
@@ -389,6 +391,7 @@ class _BatchRun:
                 record = self._record(index)
                 if record is not None:
                     self._records[index] = record
+                    self._started = True  # the time budget is checked once a record has started: progress, always
                     future = self._running[index] = dispatch.start(record, unit)  # the loop keeps tasks weakly
                     future.add_done_callback(functools.partial(self._finished_one, index))
         except BaseException as exc:  # noqa: BLE001 - a callback's error would otherwise leave the batch hanging
