@@ -42,9 +42,10 @@ def make_app(kafka: KafkaTestKit, **options: Any) -> App:
     return App(unique_name("health"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **options)
 
 
-def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("rebalance", ["eager", "cooperative"])
+def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: KafkaTestKit, rebalance: Any) -> None:
     src = kafka.topic(partitions=2)
-    app = make_app(kafka, health_port=0)
+    app = make_app(kafka, health_port=0, rebalance=rebalance)
     polling = threading.Event()
     # ContainerStarted is published on the container's thread before its first poll: holding it there keeps the
     # group from assigning anything until the test has seen /readyz say "not yet".

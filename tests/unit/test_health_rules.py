@@ -251,6 +251,17 @@ def test_the_endpoint_answers_200_or_503_with_the_json_body() -> None:
         assert missing.value.code == 404
 
 
+def test_an_ipv6_address_is_served_too() -> None:
+    try:
+        server = HealthServer({"/livez": lambda: (200, "text/plain", b"ok")}, 0, "::1")
+    except InvalidConfigurationError:
+        pytest.skip("no IPv6 loopback here")
+    with server:
+        assert server.url.startswith("http://[::1]:")
+        with urllib.request.urlopen(server.url + "/livez", timeout=5) as response:
+            assert response.read() == b"ok"
+
+
 def test_a_port_in_use_is_a_configuration_error_naming_it() -> None:
     with HealthServer({}, 0) as first:
         with pytest.raises(InvalidConfigurationError, match=f"127.0.0.1:{first.port}"):
