@@ -54,6 +54,18 @@ def test_a_client_call_is_tolerated_until_well_past_its_deadline() -> None:
     assert "blocked in commit for 51s" in verdict.body["listeners"][0]["containers"][0]["reason"]
 
 
+def test_a_bounded_call_in_progress_carries_its_deadline() -> None:
+    from kafkatx.client.bounded import BoundedCaller
+
+    caller = BoundedCaller("p")
+    seen: list[CallInProgress | None] = []
+    caller.call("commit_transaction", lambda: seen.append(caller.current), 7.5)
+    call = seen[0]
+    assert call is not None and (call.operation, call.deadline) == ("commit_transaction", 7.5)
+    assert caller.current is None, "a call that returned is still reported"
+    caller.close()
+
+
 def test_a_slow_handler_never_makes_a_container_not_live() -> None:
     slow = ContainerState("orders", "running", opened=True, assignment_received=True, handling_for=3600.0)
     assert liveness(_one(slow)).ok
