@@ -34,6 +34,7 @@ from kafkatx.errors import (
     StuckCallError,
     TransactionAbortableError,
     UnknownTopicError,
+    UnproducibleTypeError,
 )
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.listener.unit import TransactionUnit
@@ -83,6 +84,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionUnit",
     "UnknownTopicError",
+    "UnproducibleTypeError",
     "__version__",
     "classify",
     "db",
