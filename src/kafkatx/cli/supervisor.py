@@ -8,8 +8,10 @@ its predecessor's open transaction is aborted by the restart's
 init_transactions, and its consumers take their partitions back without a
 rebalance.
 
-The supervisor forwards SIGINT/SIGTERM to every worker and waits for them; a
-second signal kills them. A worker that exits non-zero is restarted after a
+The supervisor forwards SIGINT/SIGTERM to every worker and waits for them
+(exit 0 once they stopped gracefully); a second signal kills them, and the
+run exits 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM),
+as one process forced out by a second signal does. A worker that exits non-zero is restarted after a
 back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
 60 s) ends the whole run with exit code 1, and a configuration error (exit
 78) ends it at once with 78: restarting cannot fix either.
@@ -67,6 +69,7 @@ class Supervisor:
         self.env = env
         self.shutdown_timeout = shutdown_timeout
         self._signals = 0
+        self._first_signal = 0
         self.exit_code = 0
 
     def _spawn(self, worker: _Worker) -> None:
@@ -76,6 +79,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
+        self._first_signal = self._first_signal or signum
         for worker in self.workers:
             if worker.proc is not None and worker.proc.poll() is None:
                 try:
@@ -156,7 +160,9 @@ class Supervisor:
                 worker.proc.kill()
                 exit_code = worker.proc.wait()
             code = code or (exit_code if exit_code not in (-signal.SIGTERM, -signal.SIGINT) else 0)
-        return code
+        if self._signals > 1:  # forced: the workers were killed, as the user asked
+            return 128 + self._first_signal
+        return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + its number
 
     def _stop_all(self) -> None:
         for worker in self.workers:
