@@ -30,11 +30,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Supervisor", "worker_ids"]
+__all__ = ["Supervisor", "WORKER_ENV", "worker_ids"]
 
 log = logging.getLogger("kafkatx.supervisor")
 
 EX_CONFIG = 78
+#: The environment variable that tells a worker its instance id, for its log lines (kafkatx.logging.configure).
+WORKER_ENV = "KAFKATX_WORKER_ID"
 _CRASH_WINDOW_S = 60.0
 _MAX_CRASHES = 5
 _MAX_BACKOFF_S = 30.0
@@ -73,7 +75,8 @@ class Supervisor:
         self.exit_code = 0
 
     def _spawn(self, worker: _Worker) -> None:
-        worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=self.env)
+        env = {**(self.env if self.env is not None else os.environ), WORKER_ENV: worker.instance_id}
+        worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=env)
         worker.restart_at = None
         log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
 
