@@ -17,6 +17,7 @@ definitions and the latest figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -772,6 +773,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quiet-timeout", type=float, default=60.0, help="how long to wait for that (default 60 s)")
     p.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0.0,
+        help="put the broker behind a proxy that delays every request and response by this much each way, "
+        "as a network does (e.g. 2); loading and checking the topics goes around it (default 0: loopback)",
+    )
+    p.add_argument(
         "--src",
         type=Path,
         default=None,
@@ -850,8 +858,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     reps: dict[str, list[dict[str, Any]]] = {k: [] for k in args.runs}
     state_dir = Path(tempfile.mkdtemp(prefix="kafkatx-bench-quix-state-"))
-    with LocalBroker() as broker:
+    with LocalBroker() as broker, contextlib.ExitStack() as network:
         bs = broker.bootstrap_servers
+        runs_bs = bs  # what the measured runs connect to: the broker, or the delay proxy in front of it
+        if args.delay_ms > 0:
+            from kafka_proxy import KafkaProxy  # bench/ is sys.path[0]
+
+            runs_bs = network.enter_context(KafkaProxy(broker.port, args.delay_ms / 1000.0)).bootstrap_servers
+            notes.append(f"the runs reach the broker through a proxy adding {args.delay_ms:g} ms each way")
+            print(f"# runs connect through a {args.delay_ms:g} ms-each-way proxy at {runs_bs}", flush=True)
         snapshots = SnapshotWatcher(broker.data_dir / "kafka.json")
         print(
             f"# broker {bs} (pid {broker.pid}); {n_main:,} records of {args.size} B, {parts} partitions; "
@@ -878,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
                 dlt_topic = create_topic(bs, f"bench-dlt-{tag}", parts) if run.get("poison") else None
                 cfg: dict[str, Any] = {
                     "kind": run["kind"],
-                    "bootstrap": bs,
+                    "bootstrap": runs_bs,
                     "input": topic,
                     "output": out_topic,
                     "group": f"bench-{tag}-{uuid.uuid4().hex[:6]}",

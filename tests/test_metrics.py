@@ -130,6 +130,41 @@ def test_lag_shows_the_backlog_then_drains_to_zero(kafka: KafkaTestKit) -> None:
     assert samples[("kafkatx_records_processed_total", "slow")] == 40
 
 
+def test_lag_is_reported_for_a_listener_with_backoff_while_a_record_waits_and_after(kafka: KafkaTestKit) -> None:
+    """A failure with backoff= pauses the partition and seeks, and librdkafka forgets the position until it next
+    hands out a record of that partition (the held ones are handled from memory): the lag, gauge and status line,
+    stayed unknown ("lag ?") for as long as the listener ran (issue 29). Now: the backlog behind the waiting
+    record while it waits, then 0."""
+    topic = kafka.topic()
+    app = App(unique_name("lagbackoff"), bootstrap_servers=kafka.bootstrap_servers, instance_id="b1")
+    attempts: list[int] = []
+
+    @app.listener(topic, backoff=0.5, max_attempts=5, name="backing")
+    def handle(record: Record) -> None:
+        if record.offset == 0 and len(attempts) < 3:
+            attempts.append(record.offset)
+            raise ValueError("not yet")
+
+    metrics = instrument(app, stats_interval_ms=100)
+    line = StatusLine(app, stream=FakeTerminal(), interval=60).start()
+    kafka.produce(topic, [b"x"] * 20)
+    seen: list[int] = []
+
+    def drained() -> bool:
+        lag = metrics.total_lag()
+        if lag is not None:
+            seen.append(lag)
+        return len(attempts) == 3 and lag == 0
+
+    try:
+        with running(app):
+            wait_for(drained, timeout=20, message="lag reported and drained to 0")
+            assert line.render().endswith("| lag 0"), line.render()
+    finally:
+        line.stop()
+    assert max(seen) == 20, f"the backlog behind the waiting record: {seen}"
+
+
 def test_two_apps_in_one_process_get_separate_registries() -> None:
     a, b = App(unique_name("a"), bootstrap_servers="x:1"), App(unique_name("b"), bootstrap_servers="x:1")
     ma, mb = instrument(a), instrument(b)

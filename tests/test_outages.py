@@ -120,3 +120,37 @@ def test_an_outage_longer_than_max_outage_stops_the_app_with_a_clear_message(kaf
     assert "'cache'" in str(failure) and "max_outage=2s" in str(failure) and "cache cluster unreachable" in str(failure)
     assert recovered == [], "the record was not dead-lettered"
     assert kafka.committed(app.group_id, src) in ({}, {0: 0}), "nothing committed past the waiting record"
+
+
+def test_an_outage_under_retry_in_place_costs_no_attempt_either(kafka: KafkaTestKit) -> None:
+    """retry="in_place" retries a failed record inside the batch's transaction; an outage is not the record's
+    failure there either: the listener pauses, no attempt is counted, nothing is dead-lettered."""
+    src, out = kafka.topic(), kafka.topic()
+    app = make_app(kafka)
+    down = threading.Event()
+    down.set()
+    calls: list[tuple[bytes, int, bool]] = []
+    failed: list[HandlerFailed] = []
+    recovered: list[RecordRecovered] = []
+    started: list[OutageStarted] = []
+    app.on(HandlerFailed)(failed.append)
+    app.on(RecordRecovered)(recovered.append)
+    app.on(OutageStarted)(started.append)
+
+    @app.listener(src, output=out, retry="in_place", max_attempts=2, dlq=True)
+    def handle(record: Record) -> bytes:
+        calls.append((record.value or b"", record.attempt, down.is_set()))
+        if down.is_set():
+            raise ConnectionError("cache unreachable")
+        return (record.value or b"").upper()
+
+    values = [b"x%d" % i for i in range(3)]
+    with running(app):
+        kafka.produce(src, values)
+        wait_for(lambda: sum(1 for _, _, was_down in calls if was_down) >= 3, 30, message="retried during the outage")
+        down.clear()
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="everything committed after the outage")
+    assert Counter(kafka.values(out)) == Counter(v.upper() for v in values), "every output exactly once"
+    assert failed == [] and recovered == [], "the outage was counted against the record"
+    assert {attempt for _, attempt, _ in calls} == {1}, "the handler saw attempt 1 throughout"
+    assert len(started) == 1

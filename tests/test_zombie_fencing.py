@@ -108,12 +108,15 @@ def test_zombie_wakes_up_after_rebalance_without_duplicates(
     w1.on(ProducerRecreated)(recreated.append)
     aborted: list[TransactionAborted] = []
     w1.on(TransactionAborted)(aborted.append)
-    w2_assigned = threading.Event()
+    w1_assigned, w2_assigned = threading.Event(), threading.Event()
+    # PartitionsAssigned is published after the new partitions' producers are ready (partition fencing
+    # creates them in the callback): the stall must wrap the client the container will use.
+    w1.on(PartitionsAssigned)(lambda e: e.partitions and w1_assigned.set())
     w2.on(PartitionsAssigned)(lambda e: e.partitions and w2_assigned.set())
     stalled, release = threading.Event(), threading.Event()
     w1.start()
     try:
-        wait_for(lambda: w1.containers[0].assignment, 20, message="worker 1 assigned")
+        assert w1_assigned.wait(20), "worker 1 assigned"
         stall(w1, when, stalled, release)
         kafka.produce(src, [b"A"])
         assert stalled.wait(20), "worker 1 stalls inside its transaction"

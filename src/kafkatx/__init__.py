@@ -37,6 +37,7 @@ from kafkatx.errors import (
     UnproducibleTypeError,
 )
 from kafkatx.errors.classification import ErrorClass, classify
+from kafkatx.health import HealthServer, serve_health
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer
@@ -62,6 +63,7 @@ __all__ = [
     "FailurePolicy",
     "FencedTooOftenError",
     "GroupMembershipChanged",
+    "HealthServer",
     "InvalidConfigurationError",
     "OutputRefusedError",
     "KafkaClientError",
@@ -89,4 +91,5 @@ __all__ = [
     "classify",
     "db",
     "send",
+    "serve_health",
 ]

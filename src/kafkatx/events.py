@@ -32,6 +32,7 @@ __all__ = [
     "KafkaErrorHandled",
     "OutageStarted",
     "OutageEnded",
+    "CrashSearchNarrowed",
     "EventBus",
 ]
 
@@ -156,6 +157,17 @@ class OutageEnded(Event):
 
     seconds: float = 0.0
     retries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CrashSearchNarrowed(Event):
+    """Looking for the record that killed the process: offsets ``start``..``end - 1`` of ``topic[partition]``
+    are handled in one transaction, whose claim names only them (a crash inside narrows the search to them)."""
+
+    topic: str = ""
+    partition: int = 0
+    start: int = 0
+    end: int = 0
 
 
 E = TypeVar("E", bound=Event)

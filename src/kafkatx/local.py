@@ -9,9 +9,11 @@ interpreter that started it (atexit handler plus ``PR_SET_DEATHSIG``).
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import ctypes
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -21,11 +23,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 
 from kafkatx.client.brokers import (  # chained_listeners and warn_about_chained_listeners re-exported
+    EMBEDDED_CLUSTER_ID_PREFIX,
     chained_listeners,
     live_brokers,
     port_in_use,
@@ -135,6 +139,38 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_DEATHSIG
     except Exception:  # pragma: no cover - non-Linux
         pass
+
+
+#: noida-db's snapshot file in its data dir; it holds the cluster id, among the rest of the broker's state.
+_SNAPSHOT = "kafka.json"
+
+
+def _seed_cluster_id(data_dir: Path) -> None:
+    """Give a broker starting on an empty data dir a cluster id of its own.
+
+    noida-db 0.2.3 reports the same cluster id from every fresh start, so a
+    database that keeps consumed positions (``database=``) could not tell one
+    temporary broker from the next, and would trust positions written for
+    another broker's log. It restores the id from its snapshot file, so an
+    empty snapshot carrying a fresh id gives every new broker its own; a data
+    dir that already has a snapshot keeps its id (the same broker, restarted).
+    """
+    snapshot = data_dir / _SNAPSHOT
+    if snapshot.exists():
+        return
+    cluster_id = EMBEDDED_CLUSTER_ID_PREFIX + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    state = {
+        "topics": [],
+        "broker_id": 1,
+        "host": "127.0.0.1",
+        "port": 0,
+        "cluster_id": cluster_id,
+        "next_producer_id": 1000,
+        "committed_offsets": [],
+        "offset_metadata": [],
+        "broker_configs": {},
+    }
+    snapshot.write_text(json.dumps(state))
 
 
 class LocalBroker:
@@ -301,12 +337,14 @@ class LocalBroker:
             _remove_orphaned_temporary_dirs()
             self._data_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
             (self._data_dir / _OWNER_FILE).write_text(str(os.getpid()))
+            _seed_cluster_id(self._data_dir)
             return
         try:
             self._data_dir.mkdir(parents=True, exist_ok=True)
             probe = self._data_dir / ".kafkatx-write-probe"
             probe.write_bytes(b"")
             probe.unlink()
+            _seed_cluster_id(self._data_dir)
         except OSError as exc:
             raise LocalBrokerError(
                 f"the broker data dir {str(self._data_dir)!r} cannot be written: {exc.strerror or exc}"

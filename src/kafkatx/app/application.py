@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
 from kafkatx.app.transactions import ProducerTransactions, Transaction
 from kafkatx.client.brokers import warn_about_chained_listeners
@@ -27,6 +28,7 @@ from kafkatx.errors import (
     InvalidConfigurationError,
 )
 from kafkatx.events import Event, EventBus
+from kafkatx.health.checks import DEFAULT_NOT_READY_AFTER, check_health_options
 from kafkatx.listener.container import ListenerContainer
 from kafkatx.listener.options import (
     LISTENER_DEFAULTS,
@@ -37,6 +39,9 @@ from kafkatx.listener.options import (
 )
 from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
+
+if TYPE_CHECKING:
+    from kafkatx.health.server import HealthServer
 
 __all__ = ["App", "Transaction"]
 
@@ -107,6 +112,9 @@ class App:
         max_producer_recreations: int = 5,
         static_membership: bool = True,
         rebalance: Literal["eager", "cooperative"] = "eager",
+        health_port: int | None = None,
+        health_addr: str = "127.0.0.1",
+        not_ready_after: float = DEFAULT_NOT_READY_AFTER,
     ) -> None:
         self.client_config = ClientConfig(
             name,
@@ -123,9 +131,19 @@ class App:
             rebalance=rebalance,
         )
         self.create_topics = create_topics
+        check_health_options(health_port, health_addr, not_ready_after)
+        #: Serve /livez, /readyz (and /metrics) on this port from start() (0: a free one; None: not at all).
+        self.health_port = health_port
+        self.health_addr = health_addr
+        #: Seconds a listener may be stuck on a batch, or paused, before /readyz says it is not ready.
+        self.not_ready_after = not_ready_after
+        #: The health endpoint start() opened (``health_port``), if any.
+        self.health_server: HealthServer | None = None
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
         self.cluster_id: str | None = None
+        #: On the embedded broker: the check for static members left behind by killed processes.
+        self._stale_members: StaleMemberWatch | None = None
         self.events = EventBus()
         self.listeners: list[ListenerSpec] = []
         self.containers: list[ListenerContainer] = []
@@ -315,9 +333,16 @@ class App:
                 ListenerContainer(spec, self, worker, index, self._outages[spec.name])
                 for index, (spec, worker) in enumerate(workers)
             ]
+            if self.health_port is not None and self.health_server is None:
+                from kafkatx.health.server import serve_health
+
+                self.health_server = serve_health(self, self.health_port, self.health_addr)
             self._running = True
             for c in self.containers:
                 c.start()
+            self._stale_members = watch_for_stale_members(
+                self.client_config.base_config(), self.resolved_bootstrap_servers(), self.cluster_id, self.containers
+            )
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
 
     def pause(self, listener: str) -> None:
@@ -333,6 +358,10 @@ class App:
         """End :meth:`pause` of ``listener``: it goes on from where it stopped. Thread-safe."""
         self._outage_of(listener).resume()
 
+    def listener_outage(self, listener: str) -> ListenerOutage:
+        """The outage state of ``listener`` (by name): whether it is held, and for how long (read by /readyz)."""
+        return self._outage_of(listener)
+
     def _outage_of(self, listener: str) -> ListenerOutage:
         if not isinstance(listener, str):
             raise TypeError(f"name the listener to pause or resume by its name (a str), got {listener!r}")
@@ -347,6 +376,8 @@ class App:
 
     def container_exited(self, container: ListenerContainer) -> None:
         """Called by a container thread as it ends; a failure stops the whole App."""
+        if self.failure is None:  # (fenced by a live process with our instance id: its membership is not ours)
+            leave_group_on_clean_stop(self.resolved_bootstrap_servers(), self.cluster_id, container)
         if container.failure is not None and not self._stopped.is_set():
             log.error("stopping app %s because listener %s failed", self.name, container.name)
             self.stop(wait=False)
@@ -360,6 +391,8 @@ class App:
     def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stop all containers. Thread-safe. Each finishes (or aborts) its open
         transaction and closes its clients; nothing half-done is committed."""
+        if self._stale_members is not None:
+            self._stale_members.stop()
         for c in list(self.containers):
             c.stop()
         if wait and threading.current_thread() not in {c.thread for c in self.containers}:
@@ -377,6 +410,12 @@ class App:
                 self._stopped.set()
                 if wait:
                     self._run_shutdown_hooks()
+                    self._stop_health_server()
+
+    def _stop_health_server(self) -> None:
+        server, self.health_server = self.health_server, None
+        if server is not None:
+            server.stop()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every container has stopped and its thread has ended (but the caller's own); True if so."""

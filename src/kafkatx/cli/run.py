@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
 
 __all__ = ["add_parser", "load_app"]
@@ -213,6 +214,10 @@ def _supervise(args: argparse.Namespace) -> int:
     command += ["-v"] * min(getattr(args, "verbosity", 0), 2)
     if args.create_topics:
         command.append("--create-topics")
+    health = None
+    if args.health_port is not None:  # the supervisor serves the port; each worker a free one it reports
+        health = (args.health_addr, args.health_port)
+        command += ["--health-port", "0", "--health-addr", "127.0.0.1"]
     broker = None
     try:
         if args.local:
@@ -223,8 +228,16 @@ def _supervise(args: argparse.Namespace) -> int:
         elif args.bootstrap_servers:
             command += ["--bootstrap-servers", args.bootstrap_servers]
         ids = worker_ids(args.instance_id or default_base_id(), args.workers)
+        supervisor = Supervisor(command, ids, health=health)
+        try:
+            server = supervisor.serve_health()
+        except InvalidConfigurationError as exc:  # the port is in use: say so once, start no worker
+            print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+            return EX_CONFIG
+        if server is not None:
+            print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
         print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
-        return Supervisor(command, ids).run()
+        return supervisor.run()
     finally:
         if broker is not None:
             broker.stop()
@@ -335,6 +348,14 @@ def _serve(app: Any, args: argparse.Namespace) -> int:
 
         server = serve_metrics(app, args.metrics_port, args.metrics_addr)
         print(f"kafkatx: metrics at {server.url}", flush=True)
+    if args.health_port is not None:  # replaces the App's health_port; App.start() leaves an open one alone
+        from kafkatx.health import serve_health
+        from kafkatx.health.workers import report_health_port
+
+        app.health_server = serve_health(app, args.health_port, args.health_addr)
+        print(f"kafkatx: health probes at {app.health_server.url} ({', '.join(app.health_server.routes)})", flush=True)
+        report_health_port(app.health_server.port)  # to a supervisor (--workers), if there is one
+    report_progress(app)  # to a supervisor (--workers), if there is one
     status = None
     if args.status or (args.status is None and sys.stderr.isatty()):
         try:
@@ -396,6 +417,14 @@ def add_parser(sub: Any) -> None:
     r.add_argument(
         "--metrics-addr", default="127.0.0.1", help="address to serve metrics on (default 127.0.0.1; 0.0.0.0 for all)"
     )
+    r.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /livez, /readyz (and /metrics with the metrics extra) on this port (0: a free one); "
+        "with --workers, the supervisor's port reports every worker",
+    )
+    r.add_argument("--health-addr", default="127.0.0.1", help="address to serve health probes on (default 127.0.0.1)")
     r.add_argument(
         "--log-format",
         choices=("text", "json"),

@@ -14,7 +14,10 @@ run exits 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM),
 as one process forced out by a second signal does. A worker that exits non-zero is restarted after a
 back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
 60 s) ends the whole run with exit code 1, and a configuration error (exit
-78) ends it at once with 78: restarting cannot fix either.
+78) ends it at once with 78: restarting cannot fix either. A crash after
+which the worker had made progress (:mod:`kafkatx.cli.progress`: records
+committed, a record dead-lettered, the search for a record that kills the
+process narrowed) is not a loop: it is restarted after 1 s and not counted.
 """
 
 from __future__ import annotations
@@ -22,13 +25,26 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
+
+from kafkatx.cli.progress import ENV_PROGRESS_FILE, ProgressFile
+from kafkatx.health.server import HealthServer, verdict_response
+from kafkatx.health.workers import (
+    ENV_HEALTH_PORT_FILE,
+    WorkerState,
+    read_port_file,
+    workers_liveness,
+    workers_readiness,
+)
 
 __all__ = ["Supervisor", "WORKER_ENV", "worker_ids"]
 
@@ -40,6 +56,7 @@ WORKER_ENV = "KAFKATX_WORKER_ID"
 _CRASH_WINDOW_S = 60.0
 _MAX_CRASHES = 5
 _MAX_BACKOFF_S = 30.0
+_FIRST_BACKOFF_S = 1.0
 
 
 def worker_ids(base: str, workers: int) -> list[str]:
@@ -49,10 +66,11 @@ def worker_ids(base: str, workers: int) -> list[str]:
 @dataclass
 class _Worker:
     instance_id: str
+    progress: ProgressFile
     proc: subprocess.Popen[bytes] | None = None
     crashes: collections.deque[float] = field(default_factory=collections.deque)
     restart_at: float | None = None
-    backoff: float = 1.0
+    backoff: float = _FIRST_BACKOFF_S
 
 
 class Supervisor:
@@ -65,17 +83,34 @@ class Supervisor:
         *,
         env: dict[str, str] | None = None,
         shutdown_timeout: float = 60.0,
+        health: tuple[str, int] | None = None,
     ) -> None:
         self.command = list(command)
-        self.workers = [_Worker(i) for i in ids]
+        self._progress_dir = tempfile.mkdtemp(prefix="kafkatx-progress-")
+        self.workers = [
+            _Worker(i, ProgressFile(os.path.join(self._progress_dir, i)), backoff=_FIRST_BACKOFF_S) for i in ids
+        ]
         self.env = env
         self.shutdown_timeout = shutdown_timeout
         self._signals = 0
         self._first_signal = 0
         self.exit_code = 0
+        #: (address, port) of the one health endpoint that reports every worker (``--health-port``), if any.
+        self.health = health
+        self.health_server: HealthServer | None = None
 
     def _spawn(self, worker: _Worker) -> None:
-        env = {**(self.env if self.env is not None else os.environ), WORKER_ENV: worker.instance_id}
+        worker.progress.reset()
+        env = {
+            **(os.environ if self.env is None else self.env),
+            ENV_PROGRESS_FILE: worker.progress.path,
+            WORKER_ENV: worker.instance_id,
+        }
+        if self.health is not None:
+            port_file = self._health_port_file(worker)
+            if os.path.exists(port_file):
+                os.remove(port_file)  # the new process reports its own
+            env[ENV_HEALTH_PORT_FILE] = port_file
         worker.proc = subprocess.Popen([*self.command, "--instance-id", worker.instance_id], env=env)
         worker.restart_at = None
         log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
@@ -90,10 +125,44 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
+    # -- health -----------------------------------------------------------------
+    def _health_port_file(self, worker: _Worker) -> str:
+        return os.path.join(self._progress_dir, f"{worker.instance_id}.health-port")
+
+    def worker_states(self) -> list[WorkerState]:
+        """Each worker's process state and health port, for the supervisor's probes (read from their thread)."""
+        states = []
+        for w in self.workers:
+            proc = w.proc
+            running = proc is not None and proc.poll() is None
+            process: Literal["running", "restarting", "stopped"] = (
+                "running" if running else "restarting" if w.restart_at is not None or proc is not None else "stopped"
+            )
+            port = read_port_file(self._health_port_file(w)) if running else None
+            states.append(WorkerState(w.instance_id, process, port, proc.pid if running and proc else None))
+        return states
+
+    def serve_health(self) -> HealthServer | None:
+        """Open the supervisor's health endpoint (``health``), reporting every worker; None without one."""
+        if self.health is None:
+            return None
+        addr, port = self.health
+        self.health_server = HealthServer(
+            {
+                "/livez": lambda: verdict_response(workers_liveness(self.worker_states())),
+                "/readyz": lambda: verdict_response(workers_readiness(self.worker_states())),
+            },
+            port,
+            addr,
+        )
+        return self.health_server
+
     def run(self) -> int:
         """Supervise until a signal or a crash loop; the exit code for ``kafkatx run``."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if self.health_server is None:
+                self.serve_health()
             for worker in self.workers:
                 self._spawn(worker)
             while True:
@@ -118,6 +187,9 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.health_server is not None:
+                self.health_server.stop()
+            shutil.rmtree(self._progress_dir, ignore_errors=True)
 
     def _exited(self, worker: _Worker, code: int, now: float) -> int | None:
         """React to a worker's exit; an exit code ends the supervisor."""
@@ -131,6 +203,17 @@ class Supervisor:
                 file=sys.stderr,
             )
             return EX_CONFIG
+        if worker.progress.moved():
+            log.warning(
+                "worker %s exited with code %d after making progress; restarting it under the same id in %.0fs",
+                worker.instance_id,
+                code,
+                _FIRST_BACKOFF_S,
+            )
+            worker.crashes.clear()
+            worker.backoff = _FIRST_BACKOFF_S
+            worker.restart_at = now + worker.backoff
+            return None
         worker.crashes.append(now)
         while worker.crashes and worker.crashes[0] < now - _CRASH_WINDOW_S:
             worker.crashes.popleft()

@@ -34,13 +34,15 @@ T = TypeVar("T")
 
 
 class CallInProgress:
-    """What a caller is blocked in: ``operation`` since ``started`` (time.monotonic())."""
+    """What a caller is blocked in: ``operation`` since ``started`` (time.monotonic()), given up after ``deadline`` s."""
 
-    __slots__ = ("operation", "started", "done", "result", "error")
+    __slots__ = ("operation", "started", "deadline", "done", "result", "error")
 
-    def __init__(self, operation: str) -> None:
+    def __init__(self, operation: str, deadline: float | None = None) -> None:
         self.operation = operation
         self.started = time.monotonic()
+        #: Seconds after which the caller abandons the call (None: no deadline).
+        self.deadline = deadline
         # Released by the helper thread when the call returns. A bare lock, not a threading.Event: the
         # container waits on it twice per transaction, and Event's Python-level Condition costs more than the wait.
         self.done = threading.Lock()
@@ -75,7 +77,7 @@ class BoundedCaller:
         if jobs is None:
             jobs = self._jobs = queue.SimpleQueue()
             threading.Thread(target=_serve, args=(jobs,), name=f"kafkatx-call-{self.name}", daemon=True).start()
-        job = CallInProgress(operation)
+        job = CallInProgress(operation, deadline)
         self.current = job
         jobs.put((fn, job))
         try:

@@ -109,14 +109,20 @@ class ListenerTopics(Protocol):
     def dlq_topic(self) -> str | None: ...
 
 
-#: The cluster id noida-db (the embedded broker) reports, whatever its data dir: how kafkatx recognises it
-#: when it was started elsewhere (``kafkatx broker``), to work around what it does not do (docs/BROKERS.md).
+#: The cluster id noida-db (the embedded broker) reports from a fresh start when nobody gave it one: how kafkatx
+#: recognises one started elsewhere, to work around what it does not do (docs/BROKERS.md).
 EMBEDDED_CLUSTER_ID = "MkU3OEVBNTctOEUyRi00"
+#: How the cluster ids kafkatx gives the embedded brokers it starts begin (each start its own: kafkatx.local).
+EMBEDDED_CLUSTER_ID_PREFIX = "kafkatx-local-"
 
 
 def is_embedded_broker(bootstrap_servers: str, cluster_id: str | None = None) -> bool:
     """True for the embedded broker: started in this process, or recognised by its cluster id."""
-    return local_broker_at(bootstrap_servers) is not None or cluster_id == EMBEDDED_CLUSTER_ID
+    if local_broker_at(bootstrap_servers) is not None:
+        return True
+    return cluster_id is not None and (
+        cluster_id == EMBEDDED_CLUSTER_ID or cluster_id.startswith(EMBEDDED_CLUSTER_ID_PREFIX)
+    )
 
 
 def chained_listeners(listeners: Iterable[ListenerTopics]) -> list[tuple[str, str, str]]:

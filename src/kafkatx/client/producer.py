@@ -74,6 +74,11 @@ class TransactionalProducer:
 
     # -- lifecycle ----------------------------------------------------------
     @property
+    def client_config(self) -> dict[str, Any]:
+        """The settings this producer was created with (a copy: for another client of the same cluster)."""
+        return dict(self._config)
+
+    @property
     def ready(self) -> bool:
         return self._producer is not None
 

@@ -59,6 +59,10 @@ class Backend:
     def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
+    def columns(self, conn: Any, table: str) -> list[str]:
+        """The column names of ``table`` (portable: the description of a query that returns no row)."""
+        raise NotImplementedError
+
     def commit(self, conn: Any) -> None:
         raise NotImplementedError
 
@@ -131,6 +135,9 @@ class _SqlAlchemyBackend(Backend):
     def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
             conn.execute(self._stmt(sql), [dict(r) for r in rows])
+
+    def columns(self, conn: Any, table: str) -> list[str]:
+        return [str(name) for name in conn.execute(self._stmt(f"SELECT * FROM {table} WHERE 1 = 0")).keys()]
 
     def commit(self, conn: Any) -> None:
         type(conn).commit(conn)
@@ -229,6 +236,15 @@ class _DbApiBackend(Backend):
         cur = conn.cursor()
         try:
             cur.executemany(text, [self._args(names, r) for r in rows])
+        finally:
+            cur.close()
+
+    def columns(self, conn: Any, table: str) -> list[str]:
+        cur = conn.cursor()
+        try:
+            cur.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+            cur.fetchall()
+            return [str(column[0]) for column in cur.description or ()]
         finally:
             cur.close()
 

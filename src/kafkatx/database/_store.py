@@ -13,16 +13,39 @@ import base64
 import json
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from kafkatx.client.offsets import TP
 from kafkatx.database._backend import Backend
 from kafkatx.outputs import PendingOutput
 
-__all__ = ["Store", "OFFSETS_TABLE", "OUTBOX_TABLE"]
+__all__ = ["Store", "StoredPosition", "OFFSETS_TABLE", "OUTBOX_TABLE", "reset_statements"]
 
 OFFSETS_TABLE = "kafkatx_offsets"
 OUTBOX_TABLE = "kafkatx_outbox"
+
+
+#: Columns added to kafkatx_offsets after its first release: the Kafka log a position belongs to.
+#: A table from an earlier version gets them on first use, empty: its rows adopt the cluster they are next used with.
+_ADDED_COLUMNS = ("cluster_id", "topic_id")
+
+
+class StoredPosition(NamedTuple):
+    """A partition's row of kafkatx_offsets: its position, and the Kafka log it was written for (None: unknown)."""
+
+    next_offset: int
+    cluster_id: str | None
+    topic_id: str | None
+
+
+def reset_statements(group_id: str, topic: str) -> str:
+    """The SQL that forgets a group's positions and stored outputs of one topic (to start it afresh)."""
+    where = f"WHERE group_id = '{_quoted(group_id)}' AND topic = '{_quoted(topic)}'"
+    return f"DELETE FROM {OFFSETS_TABLE} {where}; DELETE FROM {OUTBOX_TABLE} {where};"
+
+
+def _quoted(value: str) -> str:
+    return value.replace("'", "''")
 
 
 def _ddl(dialect: str) -> list[str]:
@@ -31,7 +54,7 @@ def _ddl(dialect: str) -> list[str]:
     return [
         f"CREATE TABLE IF NOT EXISTS {OFFSETS_TABLE} ("
         f" group_id {text} NOT NULL, topic {text} NOT NULL, kpartition INTEGER NOT NULL,"
-        " next_offset BIGINT NOT NULL,"
+        f" next_offset BIGINT NOT NULL, cluster_id {text}, topic_id {text},"
         " PRIMARY KEY (group_id, topic, kpartition))",
         f"CREATE TABLE IF NOT EXISTS {OUTBOX_TABLE} ("
         f" group_id {text} NOT NULL, topic {text} NOT NULL, kpartition INTEGER NOT NULL,"
@@ -113,27 +136,45 @@ class Store:
         # (SQLite 3.35+ and PostgreSQL; elsewhere three statements do the same).
         self._returning = backend.dialect in ("sqlite", "postgresql")
 
-    def create_tables(self, conn: Any) -> None:
+    def create_tables(self, conn: Any) -> list[str]:
+        """Create kafkatx's tables, or add what an earlier version's lack; the names of the columns added."""
         for statement in _ddl(self.backend.dialect):
             self.backend.execute(conn, statement)
+        return self.add_missing_columns(conn)
+
+    def add_missing_columns(self, conn: Any) -> list[str]:
+        """Add the columns a table created by an earlier kafkatx lacks; the names added."""
+        present = {name.lower() for name in self.backend.columns(conn, OFFSETS_TABLE)}
+        missing = [name for name in _ADDED_COLUMNS if name not in present]
+        for name in missing:
+            self.backend.execute(conn, f"ALTER TABLE {OFFSETS_TABLE} ADD COLUMN {name} VARCHAR(255)")
+        return missing
 
     def lock_position(self, conn: Any, tp: TP) -> int:
-        """The partition's next offset without committed database work, its row locked until commit.
+        """The partition's next offset without committed database work, its row locked until commit."""
+        return self.lock(conn, tp, None, None).next_offset
+
+    def lock(self, conn: Any, tp: TP, cluster_id: str | None, topic_id: str | None) -> StoredPosition:
+        """The partition's row, locked until commit; created (for this cluster and topic id) if there is none.
 
         The lock makes a second owner of the partition (a zombie that has not
         noticed it was replaced) wait, then see what the first committed.
         """
         b = self.backend
-        params = {"g": self.group_id, "t": tp[0], "p": tp[1]}
+        params = {"g": self.group_id, "t": tp[0], "p": tp[1], "c": cluster_id, "i": topic_id}
+        columns = "next_offset, cluster_id, topic_id"
+        insert = (
+            f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset, cluster_id, topic_id) "
+            "VALUES (:g, :t, :p, -1, :c, :i)"
+        )
         if self._returning:
             rows = b.execute(
                 conn,
-                f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset) VALUES (:g, :t, :p, -1) "
-                "ON CONFLICT (group_id, topic, kpartition) DO UPDATE SET next_offset = "
-                f"{OFFSETS_TABLE}.next_offset RETURNING next_offset",
+                f"{insert} ON CONFLICT (group_id, topic, kpartition) DO UPDATE SET next_offset = "
+                f"{OFFSETS_TABLE}.next_offset RETURNING {columns}",
                 params,
             )
-            return int(rows[0][0])
+            return _position(rows[0])
         # Lock first, read second: a read before the lock would return the position as it was before the
         # commit of the owner the lock waited for (and, under REPEATABLE READ, would fix the snapshot).
         b.execute(
@@ -144,17 +185,22 @@ class Store:
         )
         rows = b.execute(
             conn,
-            f"SELECT next_offset FROM {OFFSETS_TABLE} WHERE group_id = :g AND topic = :t AND kpartition = :p",
+            f"SELECT {columns} FROM {OFFSETS_TABLE} WHERE group_id = :g AND topic = :t AND kpartition = :p",
             params,
         )
         if not rows:
-            b.execute(
-                conn,
-                f"INSERT INTO {OFFSETS_TABLE} (group_id, topic, kpartition, next_offset) VALUES (:g, :t, :p, -1)",
-                params,
-            )
-            return -1
-        return int(rows[0][0])
+            b.execute(conn, insert, params)
+            return StoredPosition(-1, cluster_id, topic_id)
+        return _position(rows[0])
+
+    def adopt(self, conn: Any, tp: TP, cluster_id: str | None, topic_id: str | None) -> None:
+        """Tie a row written without its Kafka log (an earlier kafkatx, a broker without topic ids) to this one."""
+        self.backend.execute(
+            conn,
+            f"UPDATE {OFFSETS_TABLE} SET cluster_id = COALESCE(cluster_id, :c), topic_id = COALESCE(topic_id, :i) "
+            "WHERE group_id = :g AND topic = :t AND kpartition = :p",
+            {"g": self.group_id, "t": tp[0], "p": tp[1], "c": cluster_id, "i": topic_id},
+        )
 
     def advance(self, conn: Any, tp: TP, next_offset: int, outputs: Sequence[PendingOutput]) -> None:
         """Record that the input up to ``next_offset`` is done, with the Kafka records it produced."""
@@ -191,3 +237,7 @@ class Store:
             {"g": self.group_id, "t": tp[0], "p": tp[1], "s": start, "e": end},
         )
         return [out for (data,) in rows for out in decode_records(bytes(data))]
+
+
+def _position(row: tuple[Any, ...]) -> StoredPosition:
+    return StoredPosition(int(row[0]), row[1], row[2])

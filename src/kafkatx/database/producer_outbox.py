@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from kafkatx.client.identity import LogIdentity, cluster_id_of
 from kafkatx.database._backend import Backend
-from kafkatx.database._store import Store
-from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, bind_db
+from kafkatx.database._store import Store, reset_statements
+from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, bind_db, log_mismatch
+from kafkatx.errors import InvalidConfigurationError
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ class ProducerOutbox:
         self._committed: int | None = None  # the sequence Kafka is known to have committed
         self._tables_ready = False
         self._commits = 0
+        self._cluster_id: str | None = None  # the cluster the units commit to ("" if the broker names none)
 
     def _metadata(self) -> Any:
         if self._group_metadata is None:
@@ -73,6 +76,8 @@ class ProducerOutbox:
     def unit(self) -> Iterator[None]:
         """One unit: the database transaction around the caller's Kafka transaction (which begins inside)."""
         backend, producer = self.backend, self.producer
+        if self._cluster_id is None:  # asked once, before any database lock is taken
+            self._cluster_id = cluster_id_of(producer.ensure()) or ""
         conn = backend.connect()
         try:
             if not self._tables_ready:
@@ -81,7 +86,7 @@ class ProducerOutbox:
                 backend.commit(conn)
                 self._tables_ready = True
             token = backend.begin(conn)
-            position = self.store.lock_position(conn, self.key)
+            position = self._lock_checked(conn)
             if self._committed is None:
                 self._finish_predecessor(conn, position)
             sequence = max(position, self._committed if self._committed is not None else -1) + 1
@@ -136,6 +141,27 @@ class ProducerOutbox:
             raise
         if outputs:
             self._committed = sequence
+
+    def _lock_checked(self, conn: Any) -> int:
+        """The producer's stored sequence, locked; refused if it was stored for another Kafka cluster.
+
+        The stored records of a unit the database has and Kafka has not are
+        produced by the next unit: on another cluster (a new temporary local
+        broker) they would be old records published again.
+        """
+        kafka = LogIdentity(self._cluster_id or None, None)
+        stored = self.store.lock(conn, self.key, kafka.cluster_id, None)
+        problem = log_mismatch(stored, kafka)
+        if problem is not None:
+            raise InvalidConfigurationError(
+                f"app.transaction(database=...) of {self.producer.transactional_id}: the sequence kafkatx keeps in "
+                f"the database (table kafkatx_offsets, group {_GROUP!r}) was written for {problem}. kafkatx stops "
+                "rather than publish the records stored for that other cluster. To start afresh here, delete its "
+                f"rows: {reset_statements(_GROUP, self.producer.transactional_id)}"
+            )
+        if stored.cluster_id is None and kafka.cluster_id:
+            self.store.adopt(conn, self.key, kafka.cluster_id, None)
+        return stored.next_offset
 
     def _finish_predecessor(self, conn: Any, position: int) -> None:
         """First unit of this transactional.id in this process: produce what a predecessor left committed

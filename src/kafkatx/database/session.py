@@ -19,17 +19,20 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import KafkaException
+
+from kafkatx.client.identity import LogIdentity, log_identity
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
-from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store
-from kafkatx.errors import ContainerError, KafkaTxError
+from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store, StoredPosition, reset_statements
+from kafkatx.errors import ContainerError, InvalidConfigurationError, KafkaTxError
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
     from kafkatx.client.producer import TransactionalProducer
     from kafkatx.record import ConsumedMessage
 
-__all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db"]
+__all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db", "log_mismatch"]
 
 log = logging.getLogger("kafkatx.database")
 
@@ -44,6 +47,28 @@ class DatabaseUnavailableError(KafkaTxError):
     Not a failure of any record: nothing was committed on either side, the
     records are fetched again and kafkatx retries after a back-off.
     """
+
+
+def log_mismatch(stored: StoredPosition, kafka: LogIdentity) -> str | None:
+    """What a stored position was written for, if that is not this Kafka log; None if it is (or may be).
+
+    A position is an offset in one log: another cluster's (a new temporary
+    local broker, say) or an earlier topic's of the same name (deleted and
+    created again) says nothing about this one, and trusting it skips records.
+    Unknown identities (a row of an earlier kafkatx, a broker without topic
+    ids) are not a mismatch: such a row adopts this log on first use.
+    """
+    if stored.cluster_id and kafka.cluster_id and stored.cluster_id != kafka.cluster_id:
+        return (
+            f"another Kafka cluster (cluster id {stored.cluster_id}; this one is {kafka.cluster_id}): a new "
+            "temporary local broker, or the database of another environment"
+        )
+    if stored.topic_id and kafka.topic_id and stored.topic_id != kafka.topic_id:
+        return (
+            f"an earlier topic of the same name (topic id {stored.topic_id}; this one is {kafka.topic_id}): "
+            "the topic was deleted and created again"
+        )
+    return None
 
 
 class _Bound(threading.local):
@@ -118,6 +143,7 @@ class DatabaseSession:
         self.commits = 0
         self._crash_after = _crash_after()
         self.unavailable = 0  # consecutive outages, for the back-off
+        self._logs: dict[str, LogIdentity] = {}  # per input topic: the Kafka log this container reads
 
     def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``handler``, noting each record's partition first, so that the outputs it causes are stored under it;
@@ -141,17 +167,33 @@ class DatabaseSession:
         if self._conn is None:
             conn = self.backend.connect()
             if not self._tables_ready:
-                self.backend.begin(conn)
-                try:
-                    self.store.create_tables(conn)
-                    self.backend.commit(conn)
-                except Exception as exc:
-                    self.backend.rollback(conn)
-                    self.backend.close(conn)
-                    raise self._failed(exc, "created its tables") from exc
+                self._create_tables(conn)
                 self._tables_ready = True
             self._conn = conn
         return self._conn
+
+    def _create_tables(self, conn: Any) -> None:
+        """Create kafkatx's tables (or add an earlier version's missing columns), once more if a peer raced it."""
+        for attempt in (1, 2):
+            self.backend.begin(conn)
+            try:
+                added = self.store.create_tables(conn)
+                self.backend.commit(conn)
+            except Exception as exc:
+                self.backend.rollback(conn)
+                if attempt == 1 and not is_connection_error(exc):
+                    continue  # another container created or altered them at the same moment: look again
+                self.backend.close(conn)
+                raise self._failed(exc, "created its tables") from exc
+            if added:
+                log.info(
+                    "listener %s: added %s to %s (rows written before, by an earlier kafkatx, are tied to the "
+                    "Kafka cluster and topic they are next used with)",
+                    self.listener,
+                    ", ".join(added),
+                    OFFSETS_TABLE,
+                )
+            return
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -191,13 +233,14 @@ class DatabaseSession:
         """
         self.rollback()
         first = first_offsets(messages)
+        logs = {topic: self._log_of(producer, topic) for topic, _ in first}
         try:
             conn = self._connection()
             self._txn = self.backend.begin(conn)
             self._open = True
             done = {}
             for tp, offset in sorted(first.items()):  # one order for every owner: no lock-order deadlock
-                position = self.store.lock_position(conn, tp)
+                position = self._lock_checked(conn, tp, logs[tp[0]])
                 if position > offset:
                     done[tp] = (offset, position)
         except KafkaTxError:
@@ -212,6 +255,37 @@ class DatabaseSession:
         producer.recorder = self._outputs
         self._previous_handle = bind_db(self.backend.user_handle(conn))
         return done
+
+    def _log_of(self, producer: TransactionalProducer, topic: str) -> LogIdentity:
+        """The identity of ``topic``'s Kafka log (asked once per topic, before any database lock is taken)."""
+        identity = self._logs.get(topic)
+        if identity is None:
+            try:
+                identity = log_identity(producer.ensure(), producer.client_config, topic)
+            except KafkaException as exc:  # (the transaction has just begun: rare, and worth a retry)
+                raise DatabaseUnavailableError(
+                    f"listener {self.listener!r}: kafkatx could not ask Kafka which cluster {topic!r} is on, to "
+                    f"check the database's positions against it: {exc}"
+                ) from exc
+            self._logs[topic] = identity
+        return identity
+
+    def _lock_checked(self, conn: Any, tp: TP, kafka: LogIdentity) -> int:
+        """The partition's stored position, refused if it was written for another Kafka log (see log_mismatch)."""
+        stored = self.store.lock(conn, tp, kafka.cluster_id, kafka.topic_id)
+        problem = log_mismatch(stored, kafka)
+        if problem is not None:
+            raise InvalidConfigurationError(
+                f"listener {self.listener!r}: the positions kafkatx keeps in the database for {tp[0]}[{tp[1]}] "
+                f"(table {OFFSETS_TABLE}, group {self.store.group_id!r}, done up to offset {stored.next_offset}) "
+                f"were written for {problem}. kafkatx stops rather than skip records or publish outputs stored "
+                f"for that other log. To start this group's {tp[0]} afresh here, delete its rows: "
+                f"{reset_statements(self.store.group_id, tp[0])} Or use the database that goes with this cluster "
+                "(with --local: a database file per run, or keep the broker too with --local-data-dir DIR)"
+            )
+        if (stored.cluster_id is None and kafka.cluster_id) or (stored.topic_id is None and kafka.topic_id):
+            self.store.adopt(conn, tp, kafka.cluster_id, kafka.topic_id)
+        return stored.next_offset
 
     def lost_connection(self, failure: BaseException) -> DatabaseUnavailableError | None:
         """The outage behind a handler's (or recoverer's) ``failure``, if the unit's connection died under it.

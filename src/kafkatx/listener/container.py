@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from kafkatx.client.bounded import BoundedCaller
+from kafkatx.client.bounded import BoundedCaller, CallInProgress
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
@@ -118,6 +118,10 @@ class ListenerContainer:
         self._positions_checked = True
         self._last_idle_event = self._last_activity
         self._stall_check = StallCheck(self)
+        #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
+        self.handling_since: float | None = None
+        #: Set once the group gave this container its assignment (maybe empty) since start.
+        self.assignment_received = threading.Event()
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
         self.fence_hold = fence_hold(self.consumer_config)
@@ -165,6 +169,19 @@ class ListenerContainer:
     def max_producer_recreations(self) -> int:
         """How many producer replacements within a minute stop the container (the App's setting)."""
         return self.runtime.max_producer_recreations
+
+    @property
+    def stalled_partitions(self) -> frozenset[TP]:
+        """Owned partitions with records behind their position that fetched nothing for a while (StallCheck)."""
+        return frozenset(self._stall_check.stalled)
+
+    def blocked_call(self) -> CallInProgress | None:
+        """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
+        for producer in [*filter(None, [self._group_producer]), *list(self._partition_producers.values())]:
+            call = producer.blocked_in
+            if call is not None:
+                return call
+        return None
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
@@ -286,6 +303,7 @@ class ListenerContainer:
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
+        self.assignment_received.set()
         log.info("listener %s assigned %s", self.name, _fmt_tps(tps))
         if partitions:
             # librdkafka keeps a partition's pause flag across revoke and re-assign; kafkatx's own
@@ -427,6 +445,7 @@ class ListenerContainer:
 
     # -- the loop -------------------------------------------------------------
     def _poll_and_process(self) -> None:
+        self.handling_since = None  # the previous batch, if any, is done
         consumer = self.consumer
         assert consumer is not None
         spec = self.spec
@@ -470,14 +489,13 @@ class ListenerContainer:
             self._handle_batch(batch)
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
-        """Split ``batch`` into transaction units (careful mode first) and run them."""
+        """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
         spec = self.spec
-        self._last_activity = time.monotonic()
+        self._last_activity = self.handling_since = time.monotonic()
         self._positions_checked = False
-        if self.guard.careful:
-            batch = self._run_careful(batch)
-            if not batch:
-                return
+        batch = self.guard.run_careful(batch, self._runner)  # partitions searched for a crash, a part at a time
+        if not batch:
+            return
         if self.guard.unclaimed and not self.guard.claim_first(batch):
             return  # the claim did not commit (the group changed?): poll again before handing anything over
         if spec.fencing == "partition":
@@ -490,31 +508,6 @@ class ListenerContainer:
         else:
             assert self._group_producer is not None
             self._runner(TransactionUnit(self, self._group_producer, batch))
-
-    def _run_careful(self, batch: list[ConsumedMessage]) -> list[ConsumedMessage]:
-        """Handle the records of partitions in careful mode one per transaction; return the others.
-
-        A partition whose record does not commit (it is retried after a
-        back-off, or its recovery failed) gives up the rest of its records in
-        this poll: they are fetched again in order.
-        """
-        guard, rest, stopped = self.guard, [], set()
-        for msg in batch:
-            tp = (msg.topic(), msg.partition())
-            if tp in stopped:
-                continue
-            known = self._committed.get(tp)
-            if known is not None and msg.offset() < known:
-                continue  # committed meanwhile (the database outbox finished a unit past it): never run it again
-            if not guard.is_careful(msg) or tp not in self.assigned:
-                rest.append(msg)
-                continue
-            if self.stop_event.is_set() or not guard.run_careful(msg, self._runner):
-                stopped.add(tp)
-                if tp not in self._paused_until:  # a held record's pause already rewound it
-                    committed = self.committed_offset(tp)
-                    self.seek(tp, committed if committed is not None and committed <= msg.offset() else msg.offset())
-        return [m for m in rest if (m.topic(), m.partition()) not in stopped]
 
     def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
         """Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.

@@ -3,16 +3,21 @@
 The state lives in offset-commit metadata (:mod:`kafkatx.rollback.durable`).
 This module is the container's side of it:
 
-- every commit claims the next batch as in flight (:meth:`CrashGuard.metadata`),
-  and a clean stop or revoke withdraws the claims (:meth:`CrashGuard.release`):
-  a claim still standing at the next start means the process died;
+- every commit claims the range it hands over next as in flight, up to a
+  batch (:meth:`CrashGuard.metadata`), and a clean stop or revoke withdraws
+  the claims (:meth:`CrashGuard.release`): a claim still standing at the next
+  start means the process died;
 - on assignment, a claim still standing means the previous owner died while
-  handling (:meth:`CrashGuard.restore`): the partition's next
-  ``max_batch_records`` records are handled one per transaction ("careful
-  mode"), each commit marking the next record as in flight, so the record
-  that kills the process again is counted;
-- a record that has failed ``max_attempts`` times this way is recovered
-  (dead-lettered) without calling the handler (:meth:`CrashGuard.run_careful`).
+  handling the range it names (:meth:`CrashGuard.restore`). If that is one
+  record, it is counted against it; if several, they are the suspects of a
+  bisection (:mod:`kafkatx.rollback.bisection`): the first half is handled
+  in one transaction whose claim names only that half, and so on, so that a
+  second crash narrows the range and the halves that pass commit as they
+  pass (:meth:`CrashGuard.run_careful`). The rest of the partition, and every
+  other partition, runs in full batches meanwhile;
+- a record that has killed the process ``max_attempts`` times is recovered
+  (dead-lettered) without calling the handler;
+- a clean stop ends the search: the next run starts in full batches.
 
 Record listeners only: a Spark job cannot be run one record at a time.
 """
@@ -20,18 +25,19 @@ Record listeners only: a Spark job cannot be run one record at a time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Container, Mapping, Sequence, Set
 
 from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP, first_offsets
-from kafkatx.errors import KafkaClientError, ProcessCrashedError, RecoveryError
-from kafkatx.events import RecordRecovered
+from kafkatx.errors import ProcessCrashedError, RecoveryError
+from kafkatx.events import CrashSearchNarrowed, RecordRecovered
 from kafkatx.listener.after_rollback import recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.rollback.bisection import Suspects, after_commit, claimed_suspects
 from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight, process_token
 
 __all__ = ["CrashGuard"]
@@ -40,42 +46,47 @@ log = logging.getLogger("kafkatx.container")
 
 
 class CrashGuard:
-    """Claims, careful mode and crash recovery of one container."""
+    """Claims, the search for a record that killed the process, and crash recovery of one container."""
 
     def __init__(self, container: ContainerHost) -> None:
         self._c = container
         self.enabled = container.spec.count_crashes
         self._owner = process_token()  # written into in-flight claims: our own claim found again is no crash
-        self._careful: dict[TP, int] = {}  # partition -> careful_until (exclusive)
+        self._searches: dict[TP, Suspects] = {}  # partitions with a suspect range, handled a part at a time
         self._pending: dict[TP, int] = {}  # partitions whose last commit claimed `offset` in flight
-        self._marked: set[TP] = set()  # careful partitions whose next record is already marked in flight
+        self._marked: set[TP] = set()  # searched partitions whose next part is already claimed in flight
         #: Assigned partitions with no claim standing yet (nothing committed by this owner): their first
         #: batch is claimed with a marker transaction before it is handed over (see claim_first).
         self.unclaimed: set[TP] = set()
 
     @property
     def careful(self) -> Mapping[TP, int]:
-        return self._careful
+        """The partitions whose records are handled a part at a time, and up to which offset (exclusive)."""
+        return {tp: suspects.end for tp, suspects in self._searches.items()}
 
     # -- what commits say ------------------------------------------------------------
     def metadata(self, offsets: Mapping[TP, int]) -> dict[TP, str] | None:
-        """The offset-commit metadata of a transaction committing ``offsets``."""
+        """The offset-commit metadata of a transaction committing ``offsets``: a claim of what comes next."""
         if not self.enabled:
             return None
         tracker, out = self._c.tracker, {}
         for tp, offset in offsets.items():
-            until = self._careful.get(tp)
-            if until is not None and offset >= until:
-                del self._careful[tp]
-                self._marked.discard(tp)
-                until = None
-                log.info("listener %s: %s[%d] handled past the crash range; batches again", self._c.name, *tp)
+            suspects = self._searches.get(tp)
             state = tracker.state_at(tp[0], tp[1], offset)
-            if state is None and until is None:
-                out[tp] = encode_inflight(offset, self._owner)  # the usual claim, once per partition and transaction
+            failures = state.failures if state else 0
+            if suspects is not None and offset < suspects.end:
+                out[tp] = self._claim(offset, suspects.next_end(offset), failures)
+            elif state is None:
+                out[tp] = encode_inflight(offset, self._owner)  # the usual claim: a batch from `offset`
             else:
-                out[tp] = encode(PartitionState(offset, state.failures if state else 0, True, until, self._owner))
+                out[tp] = encode(PartitionState(offset, failures, True, None, self._owner))
         return out
+
+    def _claim(self, offset: int, until: int, failures: int) -> str:
+        """A claim of ``[offset, until)`` in flight, less than a batch; of one record, readable as such by earlier
+        versions too."""
+        single = until if until == offset + 1 else None
+        return encode(PartitionState(offset, failures, True, single, self._owner, until))
 
     def committed(self, offsets: Mapping[TP, int]) -> None:
         """A transaction whose offsets carried claims has committed: the claims stand."""
@@ -84,12 +95,21 @@ class CrashGuard:
         for tp, offset in offsets.items():
             self._pending[tp] = offset
             self.unclaimed.discard(tp)
-            if tp in self._careful:
-                self._marked.add(tp)  # this commit's claim marks the next record in flight
+            suspects = self._searches.get(tp)
+            if suspects is None:
+                continue
+            if after_commit(suspects, offset) is None:
+                del self._searches[tp]
+                self._marked.discard(tp)
+                log.info(
+                    "listener %s: %s[%d] is past the range the crash claim named; full batches again", self._c.name, *tp
+                )
+            else:
+                self._marked.add(tp)  # this commit's claim names the next part
 
     # -- the next owner ----------------------------------------------------------------
     def restore(self, committed: list[TopicPartition]) -> None:
-        """Read what the previous owner committed; seed counts and enter careful mode after a crash."""
+        """Read what the previous owner committed: seed counts, and after a crash start the search."""
         c = self._c
         if self.enabled:
             self.unclaimed.update((tp.topic, tp.partition) for tp in committed if tp.topic is not None)
@@ -99,10 +119,10 @@ class CrashGuard:
             state = decode(tp.metadata, tp.offset)
             if state is None:
                 continue
-            key, failures, until = (tp.topic, tp.partition), state.failures, state.careful_until
+            key, failures, suspects = (tp.topic, tp.partition), state.failures, None
             if state.inflight and self.enabled and state.owner == self._owner:
                 # Our own claim, from before this process lost the partition (a rebalance, a broker restart):
-                # whatever was in flight was aborted or fenced, not a crash. Careful mode goes on where it was.
+                # whatever was in flight was aborted or fenced, not a crash.
                 log.debug(
                     "listener %s: %s[%d] comes back with this process's own claim at %d: no crash",
                     c.name,
@@ -110,7 +130,10 @@ class CrashGuard:
                     tp.offset,
                 )
             elif state.inflight and self.enabled:
-                if until is not None and tp.offset < until:
+                suspects, blamed = claimed_suspects(
+                    tp.offset, state.inflight_until, state.careful_until, c.spec.max_batch_records
+                )
+                if blamed:
                     failures += 1  # one record was in flight: it is the one that died
                     log.warning(
                         "listener %s: the previous owner of %s[%d] died while handling offset %d "
@@ -121,29 +144,35 @@ class CrashGuard:
                         failures,
                     )
                 else:
-                    until = tp.offset + c.spec.max_batch_records
                     log.warning(
-                        "listener %s: the previous owner of %s[%d] died while handling a batch from offset %d; "
-                        "handling offsets up to %d one per transaction to find the record that killed it",
+                        "listener %s: the previous owner of %s[%d] died while handling offsets %d..%d; "
+                        "handling halves of them, one transaction each, to find the record that killed it",
                         c.name,
                         *key,
                         tp.offset,
-                        until,
+                        suspects.end - 1,
                     )
             if failures:
                 c.tracker.seed(tp.topic, tp.partition, tp.offset, failures)
-            if self.enabled and until is not None and until > tp.offset:
-                self._careful[key] = until
+            if suspects is not None:
+                self._searches[key] = suspects
                 self._marked.discard(key)
 
     def release(self, tps: list[TP]) -> None:
-        """A clean stop or revoke: withdraw the in-flight claims.
+        """A clean stop or revoke: withdraw the in-flight claims, and end any search.
 
         Nothing crashed, so no claim is true: a batch that was handed and not
         committed was aborted (its failures, if any, are in the tracker, and
-        are kept).
+        are kept). A search is not handed on: if a suspect record kills its
+        next owner, that owner's claim starts a search of its own.
         """
         claims = {tp: self._pending.pop(tp) for tp in tps if tp in self._pending}
+        try:
+            self._withdraw(claims)
+        finally:
+            self.forget(tps)
+
+    def _withdraw(self, claims: dict[TP, int]) -> None:
         consumer = self._c.consumer
         if not claims or consumer is None:
             return
@@ -159,18 +188,14 @@ class CrashGuard:
         meta = {}
         for tp, offset in claims.items():
             state = self._c.tracker.state_at(tp[0], tp[1], offset)
-            meta[tp] = encode(PartitionState(offset, state.failures if state else 0, False, self._careful.get(tp)))
+            meta[tp] = encode(PartitionState(offset, state.failures if state else 0))
         commit_offsets(self._c, claims, what="release", metadata=meta, tolerate_errors=True)
-        for tp in tps:
-            self._careful.pop(tp, None)
-            self._marked.discard(tp)
-            self.unclaimed.discard(tp)
 
     def forget(self, tps: list[TP]) -> None:
         """Partitions lost (not revoked cleanly): drop what this owner knew of them."""
         for tp in tps:
             self._pending.pop(tp, None)
-            self._careful.pop(tp, None)
+            self._searches.pop(tp, None)
             self._marked.discard(tp)
             self.unclaimed.discard(tp)
 
@@ -183,7 +208,7 @@ class CrashGuard:
         False if a claim did not commit: the batch must not be handed over (its
         partitions may not be this consumer's any more); it is rewound.
         """
-        first = first_unclaimed(batch, self.unclaimed, self._careful)
+        first = first_unclaimed(batch, self.unclaimed, self._searches)
         if not first:
             return True
         c = self._c
@@ -223,41 +248,100 @@ class CrashGuard:
             unit.rewind_to_committed()
         return claimed
 
-    # -- careful mode ----------------------------------------------------------------------
+    # -- handling suspects a part at a time -------------------------------------------------
     def isolate(self, until: Mapping[TP, int]) -> None:
         """Handle the partitions' records before ``until`` one per transaction (a database commit of several
         failed and cannot say whose record caused it; see TransactionUnit._isolate)."""
         for tp, offset in until.items():
             if tp in self._c.assigned:
-                self._careful[tp] = max(self._careful.get(tp, offset), offset)
+                known = self._searches.get(tp)
+                self._searches[tp] = Suspects(max(known.end if known else offset, offset), halving=False)
                 self._marked.discard(tp)
 
-    def is_careful(self, msg: ConsumedMessage) -> bool:
-        until = self._careful.get((msg.topic(), msg.partition()))
-        return until is not None and msg.offset() < until
+    def run_careful(
+        self, batch: list[ConsumedMessage], runner: Callable[[TransactionUnit], None]
+    ) -> list[ConsumedMessage]:
+        """Handle the records of searched partitions a part per transaction; return the others, in order.
 
-    def run_careful(self, msg: ConsumedMessage, runner: Callable[[TransactionUnit], None]) -> bool:
-        """Handle one record of a careful partition in its own transaction. True if it was committed."""
+        A partition whose part does not commit (a record is retried after a
+        back-off, or its recovery failed) gives up the rest of its records in
+        this poll: they are fetched again in order. One whose search ends
+        hands its remaining records back, to go with the full batches.
+        """
+        if not self._searches:
+            return batch
+        searched: dict[TP, list[ConsumedMessage]] = {}
+        rest: list[ConsumedMessage] = []
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            if tp in self._searches and tp in self._c.assigned:
+                searched.setdefault(tp, []).append(msg)
+            else:
+                rest.append(msg)
+        for tp, msgs in searched.items():
+            rest.extend(self._search(tp, msgs, runner))
+        return rest
+
+    def _search(
+        self, tp: TP, msgs: list[ConsumedMessage], runner: Callable[[TransactionUnit], None]
+    ) -> list[ConsumedMessage]:
+        """Run one partition's records part by part while it is searched; what is left once the search ends."""
+        c, i = self._c, 0
+        while i < len(msgs):
+            suspects = self._searches.get(tp)
+            if suspects is None or tp not in c.assigned:
+                return msgs[i:]
+            offset = msgs[i].offset()
+            known = c.committed_offset(tp)
+            if known is not None and offset < known:
+                i += 1  # committed meanwhile (the database outbox finished a unit past it): never run it again
+                continue
+            end = suspects.next_end(offset)
+            part = [msgs[i]]
+            while i + len(part) < len(msgs) and msgs[i + len(part)].offset() < end:
+                part.append(msgs[i + len(part)])
+            if c.stop_event.is_set() or not self._run_part(tp, part, end, runner):
+                if tp not in c.paused_until:  # a held record's pause already rewound it
+                    committed = c.committed_offset(tp)
+                    c.seek(tp, committed if committed is not None and committed <= offset else offset)
+                return []
+            i += len(part)
+        return []
+
+    def _run_part(
+        self, tp: TP, part: list[ConsumedMessage], end: int, runner: Callable[[TransactionUnit], None]
+    ) -> bool:
+        """Handle ``part`` (within ``[its first offset, end)``) in one transaction, claimed first. True if it
+        committed."""
         c = self._c
-        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        first = part[0]
+        offset = first.offset()
         producer = c.producer_for(tp)
         state = c.tracker.state_at(tp[0], tp[1], offset)
         failures = state.failures if state else 0
-        if failures >= c.spec.policy.max_attempts:
-            return self._recover(msg, failures)
-        if tp not in self._marked:  # nothing committed yet marks this record in flight: do it now
-            marker = encode(PartitionState(offset, failures, True, self._careful.get(tp), self._owner))
+        if end == offset + 1 and failures >= c.spec.policy.max_attempts:
+            return self._recover(first, failures)
+        if tp not in self._marked:  # nothing committed yet claims this part in flight: do it now
+            marker = self._claim(offset, end, failures)
             unit = TransactionUnit(c, producer, [])
-            try:
-                if not unit.transact(lambda: unit.send_offsets({tp: offset}, {tp: marker}), records=0, what="marker"):
-                    return False
-            except KafkaClientError:
-                raise
-            self._marked.add(tp)
-        self._marked.discard(tp)  # the marker is used up by this attempt
-        runner(TransactionUnit(c, producer, [msg]))
+            if not unit.transact(lambda: unit.send_offsets({tp: offset}, {tp: marker}), records=0, what="marker"):
+                return False
+        if end > offset + 1:
+            c.publish(CrashSearchNarrowed(c.name, c.worker, tp[0], tp[1], offset, end))
+        if len(part) > 1:
+            log.info(
+                "listener %s: handling %s[%d] offsets %d..%d in one transaction (crash search)",
+                c.name,
+                *tp,
+                offset,
+                part[-1].offset(),
+            )
+        self._marked.discard(tp)  # the claim is used up by this attempt
+        runner(TransactionUnit(c, producer, part))
         committed = c.committed_offset(tp)
-        return committed is not None and committed > offset  # (past it: a database replay can commit further)
+        return (
+            committed is not None and committed > part[-1].offset()
+        )  # (past it: a database replay can commit further)
 
     def _recover(self, msg: ConsumedMessage, crashes: int) -> bool:
         c = self._c
@@ -288,7 +372,7 @@ class CrashGuard:
         return True
 
 
-def first_unclaimed(batch: Sequence[ConsumedMessage], unclaimed: Set[TP], careful: Mapping[TP, int]) -> dict[TP, int]:
+def first_unclaimed(batch: Sequence[ConsumedMessage], unclaimed: Set[TP], careful: Container[TP]) -> dict[TP, int]:
     """The first offset in ``batch`` of each partition in ``unclaimed`` (and not in ``careful``).
 
     Called for every poll until each assigned partition has delivered its

@@ -122,6 +122,7 @@ class ListenerOutage:
         self._cause: BaseException | None = None
         self._reminded = 0.0
         self._operator = False
+        self._operator_since = 0.0
 
     # -- what the containers ask --------------------------------------------------------
     def matches(self, exc: BaseException) -> bool:
@@ -257,6 +258,8 @@ class ListenerOutage:
         """Hold every partition of the listener until :meth:`resume` (an operator's pause)."""
         with self._lock:
             was, self._operator = self._operator, True
+            if not was:
+                self._operator_since = self._clock()
         if not was:
             log.warning("listener %s paused by the operator", self.listener)
 
@@ -271,6 +274,15 @@ class ListenerOutage:
     def paused(self) -> bool:
         """True while an operator holds the listener."""
         return self._operator
+
+    def held_for(self) -> float | None:
+        """Seconds the listener has been held (by an outage or an operator's pause), or None if it is not."""
+        now = self._clock()
+        with self._lock:
+            since = [
+                start for held, start in ((self.active, self._since), (self._operator, self._operator_since)) if held
+            ]
+        return now - min(since) if since else None
 
     def reset(self) -> None:
         """Forget an outage of a previous run (the App starts again); an operator's pause stays."""

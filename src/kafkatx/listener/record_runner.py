@@ -211,7 +211,7 @@ class RecordRunner:
                     except Exception as exc:
                         error = exc
                     if error is not None:  # outside the except block: no chained context
-                        if not in_place:
+                        if not in_place or unit.outage.matches(error):  # an outage pauses the listener instead
                             raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
                         self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
                     if buf:
@@ -290,6 +290,8 @@ class RecordRunner:
                 if error is None:
                     tracker.clear(record)  # a success ends its count, whether or not the batch commits
                     return
+                if unit.outage.matches(error):  # a dependency went down meanwhile: not this record's failure
+                    raise HandlerFailure(index, error, record)
                 exc = error
                 continue
             recovery: RecoveryError | None = None

@@ -42,6 +42,7 @@ from kafkatx.events import (
 )
 from kafkatx.metrics.lag import (
     DEFAULT_STATS_INTERVAL_MS,
+    InstrumentedApp,
     LagTracker,
     listener_label,
     shared_lag_tracker,
@@ -50,7 +51,6 @@ from kafkatx.metrics.lag import (
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from kafkatx.app import App
 
 __all__ = ["Metrics", "MetricsServer", "instrument", "serve_metrics", "DEFAULT_STATS_INTERVAL_MS", "INSTALL_HINT"]
 
@@ -134,7 +134,7 @@ class _Families:
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
-_METRICS: weakref.WeakKeyDictionary[App, Metrics] = weakref.WeakKeyDictionary()
+_METRICS: weakref.WeakKeyDictionary[InstrumentedApp, Metrics] = weakref.WeakKeyDictionary()
 _METRICS_LOCK = threading.Lock()
 
 
@@ -145,7 +145,7 @@ class Metrics:
     passed one), so two Apps in one process never clash.
     """
 
-    def __init__(self, app: App, registry: CollectorRegistry, families: _Families, lag: LagTracker) -> None:
+    def __init__(self, app: InstrumentedApp, registry: CollectorRegistry, families: _Families, lag: LagTracker) -> None:
         self._app_ref = weakref.ref(app)
         self.registry = registry
         self._f = families
@@ -172,7 +172,7 @@ class Metrics:
         lag.add_sink(self._lag_update)
 
     @property
-    def app(self) -> App | None:
+    def app(self) -> InstrumentedApp | None:
         """The instrumented App (None once it was garbage-collected)."""
         return self._app_ref()
 
@@ -260,7 +260,7 @@ class Metrics:
 
 
 def instrument(
-    app: App,
+    app: InstrumentedApp,
     *,
     registry: CollectorRegistry | None = None,
     stats_interval_ms: int = DEFAULT_STATS_INTERVAL_MS,
@@ -326,7 +326,7 @@ class MetricsServer:
         return f"MetricsServer({self.url})"
 
 
-def serve_metrics(app: App, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+def serve_metrics(app: InstrumentedApp, port: int, addr: str = "127.0.0.1") -> MetricsServer:
     """Instrument ``app`` and serve its metrics at ``http://addr:port/metrics`` from a daemon thread.
 
     ``port=0`` picks a free port (read it from ``.port``). The default

@@ -6,25 +6,53 @@ as well as the metrics (:mod:`kafkatx.metrics`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx._validate import is_int
 from kafkatx.client.offsets import TP
 from kafkatx.errors import InvalidConfigurationError
-from kafkatx.events import ContainerStopped, PartitionsAssigned, PartitionsRevoked
+from kafkatx.events import ContainerStopped, HandlerFailed, PartitionsAssigned, PartitionsRevoked
 
 if TYPE_CHECKING:
-    from kafkatx.app import App
+    from kafkatx.events import EventBus
+    from kafkatx.listener.spec import ListenerSpec
 
 log = logging.getLogger("kafkatx.metrics")
 
 #: librdkafka ``statistics.interval.ms`` set for lag, unless the App sets its own.
-__all__ = ["DEFAULT_STATS_INTERVAL_MS", "LagSink", "LagTracker", "listener_label", "shared_lag_tracker"]
+__all__ = [
+    "DEFAULT_STATS_INTERVAL_MS",
+    "InstrumentedApp",
+    "LagSink",
+    "LagTracker",
+    "listener_label",
+    "shared_lag_tracker",
+]
+
+
+class InstrumentedApp(Protocol):
+    """What metrics read of a :class:`kafkatx.App` (a Protocol: the App may import metrics without a circle)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def consumer_config_overrides(self) -> dict[str, Any]: ...
+    @property
+    def containers(self) -> Sequence[MeteredContainer]: ...
+    @property
+    def listeners(self) -> Sequence[ListenerSpec]: ...
+    def consumer_config(self, spec: ListenerSpec, group_id: str, worker: int) -> dict[str, Any]: ...
+
 
 #: Building the statistics JSON costs librdkafka some CPU, so not every second.
 DEFAULT_STATS_INTERVAL_MS = 5_000
@@ -33,6 +61,24 @@ _LIVE_STATES = frozenset({"active", "offset-query", "offset-wait", "validate-epo
 _INVALID = -1001  # RD_KAFKA_OFFSET_INVALID in librdkafka statistics
 
 LagSink = Callable[[str, str, int, "int | None"], None]
+
+
+class _Container(Protocol):
+    """What the tracker reads of a running container: which partitions it owns and what it committed there."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def worker(self) -> int: ...
+    @property
+    def assigned(self) -> set[TP]: ...
+
+    def committed_offset(self, tp: TP) -> int | None: ...
+
+
+class MeteredContainer(_Container, Protocol):
+    @property
+    def alive(self) -> bool: ...
 
 
 def listener_label(listener: str, worker: int) -> str:
@@ -55,13 +101,23 @@ class LagTracker:
     read_committed consumer can reach) minus the consumer's position (the
     next record it will hand to the handler). A container commits each batch
     before it polls again, so this is the committed lag to within one batch.
+
+    librdkafka forgets the position (``app_offset`` -1001) when kafkatx seeks:
+    after a failure with ``backoff=`` (the partition is paused and its held
+    records handled from memory) and after any rewind; it comes back only with
+    the next record consumed from that partition, which may never come. Then
+    the position is what kafkatx knows itself: the next offset the container
+    committed there, or, before its first commit, the first record that failed
+    since the assignment (it is waiting). Without that, a listener with
+    ``backoff=`` showed no lag at all (issue 29).
     """
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: InstrumentedApp) -> None:
         self._app_ref = weakref.ref(app)  # the App owns us (through its event bus), not the reverse
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, str, int], int] = {}
         self._assigned: dict[str, set[TP]] = {}
+        self._failed_at: dict[tuple[str, str, int], int] = {}  # first failed record since the assignment
         self._clients: dict[str, str] = {}
         self._sinks: list[LagSink] = []
         self._user_cb: Callable[[str], None] | None = None
@@ -70,6 +126,7 @@ class LagTracker:
         app.events.subscribe(PartitionsAssigned, self._on_assigned)
         app.events.subscribe(PartitionsRevoked, self._on_revoked)
         app.events.subscribe(ContainerStopped, self._on_stopped)
+        app.events.subscribe(HandlerFailed, self._on_failed)
 
     # -- wiring --------------------------------------------------------------
     def install(self, interval_ms: int) -> None:
@@ -125,6 +182,13 @@ class LagTracker:
         with self._lock:
             self._assigned.setdefault(listener_label(event.listener, event.worker), set()).update(event.partitions)
 
+    def _on_failed(self, event: HandlerFailed) -> None:
+        record = event.record
+        if record is not None:
+            with self._lock:
+                key = (listener_label(event.listener, event.worker), record.topic, record.partition)
+                self._failed_at.setdefault(key, record.offset)
+
     def _on_revoked(self, event: PartitionsRevoked) -> None:
         self._drop(listener_label(event.listener, event.worker), event.partitions)
 
@@ -140,6 +204,7 @@ class LagTracker:
             assigned = self._assigned.get(listener, set())
             for tp in tps:
                 assigned.discard(tp)
+                self._failed_at.pop((listener, *tp), None)
                 if self._lag.pop((listener, *tp), None) is not None:
                     dropped.append(tp)
             sinks = tuple(self._sinks)
@@ -172,7 +237,7 @@ class LagTracker:
                     partition = int(pid)
                     if partition < 0 or (topic, partition) not in assigned:
                         continue  # -1 is librdkafka's internal "unassigned" partition
-                    lag = _partition_lag(p)
+                    lag = _partition_lag(p, functools.partial(self._known_position, listener, (topic, partition)))
                     if lag is not None:
                         self._lag[(listener, topic, partition)] = lag
                         updates.append((topic, partition, lag))
@@ -180,6 +245,18 @@ class LagTracker:
         for topic, partition, lag in updates:
             for sink in sinks:
                 sink(listener, topic, partition, lag)
+
+    def _known_position(self, listener: str, tp: TP) -> int | None:
+        """kafkatx's own position of ``tp`` when librdkafka's is unknown: its committed offset, else a waiting
+        failed record's (see the class docstring). Called with the lock held."""
+        app = self._app_ref()
+        containers: list[_Container] = list(app.containers) if app is not None else []
+        for container in containers:
+            if tp in container.assigned and listener_label(container.name, container.worker) == listener:
+                committed = container.committed_offset(tp)
+                if committed is not None:
+                    return committed
+        return self._failed_at.get((listener, *tp))
 
     def _listener_for(self, client_id: str) -> str:
         """Which listener a consumer's statistics belong to, from its client.id.
@@ -207,8 +284,8 @@ class LagTracker:
         return name
 
 
-def _partition_lag(p: dict[str, Any]) -> int | None:
-    """Lag of one partition's statistics, or None if librdkafka does not know it yet."""
+def _partition_lag(p: dict[str, Any], known_position: Callable[[], int | None] = lambda: None) -> int | None:
+    """Lag of one partition's statistics, or None if neither librdkafka nor kafkatx knows it yet."""
     if p.get("fetch_state") not in _LIVE_STATES:
         return None
     end = p.get("ls_offset", _INVALID)
@@ -216,17 +293,19 @@ def _partition_lag(p: dict[str, Any]) -> int | None:
         end = p.get("hi_offset", _INVALID)
     position = p.get("app_offset", _INVALID)
     if not isinstance(position, int) or position < 0:
+        position = known_position()  # forgotten by a seek (see LagTracker)
+    if not isinstance(position, int) or position < 0:
         position = p.get("committed_offset", _INVALID)  # nothing consumed yet since assignment
     if not isinstance(end, int) or not isinstance(position, int) or end < 0 or position < 0:
         return None
     return max(0, end - position)
 
 
-_TRACKERS: weakref.WeakKeyDictionary[App, LagTracker] = weakref.WeakKeyDictionary()
+_TRACKERS: weakref.WeakKeyDictionary[InstrumentedApp, LagTracker] = weakref.WeakKeyDictionary()
 _TRACKERS_LOCK = threading.Lock()
 
 
-def shared_lag_tracker(app: App, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> LagTracker:
+def shared_lag_tracker(app: InstrumentedApp, interval_ms: int = DEFAULT_STATS_INTERVAL_MS) -> LagTracker:
     """The App's lag tracker, created and installed once (shared by metrics and the status line)."""
     with _TRACKERS_LOCK:
         tracker = _TRACKERS.get(app)

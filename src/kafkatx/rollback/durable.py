@@ -6,29 +6,34 @@ offset:
 
 - ``failures``: how many of its attempts failed (an exception, or the
   process dying while it was being handled);
-- ``inflight``: an attempt at it (or at a batch starting with it) was handed
-  to the handler and is not finished. A normal commit sets it for the next
-  batch, which is about to start; a clean stop clears it again;
-- ``careful_until``: records below this offset are handled one per
-  transaction, each committed before the next one starts (crash isolation);
+- ``inflight``: records from this offset were handed to the handler and are
+  not finished. A normal commit sets it for the next batch, which is about to
+  start; a clean stop clears it again;
+- ``inflight_until``: where the range in flight ends (exclusive), when it is
+  less than a batch: while a crash is being looked for
+  (:mod:`kafkatx.rollback.bisection`). Without it, the claim is of a batch:
+  at most ``max_batch_records`` records from ``offset``;
+- ``careful_until``: written when the range in flight is one record (it is
+  then ``offset + 1``), so that a version from before ``inflight_until``
+  reads the same claim the same way;
 - ``owner``: the process that wrote an ``inflight`` claim (a token made at
   its start). A claim found by the same, living process is its own, left
   when it lost the partition (a rebalance, a broker restart): no crash.
 
 Whoever owns the partition next (after a restart, a rebalance, in another
 process) reads it back with the committed offset. An ``inflight`` flag still
-set means the previous owner died while handling: if it was handling one
-record (careful mode), that record failed once more; if it was handling a
-batch, kafkatx cannot tell which record killed it, so it handles the next
-``max_batch_records`` records one per transaction, and the one that kills
-the process again is counted. After ``max_attempts`` it is recovered
-(dead-lettered) without calling the handler, so a record that crashes the
-process (a native library fault, ``os._exit``, the OOM killer) cannot stop a
-partition forever.
+set means the previous owner died while handling the claimed range: if it
+is one record, that record failed once more; if it is several, kafkatx looks
+for the one that kills the process by bisection over them, each half handled
+in one transaction whose claim names that half, and the record found is
+counted. After ``max_attempts`` it is recovered (dead-lettered) without
+calling the handler, so a record that crashes the process (a native library
+fault, ``os._exit``, the OOM killer) cannot stop a partition forever.
 
 The metadata is a short JSON object behind a ``kafkatx:`` prefix, well under
 Kafka's ``offset.metadata.max.bytes`` (4096); foreign or malformed metadata
-is ignored.
+is ignored, and so are keys this version does not know (an earlier version
+reads a claim of several records as a batch claim).
 """
 
 from __future__ import annotations
@@ -61,11 +66,12 @@ class PartitionState:
     inflight: bool = False
     careful_until: int | None = None
     owner: str | None = None
+    inflight_until: int | None = None
 
 
 def encode_inflight(offset: int, owner: str) -> str:
-    """``encode(PartitionState(offset, inflight=True, owner=owner))``, the claim of almost every commit,
-    without json.dumps (``owner`` is a hex token)."""
+    """``encode(PartitionState(offset, inflight=True, owner=owner))``, the claim of almost every commit (a batch
+    from ``offset``), without json.dumps (``owner`` is a hex token)."""
     return f'{_PREFIX}{{"offset":{int(offset)},"inflight":true,"owner":"{owner}"}}'
 
 
@@ -79,6 +85,8 @@ def encode(state: PartitionState) -> str:
         data["careful_until"] = state.careful_until
     if state.owner is not None:
         data["owner"] = state.owner
+    if state.inflight_until is not None:
+        data["inflight_until"] = state.inflight_until
     return _PREFIX + json.dumps(data, separators=(",", ":"))
 
 
@@ -94,6 +102,7 @@ def decode(metadata: str | None, offset: int) -> PartitionState | None:
             bool(data.get("inflight", False)),
             None if data.get("careful_until") is None else int(data["careful_until"]),
             None if data.get("owner") is None else str(data["owner"]),
+            None if data.get("inflight_until") is None else int(data["inflight_until"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

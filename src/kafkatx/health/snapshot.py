@@ -1,0 +1,99 @@
+"""Reads the probes' states (:mod:`kafkatx.health.checks`) from a running App, through public members only.
+
+Typed against small Protocols, not the App and its containers: the App
+imports this package (``App(health_port=...)``), so this package must not
+import it back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from kafkatx.client.bounded import CallInProgress
+from kafkatx.client.offsets import TP
+from kafkatx.health.checks import ContainerState, ListenerState
+
+__all__ = ["ContainerView", "HealthSource", "container_state", "listener_states"]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Held(Protocol):
+    def held_for(self) -> float | None: ...
+
+
+class ContainerView(Protocol):
+    """What the probes read of a :class:`~kafkatx.listener.container.ListenerContainer`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def spec(self) -> _Named: ...
+    @property
+    def thread(self) -> threading.Thread | None: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def started(self) -> threading.Event: ...
+    @property
+    def failure(self) -> BaseException | None: ...
+    @property
+    def assignment_received(self) -> threading.Event: ...
+    @property
+    def assignment(self) -> set[TP]: ...
+    @property
+    def handling_since(self) -> float | None: ...
+    @property
+    def stalled_partitions(self) -> frozenset[TP]: ...
+    def blocked_call(self) -> CallInProgress | None: ...
+
+
+class HealthSource(Protocol):
+    """What the probes read of a :class:`kafkatx.App`."""
+
+    @property
+    def listeners(self) -> Sequence[_Named]: ...
+    @property
+    def containers(self) -> Sequence[ContainerView]: ...
+    @property
+    def not_ready_after(self) -> float: ...
+    def listener_outage(self, listener: str) -> _Held: ...
+
+
+def container_state(c: ContainerView, now: float | None = None) -> ContainerState:
+    now = time.monotonic() if now is None else now
+    thread = c.thread
+    failure = c.failure
+    call = c.blocked_call()
+    since = c.handling_since
+    return ContainerState(
+        name=c.name,
+        thread="starting" if thread is None else "running" if thread.is_alive() else "stopped",
+        opened=c.started.is_set(),
+        failure=None if failure is None else f"{type(failure).__name__}: {failure}",
+        assignment_received=c.assignment_received.is_set(),
+        partitions=len(c.assignment),
+        handling_for=None if since is None else max(0.0, now - since),
+        stalled=tuple(f"{t}[{p}]" for t, p in sorted(c.stalled_partitions)),
+        blocked_call=None if call is None else call.operation,
+        blocked_for=0.0 if call is None else call.seconds,
+        blocked_deadline=None if call is None else call.deadline,
+    )
+
+
+def listener_states(app: HealthSource) -> list[ListenerState]:
+    """Every listener of ``app`` with the states of its containers (none before the App started)."""
+    now = time.monotonic()
+    containers = list(app.containers)
+    states = []
+    for spec in list(app.listeners):
+        mine = tuple(container_state(c, now) for c in containers if c.spec.name == spec.name)
+        held = app.listener_outage(spec.name).held_for()
+        states.append(ListenerState(spec.name, mine, held))
+    return states

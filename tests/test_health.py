@@ -1,0 +1,239 @@
+"""Health probes against the local broker: /readyz after the assignment, not while stuck or paused past the bound,
+/livez false once a container thread died; ``kafkatx run --health-port`` and the supervisor's one port (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafkatx import App, Record
+from kafkatx.events import ContainerStarted
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+
+def get(url: str) -> tuple[int | None, Any]:
+    """Status and body of ``url`` (JSON when it is); ``(None, None)`` while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except OSError:
+        return None, None
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def make_app(kafka: KafkaTestKit, **options: Any) -> App:
+    return App(unique_name("health"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **options)
+
+
+def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: KafkaTestKit) -> None:
+    src = kafka.topic(partitions=2)
+    app = make_app(kafka, health_port=0)
+    polling = threading.Event()
+    # ContainerStarted is published on the container's thread before its first poll: holding it there keeps the
+    # group from assigning anything until the test has seen /readyz say "not yet".
+    app.on(ContainerStarted)(lambda event: polling.wait(30))
+
+    @app.listener(src, name="orders", concurrency=3)
+    def handle(record: Record) -> None:
+        pass
+
+    with running(app):
+        assert app.health_server is not None
+        url = app.health_server.url
+        assert get(url + "/livez")[0] == 200
+        status, body = get(url + "/readyz")
+        assert status == 503, body
+        assert body["listeners"][0]["listener"] == "orders" and body["listeners"][0]["ready"] is False
+        polling.set()
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready once every container has its assignment")
+        body = get(url + "/readyz")[1]
+        # Three containers, two partitions: the one without a partition is ready too (or a rollout never ends).
+        assert sorted(c["partitions"] for c in body["listeners"][0]["containers"]) == [0, 1, 1]
+        status, metrics = get(url + "/metrics")
+        assert status == 200 and "kafkatx_" in metrics
+    assert app.health_server is None, "the endpoint stays open after the App stopped"
+
+
+def test_not_ready_while_a_handler_is_stuck_on_a_batch_past_the_bound_and_live_throughout(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    app = make_app(kafka, health_port=0, not_ready_after=1.0)
+    entered, release = threading.Event(), threading.Event()
+
+    @app.listener(src, name="slow")
+    def handle(record: Record) -> None:
+        entered.set()
+        release.wait(60)
+
+    with running(app):
+        assert app.health_server is not None
+        url = app.health_server.url
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready after the assignment")
+        kafka.produce(src, [b"x"])
+        wait_for(entered.is_set, 30, message="the handler took the record")
+        body = wait_for(lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 10, message="503")
+        assert "handling one batch" in body["listeners"][0]["reasons"][0]
+        assert get(url + "/livez")[0] == 200, "a slow handler made the container not live"
+        release.set()
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 30, message="ready again once the batch is done")
+
+
+def test_not_ready_once_a_listener_is_paused_longer_than_the_bound(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    app = make_app(kafka, health_port=0, not_ready_after=1.0)
+
+    @app.listener(src, name="orders")
+    def handle(record: Record) -> None:
+        pass
+
+    with running(app):
+        assert app.health_server is not None
+        url = app.health_server.url
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready after the assignment")
+        app.pause("orders")
+        body = wait_for(lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 10, message="503")
+        assert body["listeners"][0]["paused_for"] >= 1.0 and "paused for" in body["listeners"][0]["reasons"][0]
+        app.resume("orders")
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 30, message="ready again after the resume")
+
+
+def test_not_live_once_a_container_thread_died(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    app = make_app(kafka, health_port=0)
+
+    @app.listener(src, name="fragile")
+    def handle(record: Record) -> None:
+        raise SystemExit(3)  # a BaseException: it ends the container's thread (and stops the App)
+
+    app.start()
+    try:
+        assert app.health_server is not None
+        url = app.health_server.url
+        wait_for(lambda: get(url + "/livez")[0] == 200 and get(url + "/readyz")[0] == 200, 60, message="ready")
+        kafka.produce(src, [b"x"])
+        wait_for(lambda: not any(c.alive for c in app.containers), 30, message="the container thread ended")
+        status, body = get(url + "/livez")
+        assert status == 503, body
+        assert body["listeners"][0]["containers"][0]["reason"] == "stopped by SystemExit: 3"
+        assert get(url + "/readyz")[0] == 503
+    finally:
+        app.stop()
+    assert isinstance(app.failure, SystemExit)
+
+
+APP = textwrap.dedent(
+    """
+    import os
+    from kafkatx import App
+
+    app = App(os.environ["APP_NAME"], consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+    @app.listener(os.environ["SRC"], name="orders")
+    def handle(record):
+        pass
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_command(kafka: KafkaTestKit, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    (tmp_path / "health_app.py").write_text(APP)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "APP_NAME": unique_name("hrun"), "SRC": kafka.topic(partitions=2)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", "health_app:app", "--no-status", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+def test_kafkatx_run_serves_the_probes_on_the_port_it_is_given(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_command(kafka, tmp_path, "--health-port", str(port), "--bootstrap-servers", kafka.bootstrap_servers)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="the run's App ready")
+        assert get(url + "/livez")[0] == 200
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out
+    assert f"health probes at http://127.0.0.1:{port}" in out
+
+
+def test_a_health_port_in_use_ends_kafkatx_run_with_one_configuration_error(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_command(kafka, tmp_path, "--health-port", str(port), "--bootstrap-servers", kafka.bootstrap_servers)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    assert f"configuration error: cannot serve health probes on 127.0.0.1:{port}" in out
+
+
+@pytest.mark.slow
+def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_command(
+        kafka,
+        tmp_path,
+        "--workers",
+        "2",
+        "--instance-id",
+        "hsup",
+        "--health-port",
+        str(port),
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 90, message="both workers ready")
+        status, body = get(url + "/readyz")
+        assert [w["worker"] for w in body["workers"]] == ["hsup-0", "hsup-1"]
+        assert all(w["health"]["listeners"][0]["listener"] == "orders" for w in body["workers"])
+        status, body = get(url + "/livez")
+        assert status == 200 and [w["process"] for w in body["workers"]] == ["running", "running"]
+        killed = body["workers"][0]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        body = wait_for(
+            lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 30, message="not ready"
+        )
+        assert [w["ready"] for w in body["workers"]] == [False, True], body
+        assert get(url + "/livez")[0] == 200, "a worker being restarted made the supervisor not live"
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 90, message="ready again after the restart")
+        assert get(url + "/readyz")[1]["workers"][0]["pid"] != killed
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out
