@@ -79,7 +79,8 @@ APP = textwrap.dedent(
         static_membership=os.environ["STATIC"] == "1")
     OUT, SLEEP_S, ABORT_EVERY = os.environ["OUT"], float(os.environ["SLEEP_S"]), int(os.environ["ABORT_EVERY"])
 
-    @app.listener(os.environ["SRC"], max_batch_records=200, fencing=os.environ["FENCING"], max_attempts=5, dlq=True)
+    @app.listener(os.environ["SRC"], max_batch_records=200, fencing=os.environ["FENCING"], max_attempts=5, dlq=True,
+                  in_flight=int(os.environ.get("IN_FLIGHT", "1")))
     def copy(record: Record) -> Output:
         time.sleep(SLEEP_S)  # slow enough that bounces land inside transactions
         # Kafka's copier aborts about a third of its transactions at random. Here a record fails its first
@@ -130,6 +131,7 @@ class Scenario:
     sleep_s: float = 0.0005
     abort_every: int = 600
     live_view_complete: bool = False  # also require the live consumer to have seen every record
+    in_flight: int = 1  # records of a copier handled at once (docs/CONCURRENCY.md)
 
 
 @dataclass
@@ -353,6 +355,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
             "STATIC": "0" if s.new_ids else "1",
             "SLEEP_S": str(s.sleep_s),
             "ABORT_EVERY": str(s.abort_every),
+            "IN_FLIGHT": str(s.in_flight),
         }
         p_of = [i % s.partitions for i in range(s.records)]
         kafka.produce(
@@ -597,6 +600,18 @@ def test_bounced_copiers_copy_exactly_once_small(tmp_path: Path) -> None:
     run_bounce_test(
         tmp_path,
         Scenario(records=12_000, partitions=3, rounds=2, copier_failure="mixed", sleep_s=0.001, abort_every=300),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bounced_copiers_handling_50_records_at_once_copy_exactly_once(tmp_path: Path) -> None:
+    """Issue 30: records handled concurrently inside each transaction keep every guarantee through bounces."""
+    run_bounce_test(
+        tmp_path,
+        Scenario(
+            records=12_000, partitions=3, rounds=2, copier_failure="mixed", sleep_s=0.004, abort_every=300, in_flight=50
+        ),
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+from typing import Any
 
 import pytest
 
 from kafkatx import App, DefaultAfterRollbackProcessor, InvalidConfigurationError, KafkaTxError, Record
 from kafkatx.listener.options import LISTENER_DEFAULTS, ListenerOptions
+from kafkatx.listener.spec import build_spec
 
 
 def app() -> App:
@@ -110,3 +113,29 @@ def test_two_containers_exiting_together_both_count_as_stopped() -> None:
     assert not a.wait(0), "wait() also waits for the threads to end"
     first.alive = second.alive = False
     assert a.wait(0)
+
+
+def test_an_async_handler_is_refused_where_it_would_not_be_awaited() -> None:
+    """Issue 29 item 3: accepted, it failed every record (dead-lettered, or skipped with an ERROR line)."""
+
+    async def enrich(record: Record) -> bytes | None:
+        return record.value
+
+    async def stream(record: Record) -> Any:
+        yield record.value
+
+    class Handler:
+        async def __call__(self, record: Record) -> bytes | None:
+            return record.value
+
+    with pytest.raises(InvalidConfigurationError, match=r"async generator.*declare it def"):
+        app().listener("in")(stream)
+    for handler in (Handler(), functools.partial(enrich)):
+        with pytest.raises(InvalidConfigurationError, match=r"async def"):
+            build_spec(handler, ["in"], {}, kind="batch", runner=lambda container: lambda unit: None)
+
+
+def test_concurrency_options_are_refused_on_spark_listeners() -> None:
+    for option in ("in_flight", "ordering"):
+        with pytest.raises(InvalidConfigurationError, match=rf"spark_listener does not take {option!r}: a Spark job"):
+            app().spark_listener("in", **{option: 4})  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_local(target: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"],
@@ -44,7 +44,7 @@ def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
 
 def test_every_example_app_is_run_under_local_by_the_suite() -> None:
     apps = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if re.search(r"^app = App\(", p.read_text(), re.M))
-    assert apps == ["orders", "payments", "people", "spark_wordcount"], apps
+    assert apps == ["enrich_async", "orders", "payments", "people", "spark_wordcount"], apps
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
     for name in apps:
         assert re.search(rf"\"examples\.{name}:app\"[^\n]*\"--local\"|_run_local\(\"examples\.{name}:app\"", tests), (
@@ -87,6 +87,29 @@ def test_the_people_example_runs_under_local_and_leaves_no_database_behind(tmp_p
             proc.wait()
     assert list(tmp_path.iterdir()) == [], "no people.db in the directory it was run from"
     assert set(glob.glob(pattern)) == before, "the temporary database is removed at exit"
+
+
+def test_the_async_enrich_example_prices_orders_concurrently_in_order_per_customer() -> None:
+    """README "Concurrency": an async def handler, 100 orders in flight, each customer's outputs in input order."""
+    proc, seen = _run_local("examples.enrich_async:app"), []
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned orders-in\[", 120, seen)
+        orders = [(b"c%d" % (i % 20), json.dumps({"n": i, "sku": "apple", "qty": i}).encode()) for i in range(400)]
+        produce(bootstrap, "orders-in", [*orders, (b"c0", b'{"n": 400, "sku": "kiwi", "qty": 1}')])
+        wait_for(lambda: len(read_topic(bootstrap, "orders-priced")) >= 400, 120, message="400 orders priced")
+        wait_for(lambda: len(read_topic(bootstrap, "orders-in-dlt")) == 1, 60, message="the kiwi order dead-lettered")
+        priced = [(r.key, json.loads(r.value or b"{}")) for r in read_topic(bootstrap, "orders-priced")]
+        assert sorted(o["n"] for _, o in priced) == list(range(400)), "each order priced exactly once"
+        assert all(o["total"] == round(o["qty"] * 0.5, 2) for _, o in priced)
+        for customer in {k for k, _ in priced}:
+            numbers = [o["n"] for k, o in priced if k == customer]
+            assert numbers == sorted(numbers), f"{customer!r}: outputs out of input order"
+        _stop(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.spark

@@ -130,11 +130,12 @@ def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_rest
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
-    # Crashes while the search for the record narrows are progress (restarted at once, not counted);
-    # then max_attempts=3 crashes of the record alone, counted, stay under the crash-loop limit.
-    assert output.count("worker poison-0 exited with code 17; restarting it under the same id") == 3, output
-    narrowing = output.count("worker poison-0 exited with code 17 after making progress")
-    assert 1 <= narrowing <= 7, output  # about log2(max_batch_records=50) + 1
+    # The search for the record narrows (about log2(max_batch_records=50) crashes), then max_attempts=3 crashes of
+    # the record alone. Crashes after progress (the search narrowed, or the other partition committed records
+    # before the crash) are restarted at once and not counted towards the crash-loop limit, which never hits.
+    restarts = output.count("worker poison-0 exited with code 17")
+    assert 1 + 3 <= restarts <= 1 + 7 + 3, output
+    assert "after making progress" in output, output
     assert "giving up" not in output
     assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in values if v != b"poison"), "the rest exactly once"
     dead = kafka.read(src + "-dlt")

@@ -160,7 +160,7 @@ class App:
     def listener(self, *topics: str, **options: Unpack[ListenerOptions]) -> Callable[[F], F]:
         """Declare a handler for ``topics``: ``@app.listener("orders", output="enriched", dlq=True)``.
 
-        The handler takes a :class:`~kafkatx.Record` and returns None, bytes,
+        The handler (a function, or an ``async def``) takes a :class:`~kafkatx.Record` and returns None, bytes,
         str, a ``(key, value)`` tuple, an :class:`~kafkatx.Output`, or an
         iterable of those (other objects with ``serializer=``). Each poll's
         records are handled in one Kafka transaction with their offsets.
@@ -192,6 +192,10 @@ class App:
           max.poll.interval.ms]: handling time after which a transaction commits what it has.
         - ``fencing`` ["auto"]: "group" (KIP-447) or "partition" transactional ids; auto picks by broker.
         - ``concurrency`` [1]: containers (threads, each with its own consumer) for this listener.
+        - ``in_flight`` [1]: records of a container handled at once (an ``async def`` handler is awaited,
+          a plain one runs on a pool of that many threads); outputs still go out in input order.
+        - ``ordering`` [None: "key"]: which records wait for each other when ``in_flight`` > 1: "key",
+          "partition" or "none".
         - ``group_id`` [the App's]: the consumer group.
         - ``consumer_config`` / ``producer_config`` [{}]: librdkafka properties for this listener's clients.
         - ``max_abortable_retries`` [5]: abortable errors in a row before the producer is recreated.

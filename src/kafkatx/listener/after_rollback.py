@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
@@ -38,7 +38,9 @@ __all__ = ["RollbackScope", "after_rollback", "recovery_failed", "Replay"]
 
 log = logging.getLogger("kafkatx.rollback")
 
-#: Runs the handler for one record and returns its encoded outputs (raising what the handler raised).
+#: Runs the handler for one record and returns its encoded outputs (raising what the handler raised). One with a
+#: ``replay_all(records)`` method too (a concurrent runner's) runs the records to re-run together: see
+#: :meth:`RollbackScope.replay_processed`.
 Replay = Callable[[Record], Sequence[PendingOutput]]
 
 
@@ -229,10 +231,19 @@ class RollbackScope:
 
     def replay_processed(self) -> None:
         unit = self.unit
+        # A concurrent runner's replay handles the records together (listener/concurrent.py), each key's in order:
+        # their outcomes, in order, up to the first failure. Produced here one record after the other all the same.
+        replay_all = getattr(self._replay, "replay_all", None)
+        prepared: list[Any] | None = replay_all(self.processed) if replay_all is not None else None
         for i, record in enumerate(self.processed):
             failure: HandlerFailure | None = None
             try:
-                outputs = self._replay(record)
+                if prepared is None:
+                    outputs = self._replay(record)
+                elif isinstance(prepared[i], BaseException):
+                    raise prepared[i]
+                else:
+                    outputs = prepared[i]
                 for out in outputs:
                     unit.produce(out)
             except KafkaClientError:

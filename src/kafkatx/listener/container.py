@@ -269,6 +269,8 @@ class ListenerContainer:
                 log.debug("consumer close failed", exc_info=True)
         if self.database is not None:
             self.database.close()
+        if isinstance(self._runner, RecordRunner):
+            self._runner.close()
         for producer in [*self._partition_producers.values(), *filter(None, [self._group_producer])]:
             producer.close()
         self._partition_producers.clear()

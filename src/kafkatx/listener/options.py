@@ -30,6 +30,7 @@ __all__ = [
 
 Fencing = Literal["auto", "group", "partition"]
 RetryMode = Literal["rollback", "in_place"]
+Ordering = Literal["key", "partition", "none"]
 Backoff = wait_base | float | None
 DeadLetter = bool | str | Recoverer | Callable[[Record, BaseException], object] | None
 
@@ -70,6 +71,8 @@ class ListenerOptions(_SharedOptions, total=False):
     database: Any
     outages: Iterable[type[BaseException]]
     max_outage: float | None
+    in_flight: int
+    ordering: Ordering | None
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -108,6 +111,8 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "database": None,
     "outages": (ConnectionError,),
     "max_outage": None,
+    "in_flight": 1,
+    "ordering": None,
 }
 
 

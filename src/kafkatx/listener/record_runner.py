@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from sys import getrefcount
@@ -33,7 +34,14 @@ from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
-from kafkatx.listener.after_rollback import after_rollback, recovery_failed
+from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
+from kafkatx.listener.concurrent import (
+    Abandoned,
+    ConcurrentDispatch,
+    InPlaceRecoveryFailed,
+    NotAwaitedError,
+    refuse_awaitable,
+)
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs, unproducible_stop
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
@@ -71,18 +79,6 @@ class _RecordBuffer(list[PendingOutput]):
     add = list.append
 
 
-class _Abandoned(Exception):
-    """Internal: the container stopped while a record waited for an in-place retry."""
-
-
-class _InPlaceRecoveryFailed(Exception):
-    """Internal: an in-place recovery failed; the unit goes to the recovery-failed path."""
-
-    def __init__(self, failure: HandlerFailure, error: RecoveryError) -> None:
-        super().__init__(failure, error)
-        self.failure, self.error = failure, error
-
-
 class RecordRunner:
     """``runner(unit)`` for record listeners (one handler call per record)."""
 
@@ -95,6 +91,10 @@ class RecordRunner:
         # A listener of one topic gets that topic's records only: the hot path need not ask each Message.
         self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
         self._stopped_at = -1
+        #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
+        self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
+        #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
+        self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
     def __call__(self, unit: TransactionUnit) -> None:
         msgs = unit.messages
@@ -102,25 +102,28 @@ class RecordRunner:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
             failure: HandlerFailure | None = None
-            recovery: _InPlaceRecoveryFailed | None = None
+            recovery: InPlaceRecoveryFailed | None = None
             abandoned = False
             self._stopped_at = -1
+            work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
             try:
-                if not current.transact(functools.partial(self._handle, current, msgs)):
+                if not current.transact(work):
                     return
             except HandlerFailure as exc:
                 failure = exc
-            except _InPlaceRecoveryFailed as exc:
+            except InPlaceRecoveryFailed as exc:
                 recovery = exc
-            except _Abandoned:
+            except Abandoned:
                 abandoned = True
             # Outside the except blocks, so that nothing the handler raises from here on chains to them.
             if failure is not None:
+                if type(failure.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
+                    raise failure.exc
                 in_memory = time.monotonic() - self._c.polled_at < self._c.transaction_budget
-                msgs = after_rollback(current, msgs, failure, self.processor, self.replay, keep_in_memory=in_memory)
+                msgs = after_rollback(current, msgs, failure, self.processor, self._replay, keep_in_memory=in_memory)
                 continue
             if recovery is not None:
-                recovery_failed(current, msgs, recovery.failure, recovery.error, self.replay)
+                recovery_failed(current, msgs, recovery.failure, recovery.error, self._replay)
                 return
             if abandoned:  # nothing was committed; the records come back on restart
                 current.rewind()
@@ -143,8 +146,21 @@ class RecordRunner:
                 current.rewind(msgs[stopped_at:])
             return
 
+    def close(self) -> None:
+        """The container is closing: stop the concurrent dispatch's event loop and threads, if any."""
+        if self._dispatch is not None:
+            self._dispatch.close()
+
+    def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
+        """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""
+        assert self._dispatch is not None
+        handled = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
+        self._stopped_at = handled if handled < len(msgs) else -1
+
     def replay(self, record: Record) -> list[PendingOutput]:
         """Run the handler for ``record`` and return its encoded outputs (returned and sent)."""
+        if self._dispatch is not None:
+            return self._dispatch.replay(record)
         spec, buf = self.spec, self._buffer
         buf.clear()
         previous = bind_sink(buf)
@@ -252,6 +268,8 @@ class RecordRunner:
             kinds=self._kinds,
         )
         buf.stream = emitters.directs if not in_place else None
+        refuse = functools.partial(refuse_awaitable, self.spec.name)
+        emitters.by_type.update(dict.fromkeys(_AWAITABLES, refuse))
         return emitters
 
     # -- retry="in_place" -----------------------------------------------------------------
@@ -265,6 +283,8 @@ class RecordRunner:
         when the recoverer fails.
         """
         spec, policy, tracker, buf = self.spec, unit.policy, unit.tracker, self._buffer
+        if type(exc) is NotAwaitedError:
+            raise exc
         while True:
             buf.clear()
             stop = unproducible_stop(unit.listener, exc)
@@ -274,13 +294,13 @@ class RecordRunner:
             unit.publish(HandlerFailed(unit.listener, unit.worker, record, exc, state.failures))
             verdict = policy.decide(state.failures, exc, unit.stop_event)
             if verdict.action is Action.ABANDON:
-                raise _Abandoned
+                raise Abandoned
             if verdict.action is Action.RETRY:
                 unit.publish(
                     RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay)
                 )
                 if unit.wait(verdict.delay):
-                    raise _Abandoned
+                    raise Abandoned
                 record = replace(record, attempt=state.failures + 1)
                 error = None
                 try:
@@ -301,10 +321,14 @@ class RecordRunner:
                 recovery = err
             if recovery is not None:
                 log.warning("in-place recovery of %s failed: %s", record.coordinates, recovery)
-                raise _InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
+                raise InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
             tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
             unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
             return
+
+
+#: What a handler returns when it is an ``async def`` hidden behind a plain function: never something to produce.
+_AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
 
 
 def _nothing(result: object) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kafkatx.client.properties import check_property_names
 from kafkatx.database._backend import Backend, backend_for
 from kafkatx.errors import InvalidConfigurationError
-from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, RetryMode, check_option_names
+from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, Ordering, RetryMode, check_option_names
 from kafkatx.outputs import Serializer
 from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
@@ -25,7 +25,7 @@ from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollb
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory
 
-__all__ = ["ListenerSpec", "build_spec", "validate_topic"]
+__all__ = ["ListenerSpec", "build_spec", "is_async_handler", "validate_topic"]
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -98,6 +98,12 @@ class ListenerSpec:
     max_outage: float | None = None
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
     runner: RunnerFactory | None = None
+    #: How many records of a container are handled at once (docs/CONCURRENCY.md); 1: one after the other.
+    in_flight: int = 1
+    #: Which records wait for each other when ``in_flight > 1``: same key, same partition, or none.
+    ordering: Ordering = "key"
+    #: The handler is an ``async def``: awaited on the container's event loop.
+    is_async: bool = False
 
     @property
     def recoverer(self) -> Recoverer:
@@ -120,11 +126,13 @@ def build_spec(
         raise InvalidConfigurationError(
             f"a listener handler must be callable (a function taking a Record), got {type(handler).__name__} {handler!r}"
         )
+    _check_not_async(handler, kind, runner)
     if kind == "record":
         _check_takes_one_argument(handler)
     topics, output, sends_to = _topics_of(topics, opts)
     fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts)
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
+    in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner)
     database = _database_of(opts.get("database"), kind, runner, retry)
     return ListenerSpec(
         name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
@@ -135,7 +143,11 @@ def build_spec(
         output=output,
         sends_to=sends_to,
         kind=kind,
-        max_batch_records=_positive_int(opts["max_batch_records"], "max_batch_records"),
+        # A batch holds at least in_flight records unless told otherwise: fewer could never all be in flight.
+        max_batch_records=max(
+            _positive_int(opts["max_batch_records"], "max_batch_records"),
+            in_flight if "max_batch_records" not in options else 1,
+        ),
         max_batch_ms=max_batch_ms,
         max_transaction_ms=opts["max_transaction_ms"],
         fencing=fencing,
@@ -153,7 +165,41 @@ def build_spec(
         database=database,
         outages=_exception_types(opts.get("outages", (ConnectionError,)), "outages"),
         max_outage=_seconds_or_none(opts.get("max_outage"), "max_outage"),
+        in_flight=in_flight,
+        ordering=ordering,
+        is_async=is_async,
     )
+
+
+def _concurrency_of(
+    handler: Any, opts: Mapping[str, Any], given: Mapping[str, Any], kind: str, runner: RunnerFactory | None
+) -> tuple[int, Ordering, bool]:
+    """``in_flight``, ``ordering`` and whether the handler is awaited; what cannot be made right is refused."""
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    in_flight = _positive_int(opts["in_flight"], "in_flight")
+    ordering = opts["ordering"]
+    if ordering is None:
+        ordering = "key"
+    elif ordering not in ("key", "partition", "none"):
+        raise InvalidConfigurationError(f"ordering must be 'key', 'partition' or 'none', got {ordering!r}")
+    is_async = is_async_handler(handler)
+    if in_flight == 1 and not is_async:
+        return in_flight, ordering, is_async
+    what = f"in_flight={in_flight}" if in_flight > 1 else "an async def handler"
+    if kind != "record" or runner is not None:
+        raise InvalidConfigurationError(f"listener {name}: {what} is for record listeners (@app.listener) only")
+    if opts["database"] is not None:
+        raise InvalidConfigurationError(
+            f"listener {name}: database= cannot be combined with {what} yet (one database transaction is joined by "
+            "one handler at a time): drop database=, or use in_flight=1 with a def handler"
+        )
+    max_batch_records = opts["max_batch_records"]
+    if "max_batch_records" in given and isinstance(max_batch_records, int) and max_batch_records < in_flight:
+        raise InvalidConfigurationError(
+            f"listener {name}: max_batch_records={max_batch_records} is below in_flight={in_flight}: no more "
+            f"records than a batch holds can be in flight at once; raise max_batch_records to at least {in_flight}"
+        )
+    return in_flight, ordering, is_async
 
 
 def _exception_types(value: Any, name: str) -> tuple[type[BaseException], ...]:
@@ -316,6 +362,27 @@ def _recoverer(dlq: Any, topics: tuple[str, ...]) -> tuple[Recoverer, str | None
 def _dlq_topic(recoverer: Any) -> str | None:
     topic = getattr(recoverer, "topic", None)
     return topic if isinstance(topic, str) else None
+
+
+def is_async_handler(handler: Any) -> bool:
+    """Whether calling ``handler`` returns a coroutine to await (an ``async def``, or an object whose ``__call__`` is)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+
+
+def _check_not_async(handler: Any, kind: str, runner: RunnerFactory | None) -> None:
+    """Refuse an ``async def`` handler where it would not be awaited (it would fail every record)."""
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    if inspect.isasyncgenfunction(handler) or inspect.isasyncgenfunction(getattr(handler, "__call__", None)):
+        raise InvalidConfigurationError(
+            f"listener handler {name} is an async generator, which kafkatx cannot produce from: "
+            "declare it def and return a list of outputs (or call kafkatx.send() for each)"
+        )
+    if not is_async_handler(handler):
+        return
+    if kind != "record" or runner is not None:
+        raise InvalidConfigurationError(
+            f"spark/batch listener handler {name} is an async def: a batch job is called, not awaited; declare it def"
+        )
 
 
 def _check_takes_one_argument(handler: Callable[..., Any]) -> None:

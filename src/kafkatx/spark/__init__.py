@@ -71,6 +71,8 @@ _NOT_FOR_SPARK = {
     "after_rollback": "a Spark listener isolates poison records itself (see max_bisect_jobs)",
     "retry": "a Spark listener retries its job from memory; there is no per-record in-place retry",
     "database": "a Spark job's database writes are its own (database= is for record listeners)",
+    "in_flight": "a Spark job runs a whole batch at once, on the cluster (in_flight= is for record listeners)",
+    "ordering": "a Spark job runs a whole batch at once, on the cluster (ordering= is for record listeners)",
 }
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 

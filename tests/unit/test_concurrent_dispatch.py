@@ -1,0 +1,360 @@
+"""Key-ordered concurrency inside one transaction (listener/concurrent.py), over the fake host: no broker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, cast
+
+import pytest
+from confluent_kafka import Message
+from fakes import FakeHost, listener
+
+from kafkatx import InvalidConfigurationError, Record, send
+from kafkatx.events import TransactionCommitted
+from kafkatx.listener.concurrent import LaneSchedule, lanes_of
+from kafkatx.record import ConsumedMessage
+
+
+def keyed(*keys: bytes | None, partition: int = 0, start: int = 0) -> list[ConsumedMessage]:
+    """Records whose value is ``<key>:<offset>`` (keyless: ``-:<offset>``)."""
+    return [
+        cast(
+            ConsumedMessage,
+            Message(
+                topic="in",
+                partition=partition,
+                offset=start + i,
+                key=k,
+                value=b"%s:%d" % (k or b"-", start + i),
+            ),
+        )
+        for i, k in enumerate(keys)
+    ]
+
+
+# -- the ordering rule ---------------------------------------------------------------------------
+def test_records_of_one_lane_start_one_at_a_time_lowest_index_first() -> None:
+    schedule = LaneSchedule(["a", "b", "a", "c", "b"], in_flight=3)
+    assert [schedule.take(), schedule.take(), schedule.take(), schedule.take()] == [0, 1, 3, None]
+    schedule.finished(3)
+    assert schedule.take() is None, "lanes a and b are busy: 2 and 4 wait for 0 and 1"
+    schedule.finished(1)
+    assert schedule.take() == 4
+    schedule.finished(0)
+    assert schedule.take() == 2
+    for index in (2, 4):
+        schedule.finished(index)
+    assert schedule.take() is None and schedule.idle
+
+
+def test_at_most_in_flight_records_run_at_once() -> None:
+    schedule = LaneSchedule(list(range(10)), in_flight=4)
+    assert [schedule.take() for _ in range(5)] == [0, 1, 2, 3, None]
+    schedule.finished(2)
+    assert schedule.take() == 4
+
+
+def test_a_cut_stops_new_records_past_it_but_not_those_before_it_in_a_busy_lane() -> None:
+    schedule = LaneSchedule(["a", "a", "b", "c"], in_flight=4)
+    assert [schedule.take(), schedule.take(), schedule.take()] == [0, 2, 3]
+    schedule.stop_at(2)  # record 2 failed
+    schedule.finished(0)
+    assert schedule.take() == 1, "record 1 is before the failed one: it runs, so that a prefix commits"
+    schedule.stop_starting()  # time is up: nothing more starts
+    assert schedule.cut == 2
+
+
+def test_time_running_out_cuts_at_the_first_record_not_started() -> None:
+    schedule = LaneSchedule(["a", "a", "b", "c"], in_flight=4)
+    assert [schedule.take(), schedule.take(), schedule.take()] == [0, 2, 3]
+    schedule.stop_starting()
+    assert schedule.cut == 1 and schedule.take() is None
+
+
+def test_the_lanes_of_each_ordering() -> None:
+    msgs = keyed(b"k1", None, b"k1", partition=3)
+    assert lanes_of(msgs, "key") == [("in", b"k1"), ("in", 3), ("in", b"k1")]
+    assert lanes_of(msgs, "partition") == [("in", 3)] * 3
+    assert lanes_of(msgs, "none") == [0, 1, 2]
+
+
+# -- the dispatch in a transaction ---------------------------------------------------------------
+
+
+def test_async_handlers_run_concurrently_and_outputs_keep_the_input_order() -> None:
+    started: list[int] = []
+    running = {"now": 0, "max": 0}
+    by_key: dict[bytes | None, list[int]] = {}
+
+    async def enrich(record: Record) -> bytes:
+        running["now"] += 1
+        running["max"] = max(running["max"], running["now"])
+        by_key.setdefault(record.key, []).append(record.offset)
+        started.append(record.offset)
+        await asyncio.sleep(0.002 * (record.offset % 5))  # later records often finish first
+        running["now"] -= 1
+        return record.value or b""
+
+    keys = [b"k%d" % (i % 7) for i in range(60)]
+    host = FakeHost(listener(enrich, in_flight=10))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    assert 1 < running["max"] <= 10
+    assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys)]
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())
+    assert host.producer.committed_offsets == {("in", 0): 60}
+    (event,) = host.events_of(TransactionCommitted)
+    assert (event.records, event.outputs) == (60, 60)
+
+
+def test_a_plain_handler_runs_on_a_pool_one_record_of_a_key_at_a_time() -> None:
+    running: dict[bytes | None, int] = {}
+    overlaps: list[bytes | None] = []
+    lock = threading.Lock()
+    peak = {"now": 0, "max": 0}
+
+    def enrich(record: Record) -> bytes:
+        with lock:
+            running[record.key] = running.get(record.key, 0) + 1
+            if running[record.key] > 1:
+                overlaps.append(record.key)
+            peak["now"] += 1
+            peak["max"] = max(peak["max"], peak["now"])
+        time.sleep(0.003)
+        with lock:
+            running[record.key] -= 1
+            peak["now"] -= 1
+        send("audit", b"saw %d" % record.offset)
+        return (record.value or b"").upper()
+
+    keys = [b"a", b"b", b"c", b"a", None, b"b", None, b"a"] * 5
+    host = FakeHost(listener(enrich, in_flight=6))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    assert overlaps == [] and peak["max"] > 1
+    expected: list[bytes | None] = []
+    for i, k in enumerate(keys):
+        expected += [b"saw %d" % i, (b"%s:%d" % (k or b"-", i)).upper()]
+    assert host.producer.committed_values == expected, "each record's send() and result, in input order"
+
+
+def test_a_failing_record_among_concurrent_ones_is_isolated_and_the_others_commit_once() -> None:
+    recovered: list[int] = []
+
+    async def enrich(record: Record) -> bytes:
+        await asyncio.sleep(0.001 * (record.offset % 3))
+        if record.offset == 7:
+            raise ValueError("poison")
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=5, max_attempts=1, dlq=lambda r, e: recovered.append(r.offset)))
+    runner = host.runner()
+    keys = [b"k%d" % (i % 3) for i in range(20)]
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    assert recovered == [7]
+    assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i != 7]
+    assert host.producer.committed_offsets == {("in", 0): 20}
+
+
+def test_time_running_out_commits_a_prefix_and_rewinds_the_rest() -> None:
+    async def slow(record: Record) -> bytes:
+        await asyncio.sleep(0.02)
+        return record.value or b""
+
+    host = FakeHost(listener(slow, in_flight=2))
+    host.transaction_budget = 0.03
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*[b"k%d" % i for i in range(20)])))
+    finally:
+        runner.close()
+    (committed,) = host.producer.committed
+    done = committed.offsets[("in", 0)]
+    assert 2 <= done < 20
+    assert host.producer.committed_values == [b"k%d:%d" % (i, i) for i in range(done)]
+    assert host.seeks == [(("in", 0), done)], "the rest is fetched again"
+
+
+def test_a_stop_lets_what_is_in_flight_finish_and_commits_only_that() -> None:
+    async def stopping(record: Record) -> bytes:
+        host.stop_event.set()
+        await asyncio.sleep(0.001)
+        return record.value or b""
+
+    host = FakeHost(listener(stopping, in_flight=3))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*[b"k%d" % i for i in range(10)])))
+    finally:
+        runner.close()
+    assert host.producer.committed_values == [b"k%d:%d" % (i, i) for i in range(3)]
+    assert host.seeks == [(("in", 0), 3)]
+
+
+def test_an_async_handler_with_in_flight_1_is_awaited() -> None:
+    async def enrich(record: Record) -> Any:
+        await asyncio.sleep(0)
+        return [record.value, b"again"]
+
+    host = FakeHost(listener(enrich))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b")))
+    finally:
+        runner.close()
+    assert host.producer.committed_values == [b"a:0", b"again", b"b:1", b"again"]
+
+
+def test_combinations_that_cannot_be_made_right_are_refused_when_declared() -> None:
+    async def enrich(record: Record) -> None: ...
+
+    with pytest.raises(InvalidConfigurationError, match=r"database= cannot be combined with in_flight=4"):
+        listener(lambda r: None, in_flight=4, database="sqlite://")
+    with pytest.raises(InvalidConfigurationError, match=r"database= cannot be combined with an async def"):
+        listener(enrich, database="sqlite://")
+    with pytest.raises(InvalidConfigurationError, match=r"max_batch_records=10 is below in_flight=50"):
+        listener(enrich, in_flight=50, max_batch_records=10)
+    with pytest.raises(InvalidConfigurationError, match=r"ordering must be 'key', 'partition' or 'none'"):
+        listener(enrich, in_flight=2, ordering="keys")
+    with pytest.raises(InvalidConfigurationError, match=r"in_flight must be an integer >= 1"):
+        listener(enrich, in_flight=0)
+
+
+@pytest.mark.parametrize("failing_again", [False, True])
+def test_batch_mates_are_re_run_together_after_a_rollback(failing_again: bool) -> None:
+    calls: dict[int, int] = {}
+    replaying = {"now": 0, "max": 0}
+    recovered: list[int] = []
+
+    async def enrich(record: Record) -> bytes:
+        calls[record.offset] = calls.get(record.offset, 0) + 1
+        again = calls[record.offset] > 1
+        if again:
+            replaying["now"] += 1
+            replaying["max"] = max(replaying["max"], replaying["now"])
+        await asyncio.sleep(0.002)
+        if again:
+            replaying["now"] -= 1
+        if record.offset == 30 or (failing_again and again and record.offset == 12):
+            raise ValueError("poison")
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=8, max_attempts=1, dlq=lambda r, e: recovered.append(r.offset)))
+    runner = host.runner()
+    keys = [b"k%d" % (i % 4) for i in range(40)]
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    assert replaying["max"] > 1, "the records before the failed one were re-run concurrently"
+    poisoned = [12, 30] if failing_again else [30]
+    assert sorted(recovered) == poisoned
+    assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i not in poisoned]
+
+
+def test_pool_threads_log_as_the_container_and_async_sends_stay_with_their_record() -> None:
+    names: set[str] = set()
+
+    def plain(record: Record) -> None:
+        names.add(threading.current_thread().name)
+        time.sleep(0.001)
+        send("audit", record.value)
+
+    async def awaited(record: Record) -> bytes:
+        send("audit", b"before " + (record.value or b""))
+        await asyncio.sleep(0.001 * (5 - record.offset % 5))  # the others' sends come in between
+        return b"after " + (record.value or b"")
+
+    for handler, expected in (
+        (plain, [b"k%d:%d" % (i, i) for i in range(10)]),
+        (awaited, [v for i in range(10) for v in (b"before k%d:%d" % (i, i), b"after k%d:%d" % (i, i))]),
+    ):
+        host = FakeHost(listener(handler, in_flight=4))
+        runner = host.runner()
+        container = threading.Thread(target=runner, args=(host.unit(keyed(*[b"k%d" % i for i in range(10)])),))
+        container.name = "kafkatx-enricher"
+        container.start()
+        container.join(10)
+        runner.close()
+        assert host.producer.committed_values == expected
+    assert names == {"kafkatx-enricher"}, "log lines are attributed to the listener by the thread's name"
+
+
+@pytest.mark.parametrize("kind", ["async", "pool"])
+def test_in_place_retries_keep_the_batch_in_one_transaction(kind: str) -> None:
+    attempts: dict[int, list[int]] = {}
+    recovered: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def check(record: Record) -> bytes:
+        with lock:
+            attempts.setdefault(record.offset, []).append(record.attempt)
+        if record.offset == 3 and record.attempt == 1:
+            raise ValueError("transient")
+        if record.offset == 6:
+            raise ValueError("poison")
+        return record.value or b""
+
+    async def awaited(record: Record) -> bytes:
+        await asyncio.sleep(0.001)
+        return check(record)
+
+    handler = awaited if kind == "async" else check
+    options: dict[str, Any] = {"in_flight": 4, "retry": "in_place", "max_attempts": 2, "backoff": 0.01}
+    host = FakeHost(listener(handler, dlq=lambda r, e: recovered.append((r.offset, r.attempt)), **options))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(*[b"k%d" % (i % 3) for i in range(10)])))
+    finally:
+        runner.close()
+    assert [t.outcome for t in host.producer.transactions] == ["committed"], "no abort: retried in place"
+    assert attempts[3] == [1, 2] and attempts[6] == [1, 2] and recovered == [(6, 2)]
+    assert host.producer.committed_values == [b"k%d:%d" % (i % 3, i) for i in range(10) if i != 6]
+    assert host.producer.committed_offsets == {("in", 0): 10}
+
+
+def test_a_stop_during_an_in_place_back_off_gives_the_batch_up() -> None:
+    async def failing(record: Record) -> bytes:
+        if record.offset == 1:
+            host.stop_event.set()
+            raise ValueError("fails, then the container stops during its back-off")
+        return record.value or b""
+
+    host = FakeHost(listener(failing, in_flight=2, retry="in_place", max_attempts=5, backoff=10.0))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b", b"c")))
+    finally:
+        runner.close()
+    assert host.producer.committed == [] and host.seeks == [(("in", 0), 0)], "nothing committed, all fetched again"
+
+
+def test_the_default_batch_holds_at_least_in_flight_records() -> None:
+    assert listener(lambda r: None, in_flight=8000).max_batch_records == 8000
+    assert listener(lambda r: None, in_flight=100).max_batch_records == 5000
+    assert listener(lambda r: None, in_flight=100, max_batch_records=100).max_batch_records == 100
+
+
+def test_a_transaction_whose_time_is_up_from_the_start_still_handles_a_record() -> None:
+    async def enrich(record: Record) -> bytes:
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=4))
+    host.transaction_budget = 0.0
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b", b"c")))
+    finally:
+        runner.close()
+    assert host.producer.committed_values == [b"a:0"] and host.seeks == [(("in", 0), 1)]
