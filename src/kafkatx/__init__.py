@@ -34,6 +34,7 @@ from kafkatx.errors import (
     StuckCallError,
     TransactionAbortableError,
     UnknownTopicError,
+    UnproducibleTypeError,
 )
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.health import HealthServer, serve_health
@@ -85,6 +86,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionUnit",
     "UnknownTopicError",
+    "UnproducibleTypeError",
     "__version__",
     "classify",
     "db",

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException
 
-from kafkatx.errors import OutputError
+from kafkatx.errors import InvalidConfigurationError, OutputError, UnproducibleTypeError
 from kafkatx.record import Output
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "REFUSED_WITH_HEADERS",
     "ResultEmitters",
     "buffer_output",
+    "unproducible_stop",
 ]
 
 Serializer = Callable[[Any], bytes]
@@ -69,6 +70,13 @@ OUTPUT = 3  # an Output
 MANY = 4  # an iterable (list, generator...) of those
 SERIALIZE = 5  # anything else, for the listener's serializer
 OTHER = 0  # the rest: collect_outputs() encodes it or names the problem
+
+
+#: How to make a value producible: what an UnproducibleTypeError tells the user.
+_FIX = (
+    "bytes, str, a (key, value) tuple, an Output, or an iterable of those, "
+    "or give the listener serializer= (for example serializer=lambda v: json.dumps(v).encode())"
+)
 
 
 def result_kind(cls: type, serializer: Serializer | None) -> int:
@@ -98,9 +106,9 @@ def encode(obj: Any, what: str, serializer: Serializer | None = None) -> bytes |
         return bytes(obj)
     if serializer is not None:
         return serialize(obj, what, serializer)
-    raise OutputError(
-        f"cannot encode the {what} of type {type(obj).__name__} to bytes: return bytes or str, "
-        "or give the listener a serializer (for example serializer=lambda v: json.dumps(v).encode())"
+    fix = "header values must be bytes or str" if what.startswith("header") else f"return {_FIX}"
+    raise UnproducibleTypeError(
+        f"cannot encode the {what} of type {type(obj).__name__} to bytes: {fix}", type(obj).__name__
     )
 
 
@@ -220,9 +228,26 @@ def collect_outputs(
     if serializer is not None:
         into.append(to_pending(result, default_topic, serializer, listener))
         return
-    raise OutputError(
-        f"listener {listener!r} returned an unsupported {type(result).__name__}: return None, bytes, str, "
-        "a (key, value) tuple, an Output, or an iterable of those (or give the listener a serializer)"
+    raise UnproducibleTypeError(
+        f"listener {listener!r} returned an unsupported {type(result).__name__}: return None, {_FIX}",
+        type(result).__name__,
+    )
+
+
+def unproducible_stop(listener: str, exc: BaseException) -> InvalidConfigurationError | None:
+    """The error that stops ``listener``'s container when ``exc`` says its handler returned an unencodable type.
+
+    Such a result is a programming error: every record would fail alike, so
+    rather than dead-letter them all the container stops, committing nothing
+    for the record (a restart after the fix handles it). Called only once a
+    record failed, so the check costs the hot path nothing.
+    """
+    if not isinstance(exc, UnproducibleTypeError):
+        return None
+    where = "" if str(exc).startswith("listener") else f"listener {listener!r}: "
+    return InvalidConfigurationError(
+        f"{where}{exc}. A programming error, not the record's: the container stopped before committing the "
+        "record and dead-lettered nothing; restart after the fix"
     )
 
 

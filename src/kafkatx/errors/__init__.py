@@ -17,6 +17,7 @@
     │   ├── FencedTooOftenError           the transactional.id is used elsewhere too
     │   └── OutageTooLongError            a dependency was down longer than max_outage
     ├── OutputError (TypeError)           a handler returned or sent something unproducible
+    │   ├── UnproducibleTypeError         ... of a type it cannot encode: the container stops
     │   ├── UnknownTopicError             ... to a topic that does not exist
     │   └── RecordRejectedError           ... that the client refused (too large)
     ├── DeserializationError (ValueError) raise it when a record's bytes cannot be decoded
@@ -68,6 +69,7 @@ __all__ = [
     "OutageTooLongError",
     "DependencyUnavailable",
     "OutputError",
+    "UnproducibleTypeError",
     "UnknownTopicError",
     "RecordRejectedError",
     "DeserializationError",
@@ -327,6 +329,23 @@ class OutputError(KafkaTxError, TypeError):
     It subclasses TypeError, so it is not retryable by default: retrying the
     same record would return the same bad value.
     """
+
+
+class UnproducibleTypeError(OutputError):
+    """A handler returned or sent a value of a type kafkatx cannot encode, and its listener has no serializer.
+
+    A programming error, not the record's: every record would fail the same
+    way, so the container stops (one line naming the listener, the type and
+    the fix) instead of dead-lettering them all; the record is not committed,
+    and a restart after the fix handles it. ``type_name`` is the type's name.
+    """
+
+    def __init__(self, message: str, type_name: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.type_name))
 
 
 class UnknownTopicError(OutputError):

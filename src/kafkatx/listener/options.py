@@ -92,7 +92,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "fencing": "auto",
     "concurrency": 1,
     "max_attempts": 3,
-    "backoff": None,
+    "backoff": 1.0,
     "dlq": False,
     "not_retryable": (),
     "retryable": (),

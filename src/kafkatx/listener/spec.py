@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kafkatx.client.properties import check_property_names
 from kafkatx.database._backend import Backend, backend_for
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, Ordering, RetryMode, check_option_names
@@ -275,6 +276,7 @@ def _check_modes_and_limits(
     for key in ("consumer_config", "producer_config"):
         if opts[key] is not None and not isinstance(opts[key], Mapping):
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
+        check_property_names(f"listener {key}", opts[key] or {})
     return fencing, retry, float(idle) if idle is not None else None, serializer, max_batch_ms
 
 
