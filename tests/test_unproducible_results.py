@@ -29,24 +29,26 @@ def _bad_result(kind: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("kind", "retry", "message"),
+    ("kind", "retry", "in_flight", "message"),
     [
-        ("dict", "rollback", "returned an unsupported dict: return None, bytes, str"),
-        ("dict", "in_place", "returned an unsupported dict: return None, bytes, str"),
-        ("key-type", "rollback", "cannot encode the key of type int to bytes"),
-        ("header-value", "rollback", "cannot encode the header 'h' of type float to bytes: header values must be"),
-        ("generator-item", "rollback", "cannot encode the value of type set to bytes"),
+        ("dict", "rollback", 1, "returned an unsupported dict: return None, bytes, str"),
+        ("dict", "in_place", 1, "returned an unsupported dict: return None, bytes, str"),
+        ("dict", "rollback", 4, "returned an unsupported dict: return None, bytes, str"),
+        ("dict", "in_place", 4, "returned an unsupported dict: return None, bytes, str"),
+        ("key-type", "rollback", 1, "cannot encode the key of type int to bytes"),
+        ("header-value", "rollback", 1, "cannot encode the header 'h' of type float to bytes: header values must be"),
+        ("generator-item", "rollback", 1, "cannot encode the value of type set to bytes"),
     ],
 )
 def test_an_unproducible_return_stops_the_container_and_loses_nothing(
-    kafka: KafkaTestKit, kind: str, retry: str, message: str
+    kafka: KafkaTestKit, kind: str, retry: str, in_flight: int, message: str
 ) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"good-1", b"bad", b"good-2"])
     app = make_app(kafka)
     calls: list[bytes] = []
 
-    @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry)
+    @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
     def enrich(record: Record) -> Any:
         calls.append(record.value or b"")
         return _bad_result(kind) if record.value == b"bad" else record.value

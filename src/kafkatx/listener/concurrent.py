@@ -52,7 +52,7 @@ from kafkatx.context import bind_sink
 from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.listener.host import HandlerFailure
-from kafkatx.outputs import PendingOutput, collect_outputs
+from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.policy import Action
 
@@ -300,6 +300,11 @@ class ConcurrentDispatch:
                 error = exc
             if isinstance(error, KafkaClientError) and not isinstance(error, OutputError):
                 raise error  # the client or a declaration error: no record's failure
+            stop = unproducible_stop(unit.listener, error)
+            if stop is not None:  # a programming error: the container stops, the transaction is not committed
+                raise stop
+            if unit.outage.matches(error):  # a dependency is down: the batch aborts and the listener pauses
+                raise error
             state = tracker.record_failure(record, error)
             unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
             verdict = policy.decide(state.failures, error, unit.stop_event)
