@@ -70,6 +70,10 @@ class ListenerOptions(_SharedOptions, total=False):
     database: Any
     outages: Iterable[type[BaseException]]
     max_outage: float | None
+    value_type: Any
+    key_type: Any
+    deserializer: Callable[..., Any] | None
+    key_deserializer: Callable[..., Any] | None
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -108,6 +112,10 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "database": None,
     "outages": (ConnectionError,),
     "max_outage": None,
+    "value_type": None,
+    "key_type": None,
+    "deserializer": None,
+    "key_deserializer": None,
 }
 
 

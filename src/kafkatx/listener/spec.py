@@ -20,6 +20,7 @@ from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor
+from kafkatx.serde import TypedDecoding, output_serializer, typed_decoding, typed_handler
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory
@@ -97,6 +98,9 @@ class ListenerSpec:
     max_outage: float | None = None
     #: Builds the container's runner (``None``: the record runner). Spark listeners set it.
     runner: RunnerFactory | None = None
+    #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
+    #: user's handler: kafkatx.serde.typed_handler); None for bytes.
+    decoding: TypedDecoding | None = None
 
     @property
     def recoverer(self) -> Recoverer:
@@ -125,9 +129,12 @@ def build_spec(
     fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts)
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     database = _database_of(opts.get("database"), kind, runner, retry)
+    name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
+    decoding = _decoding_of(opts, kind, runner)
+    serializer = output_serializer(serializer, decoding is not None, output)
     return ListenerSpec(
-        name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
-        handler=handler,
+        name=name,
+        handler=handler if decoding is None else typed_handler(handler, decoding),
         topics=topics,
         policy=policy,
         processor=processor,
@@ -152,7 +159,19 @@ def build_spec(
         database=database,
         outages=_exception_types(opts.get("outages", (ConnectionError,)), "outages"),
         max_outage=_seconds_or_none(opts.get("max_outage"), "max_outage"),
+        decoding=decoding,
     )
+
+
+def _decoding_of(opts: Mapping[str, Any], kind: str, runner: RunnerFactory | None) -> TypedDecoding | None:
+    """``value_type=``, ``key_type=``, ``deserializer=``, ``key_deserializer=``: record listeners only."""
+    given = {k: opts.get(k) for k in ("value_type", "key_type", "deserializer", "key_deserializer")}
+    if all(v is None for v in given.values()):
+        return None
+    if kind != "record" or runner is not None:
+        named = ", ".join(f"{k}=" for k, v in given.items() if v is not None)
+        raise InvalidConfigurationError(f"{named} is available on record listeners (@app.listener) only")
+    return typed_decoding(**given)
 
 
 def _exception_types(value: Any, name: str) -> tuple[type[BaseException], ...]:

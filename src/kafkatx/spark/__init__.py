@@ -71,6 +71,12 @@ _NOT_FOR_SPARK = {
     "after_rollback": "a Spark listener isolates poison records itself (see max_bisect_jobs)",
     "retry": "a Spark listener retries its job from memory; there is no per-record in-place retry",
     "database": "a Spark job's database writes are its own (database= is for record listeners)",
+    **dict.fromkeys(
+        ("value_type", "key_type", "deserializer", "key_deserializer"),
+        "a Spark job gets key and value as binary columns and decodes them itself (from_json, from_avro), "
+        "so a record that fails to decode fails the job, and the job's poison isolation dead-letters it; "
+        "typed payloads are for record listeners (@app.listener)",
+    ),
 }
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 

@@ -1,0 +1,137 @@
+"""Typed listeners over a fake host: a record that cannot be decoded goes to the recoverer at once, untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from fakes import FakeHost, FakeProducer, listener, messages
+
+from kafkatx import DecodeError, InvalidConfigurationError, Record
+from kafkatx.events import HandlerFailed, RecordRecovered
+from kafkatx.rollback.classifier import ExceptionClassifier
+from kafkatx.serde import is_about_the_record
+
+pydantic = pytest.importorskip("pydantic")
+
+
+class Order(pydantic.BaseModel):
+    id: int
+    amount: float
+
+
+@dataclasses.dataclass
+class Invoice:
+    order: int
+    total: float
+
+
+IN = ("in", 0)
+
+
+def _recording(into: list[tuple[Record, BaseException]]) -> Any:
+    return lambda record, exc: into.append((record, exc))
+
+
+@pytest.mark.parametrize("retry", ["rollback", "in_place"])
+def test_undecodable_records_are_recovered_at_attempt_1_and_never_reach_the_handler(retry: str) -> None:
+    seen: list[Any] = []
+    recovered: list[tuple[Record, BaseException]] = []
+
+    def handle(record: Record) -> Invoice:
+        seen.append(record.value)
+        return Invoice(record.value.id, record.value.amount * 2)
+
+    spec = listener(handle, value_type=Order, retry=retry, max_attempts=5, dlq=_recording(recovered))
+    host = FakeHost(spec, FakeProducer())
+    batch = messages(b'{"id": 1, "amount": 2}', b"not json", b'{"id": 3, "amount": "lots"}', b'{"id": 4, "amount": 1}')
+    host.runner()(host.unit(batch))
+
+    # With rollbacks, record 0 is re-run once as the batch-mate of the first failure: its output commits once.
+    assert [o.id for o in seen] == ([1, 1, 4] if retry == "rollback" else [1, 4])
+    assert all(isinstance(v, Order) for v in seen), "the handler saw only decoded records"
+    assert [(r.offset, r.attempt) for r, _ in recovered] == [(1, 1), (2, 1)]
+    assert [r.raw_value for r, _ in recovered] == [b"not json", b'{"id": 3, "amount": "lots"}']
+    bad_json, bad_field = (exc for _, exc in recovered)
+    assert isinstance(bad_json, DecodeError) and bad_json.field is None
+    assert "cannot decode the value of in/0@1 as Order: Invalid JSON" in str(bad_json)
+    assert isinstance(bad_field, DecodeError) and bad_field.field == "amount" and bad_field.part == "value"
+    assert "amount" in str(bad_field) and "in/0@2" in str(bad_field)
+    assert type(bad_field.__cause__).__name__ == "ValidationError"
+    assert host.producer.committed_values == [b'{"order":1,"total":4.0}', b'{"order":4,"total":2.0}']
+    assert host.producer.committed_offsets == {IN: 4}
+    assert [e.attempt for e in host.events_of(HandlerFailed)] == [1, 1]
+    assert len(host.events_of(RecordRecovered)) == 2
+
+
+def test_a_key_that_fails_is_recovered_with_both_parts_as_consumed() -> None:
+    recovered: list[tuple[Record, BaseException]] = []
+    spec = listener(lambda r: None, key_type=int, value_type=Order, dlq=_recording(recovered))
+    host = FakeHost(spec, FakeProducer())
+    from confluent_kafka import Message
+
+    msg = Message(topic="in", partition=0, offset=0, key=b"abc", value=b'{"id": 1, "amount": 2}')
+    host.runner()(host.unit([msg]))  # type: ignore[list-item]
+    ((record, exc),) = recovered
+    assert isinstance(exc, DecodeError) and exc.part == "key"
+    assert (record.key, record.value, record.raw_key, record.raw_value) == (
+        b"abc",
+        b'{"id": 1, "amount": 2}',
+        b"abc",
+        b'{"id": 1, "amount": 2}',
+    )
+
+
+def test_a_decode_error_is_never_retryable_whatever_the_lists_say() -> None:
+    classifier = ExceptionClassifier(retryable=(ValueError, DecodeError), include_defaults=False)
+    assert not classifier.is_retryable(DecodeError("x"))
+    assert classifier.is_retryable(ValueError("x"))
+
+
+def test_a_deserializer_and_a_type_compose_and_a_plain_deserializer_alone_works() -> None:
+    got: list[Any] = []
+    spec = listener(lambda r: got.append(r.value), deserializer=lambda b: {"id": int(b), "amount": 1}, value_type=Order)
+    host = FakeHost(spec, FakeProducer())
+    host.runner()(host.unit(messages(b"7")))
+    assert got == [Order(id=7, amount=1)]
+    spec = listener(lambda r: got.append(r.value), deserializer=bytes.decode)
+    host = FakeHost(spec, FakeProducer())
+    host.runner()(host.unit(messages(b"text")))
+    assert got[-1] == "text"
+
+
+def test_errors_that_are_not_the_records_fault_are_not_decode_errors() -> None:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    assert not is_about_the_record(ConnectionError("registry down"))
+    assert not is_about_the_record(SchemaRegistryError(503, 50301, "unavailable"))
+    assert is_about_the_record(SchemaRegistryError(404, 40403, "Schema not found"))
+    assert is_about_the_record(ValueError("bad bytes"))
+
+    def flaky(raw: bytes) -> Any:
+        raise ConnectionError("registry down")
+
+    failures: list[BaseException] = []
+    spec = listener(lambda r: None, deserializer=flaky, max_attempts=1, outages=(), dlq=lambda r, e: failures.append(e))
+    host = FakeHost(spec, FakeProducer())
+    host.runner()(host.unit(messages(b"x")))
+    (failure,) = failures
+    assert type(failure) is ConnectionError, "the registry being down is not the record being bad"
+
+
+def test_typed_declarations_are_checked_when_declared() -> None:
+    with pytest.raises(InvalidConfigurationError, match="deserializer must be callable"):
+        listener(lambda r: None, deserializer=42)
+    from kafkatx import App
+
+    app = App("t", bootstrap_servers="127.0.0.1:1")
+    with pytest.raises(InvalidConfigurationError, match="value_type.*Spark|binary columns"):
+        app.spark_listener("in", value_type=Order)
+
+
+def test_raw_bytes_survive_a_replace_and_a_record_built_by_hand_keeps_its_own() -> None:
+    record = Record("t", 0, 1, b"k", b"v")
+    assert (record.raw_key, record.raw_value) == (b"k", b"v")
+    typed = dataclasses.replace(record, value=Order(id=1, amount=1))
+    assert typed.raw_value == b"v" and typed == Record("t", 0, 1, b"k", Order(id=1, amount=1))
