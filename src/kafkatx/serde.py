@@ -169,6 +169,13 @@ def _part_decoder(part: Part, kind: Any, deserializer: Any, name: str) -> tuple[
         assert deserialize is not None
         return deserialize, _label(type(deserializer))
     adapter = _adapter(kind, part)
+    if deserialize is None and kind is str:  # text, not a JSON string: b"abc" is the key "abc"
+        validate_str = adapter.validate_python
+
+        def from_text(raw: bytes | None, record: Record) -> Any:
+            return validate_str(None if raw is None else raw.decode("utf-8"))
+
+        return from_text, "str"
     if deserialize is None:
         validate_json, validate_python = adapter.validate_json, adapter.validate_python
 

@@ -135,3 +135,13 @@ def test_raw_bytes_survive_a_replace_and_a_record_built_by_hand_keeps_its_own() 
     assert (record.raw_key, record.raw_value) == (b"k", b"v")
     typed = dataclasses.replace(record, value=Order(id=1, amount=1))
     assert typed.raw_value == b"v" and typed == Record("t", 0, 1, b"k", Order(id=1, amount=1))
+
+
+def test_str_means_utf8_text_and_other_types_json() -> None:
+    got: list[Any] = []
+    spec = listener(lambda r: got.append((r.key, r.value)), key_type=str, value_type=list[int])
+    host = FakeHost(spec, FakeProducer())
+    from confluent_kafka import Message
+
+    host.runner()(host.unit([Message(topic="in", partition=0, offset=0, key=b"abc", value=b"[1, 2]")]))  # type: ignore[list-item]
+    assert got == [("abc", [1, 2])]
