@@ -109,6 +109,8 @@ class TypedDecoding:
     #: For messages: ``Order``, ``AvroDeserializer``...
     key_label: str = ""
     value_label: str = ""
+    #: ``value_type=`` alone, from JSON: pydantic's ``validate_json`` (the hot path calls it directly).
+    value_json: Callable[[bytes], Any] | None = None
 
     def decode(self, record: Record) -> None:
         """Set ``record.key`` / ``record.value`` to the decoded objects; raise DecodeError, bytes left as they were."""
@@ -208,21 +210,29 @@ def typed_decoding(
     key, key_label = _part_decoder("key", key_type, key_deserializer, "key_deserializer")
     if key is None and value is None:
         return None
-    return TypedDecoding(key, value, key_label, value_label)
+    json_only = value_type is not None and value_type is not str and deserializer is None
+    value_json = _adapter(value_type, "value").validate_json if json_only else None
+    return TypedDecoding(key, value, key_label, value_label, value_json)
 
 
 def typed_handler(handler: Callable[[Record], Any], decoding: TypedDecoding) -> Callable[[Record], Any]:
     """``handler``, called with the record decoded; a DecodeError instead when it cannot be."""
     decode = decoding.decode
-    if decoding.key is None and decoding.value is not None:  # the usual declaration, with one call less
-        decode_value, value_label = decoding.value, decoding.value_label
-        part = TypedDecoding._part
+    validate_json = decoding.value_json
+    wrapped: Callable[[Record], Any]
+    if decoding.key is None and validate_json is not None:  # the usual declaration: pydantic's parser, directly
 
-        def handle_value(record: Record) -> Any:
-            record.value = part(decode_value, "value", value_label, record.raw_value, record)
+        def handle_json(record: Record) -> Any:
+            try:
+                record.value = validate_json(record.raw_value)  # type: ignore[arg-type]  # None fails: decode() says why
+                decoded = True
+            except Exception:
+                decoded = False
+            if not decoded:  # outside the except block: decode() raises the DecodeError, chained to its cause only
+                decode(record)
             return handler(record)
 
-        wrapped: Callable[[Record], Any] = handle_value
+        wrapped = handle_json
     else:
 
         def handle(record: Record) -> Any:

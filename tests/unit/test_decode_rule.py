@@ -145,3 +145,20 @@ def test_str_means_utf8_text_and_other_types_json() -> None:
 
     host.runner()(host.unit([Message(topic="in", partition=0, offset=0, key=b"abc", value=b"[1, 2]")]))  # type: ignore[list-item]
     assert got == [("abc", [1, 2])]
+
+
+def test_a_typed_listener_writes_models_as_json_returned_sent_or_in_an_output() -> None:
+    from kafkatx import Output, send
+
+    def handle(record: Record) -> Any:
+        order = record.value
+        send("out", Invoice(order.id, 1.0))
+        return [Output(value=Invoice(order.id, 2.0)), Order(id=order.id, amount=3)]
+
+    host = FakeHost(listener(handle, value_type=Order, sends_to=["out"]), FakeProducer())
+    host.runner()(host.unit(messages(b'{"id": 9, "amount": 0}')))
+    assert host.producer.committed_values == [
+        b'{"order":9,"total":1.0}',
+        b'{"order":9,"total":2.0}',
+        b'{"id":9,"amount":3.0}',
+    ]
