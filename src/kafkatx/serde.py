@@ -10,11 +10,13 @@ Decoding always starts from the raw bytes, so a record handled again (a
 batch-mate re-run after a rollback, an in-place retry) decodes the same way.
 
 What counts as "cannot be decoded": whatever the deserializer or validator
-raises, except errors that are not the record's fault: an ``OSError``
-(``ConnectionError``, ``TimeoutError``: the listener's ``outages`` rule then
-pauses it), an HTTP client's transport error, and a Schema Registry answer
-other than a 4xx (the registry failing is not the record being bad). Those
-fail the record as any handler exception does, and are retried.
+raises, except errors that are not the record's fault. An ``OSError``
+(``ConnectionError``, ``TimeoutError``) propagates as it is (the listener's
+``outages`` rule pauses it on a ``ConnectionError``); an HTTP client's
+transport error and a Schema Registry answer other than a 4xx (the registry
+failing is not the record being bad) become a
+:class:`~kafkatx.DependencyUnavailable`: the listener pauses until the
+service answers, and nothing is counted against the record.
 
 pydantic (``kafkatx[pydantic]``) validates ``value_type=``; confluent-kafka's
 Schema Registry serdes (``kafkatx[avro]``, ``[protobuf]``, ``[jsonschema]``)
@@ -32,7 +34,7 @@ from typing import Any, Literal
 from confluent_kafka.serialization import Deserializer, MessageField, SerializationContext
 from confluent_kafka.serialization import Serializer as ConfluentSerializer
 
-from kafkatx.errors import DecodeError, InvalidConfigurationError
+from kafkatx.errors import DecodeError, DependencyUnavailable, InvalidConfigurationError
 from kafkatx.record import Record
 
 __all__ = [
@@ -126,10 +128,15 @@ class TypedDecoding:
         failure: Exception | None = None
         try:
             return decoder(raw, record)
+        except OSError:
+            raise  # ConnectionError, TimeoutError: the listener's outages= rule decides
         except Exception as exc:
-            if not is_about_the_record(exc):
-                raise
             failure = exc
+        if not is_about_the_record(failure):  # the registry or its transport failing: an outage, not the record
+            raise DependencyUnavailable(
+                f"the {part} deserializer of {record.coordinates} could not reach its service: "
+                f"{type(failure).__name__}: {failure}"
+            ) from failure
         raise _decode_error(failure, part, label, record) from failure  # outside the except: no chained context
 
 

@@ -120,11 +120,43 @@ def test_errors_that_are_not_the_records_fault_are_not_decode_errors() -> None:
     assert type(failure) is ConnectionError, "the registry being down is not the record being bad"
 
 
+def test_a_registry_that_fails_pauses_the_listener_and_dead_letters_nothing() -> None:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from kafkatx.events import OutageStarted
+
+    def unavailable(raw: bytes) -> Any:
+        raise SchemaRegistryError(503, 50301, "unavailable")
+
+    recovered: list[tuple[Record, BaseException]] = []
+    host = FakeHost(listener(lambda r: None, deserializer=unavailable, dlq=_recording(recovered)), FakeProducer())
+    host.runner()(host.unit(messages(b"x")))
+    assert recovered == [] and host.producer.committed_offsets == {}
+    (started,) = host.events_of(OutageStarted)
+    assert "could not reach its service" in str(started.exception)
+
+
+def test_a_tombstone_is_none_for_an_optional_type_and_undecodable_otherwise() -> None:
+    from confluent_kafka import Message
+
+    got: list[Any] = []
+    recovered: list[tuple[Record, BaseException]] = []
+    tombstone = Message(topic="in", partition=0, offset=0, key=b"k", value=None)
+    host = FakeHost(listener(lambda r: got.append(r.value), value_type=Order | None), FakeProducer())
+    host.runner()(host.unit([tombstone]))  # type: ignore[list-item]
+    assert got == [None]
+    host = FakeHost(listener(lambda r: got.append(r.value), value_type=Order, dlq=_recording(recovered)))
+    host.runner()(host.unit([tombstone]))  # type: ignore[list-item]
+    ((record, exc),) = recovered
+    assert got == [None] and record.raw_value is None and isinstance(exc, DecodeError)
+
+
 def test_typed_declarations_are_checked_when_declared() -> None:
     with pytest.raises(InvalidConfigurationError, match="deserializer must be callable"):
         listener(lambda r: None, deserializer=42)
     from kafkatx import App
 
+    pytest.importorskip("pyspark")
     app = App("t", bootstrap_servers="127.0.0.1:1")
     with pytest.raises(InvalidConfigurationError, match="value_type.*Spark|binary columns"):
         app.spark_listener("in", value_type=Order)
