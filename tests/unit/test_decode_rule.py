@@ -194,3 +194,11 @@ def test_a_typed_listener_writes_models_as_json_returned_sent_or_in_an_output() 
         b'{"order":9,"total":2.0}',
         b'{"id":9,"amount":3.0}',
     ]
+
+
+def test_without_pydantic_value_type_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pydantic", None)  # import pydantic now raises ImportError
+    with pytest.raises(InvalidConfigurationError, match=r"pip install 'kafkatx\[pydantic\]'"):
+        listener(lambda r: None, value_type=Order)
