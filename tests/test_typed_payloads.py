@@ -11,6 +11,7 @@ import pytest
 from helpers import make_app
 
 from kafkatx import App, Record
+from kafkatx.cli import main
 from kafkatx.dlq import inspect_dlq, replay_dlq
 from kafkatx.testing import KafkaTestKit, running, wait_for
 
@@ -154,7 +155,9 @@ def test_an_avro_listener_with_the_mock_registry_dead_letters_unknown_schema_ids
     assert "Invalid magic byte" in (dead[bad_framing].exception_message or ""), dead[bad_framing].exception_message
 
 
-def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as_consumed(kafka: KafkaTestKit) -> None:
+def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as_consumed(
+    kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]
+) -> None:
     src, out = kafka.topic(), kafka.topic()
     records: list[Any] = [(b"%d" % i, _good(i)) for i in range(10)]
     records[4] = (b"four", _good(4))
@@ -176,3 +179,6 @@ def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as
     (entry,) = inspect_dlq(kafka.bootstrap_servers, src + "-dlt")
     assert entry.info.attempts == 1
     assert f"cannot decode the key of {src}/0@4 as int" in (entry.info.exception_message or "")
+    assert main(["dlq", "inspect", src + "-dlt", "--bootstrap-servers", kafka.bootstrap_servers]) == 0
+    (row,) = capsys.readouterr().out.splitlines()[1:2]
+    assert "DecodeError" in row and f"cannot decode the key of {src}/0@4" in row, row
