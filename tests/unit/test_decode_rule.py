@@ -202,3 +202,33 @@ def test_without_pydantic_value_type_names_the_extra(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "pydantic", None)  # import pydantic now raises ImportError
     with pytest.raises(InvalidConfigurationError, match=r"pip install 'kafkatx\[pydantic\]'"):
         listener(lambda r: None, value_type=Order)
+
+
+def test_confluent_kafkas_json_schema_serdes_are_taken_as_they_are() -> None:
+    json_schema = pytest.importorskip("confluent_kafka.schema_registry.json_schema")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    registry = SchemaRegistryClient.new_client({"url": "mock://unit-json-schema"})
+    value = MessageField.VALUE
+    schema = (
+        '{"type": "object", "properties": {"id": {"type": "integer"}, "amount": {"type": "number"}},'
+        ' "required": ["id", "amount"]}'
+    )
+    good = json_schema.JSONSerializer(schema, registry)({"id": 1, "amount": 2.5}, SerializationContext("in", value))
+    off_schema = good[:5] + b'{"id": "one", "amount": 1}'  # the registry's framing, a body its schema refuses
+    got: list[Any] = []
+    recovered: list[tuple[Record, BaseException]] = []
+    spec = listener(
+        lambda r: got.append(r.value),
+        deserializer=json_schema.JSONDeserializer(schema, schema_registry_client=registry),
+        value_type=Order,
+        dlq=_recording(recovered),
+    )
+    host = FakeHost(spec, FakeProducer())
+    host.runner()(host.unit(messages(good, off_schema)))
+    assert got == [Order(id=1, amount=2.5)] * 2, "handled, then re-run as the batch-mate of the failed record"
+    ((record, exc),) = recovered
+    assert record.raw_value == off_schema and isinstance(exc, DecodeError)
+    assert "'one' is not of type 'integer'" in str(exc)
+    assert host.producer.committed_offsets == {IN: 2}
