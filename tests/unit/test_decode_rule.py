@@ -232,3 +232,35 @@ def test_confluent_kafkas_json_schema_serdes_are_taken_as_they_are() -> None:
     assert record.raw_value == off_schema and isinstance(exc, DecodeError)
     assert "'one' is not of type 'integer'" in str(exc)
     assert host.producer.committed_offsets == {IN: 2}
+
+
+def test_confluent_kafkas_protobuf_serdes_are_taken_as_they_are() -> None:
+    protobuf = pytest.importorskip("confluent_kafka.schema_registry.protobuf")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FileDescriptorProto(name="unit_order.proto", package="unit", syntax="proto3")
+    message_type = proto.message_type.add(name="Order")
+    for number, (name, kind) in enumerate((("id", "TYPE_INT32"), ("amount", "TYPE_DOUBLE")), start=1):
+        message_type.field.add(name=name, number=number, type=getattr(descriptor_pb2.FieldDescriptorProto, kind))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    order_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("unit.Order"))
+    registry = SchemaRegistryClient.new_client({"url": "mock://unit-protobuf"})
+    conf = {"use.deprecated.format": False}
+    context = SerializationContext("in", MessageField.VALUE)
+    good = protobuf.ProtobufSerializer(order_class, registry, conf)(order_class(id=3, amount=1.5), context)
+    corrupt = good[:6] + b"\xff\xff\xff"
+    got: list[Any] = []
+    recovered: list[tuple[Record, BaseException]] = []
+    spec = listener(
+        lambda r: got.append((r.value.id, r.value.amount)),
+        deserializer=protobuf.ProtobufDeserializer(order_class, conf),
+        dlq=_recording(recovered),
+    )
+    host = FakeHost(spec, FakeProducer())
+    host.runner()(host.unit(messages(good, corrupt)))
+    assert got == [(3, 1.5)] * 2, "handled, then re-run as the batch-mate of the failed record"
+    ((record, exc),) = recovered
+    assert record.raw_value == corrupt and isinstance(exc, DecodeError) and "Wire format was corrupt" in str(exc)
