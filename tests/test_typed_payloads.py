@@ -155,8 +155,9 @@ def test_an_avro_listener_with_the_mock_registry_dead_letters_unknown_schema_ids
     assert "Invalid magic byte" in (dead[bad_framing].exception_message or ""), dead[bad_framing].exception_message
 
 
+@pytest.mark.parametrize("retry", ["rollback", "in_place"])
 def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as_consumed(
-    kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str]
+    kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str], retry: str
 ) -> None:
     src, out = kafka.topic(), kafka.topic()
     records: list[Any] = [(b"%d" % i, _good(i)) for i in range(10)]
@@ -165,7 +166,7 @@ def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as
     app = make_app(kafka)
     keys: list[int] = []
 
-    @app.listener(src, output=out, key_type=int, value_type=Order, dlq=True)
+    @app.listener(src, output=out, key_type=int, value_type=Order, dlq=True, retry=retry)
     def handle(record: Record) -> tuple[int, Invoice]:
         keys.append(record.key)
         return record.key, Invoice(order=record.value.id, total=0)

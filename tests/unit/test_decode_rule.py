@@ -264,3 +264,15 @@ def test_confluent_kafkas_protobuf_serdes_are_taken_as_they_are() -> None:
     assert got == [(3, 1.5)] * 2, "handled, then re-run as the batch-mate of the failed record"
     ((record, exc),) = recovered
     assert record.raw_value == corrupt and isinstance(exc, DecodeError) and "Wire format was corrupt" in str(exc)
+
+
+def test_without_a_dead_letter_topic_an_undecodable_record_is_logged_and_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[int] = []
+    host = FakeHost(listener(lambda r: seen.append(r.value.id) or b"ok", value_type=Order), FakeProducer())
+    host.runner()(host.unit(messages(b'{"id": 1, "amount": 1}', b"{", b'{"id": 3, "amount": 1}')))
+    assert sorted(set(seen)) == [1, 3]
+    assert host.producer.committed_values == [b"ok", b"ok"] and host.producer.committed_offsets == {IN: 3}
+    (line,) = [r.getMessage() for r in caplog.records if "giving up on" in r.getMessage()]
+    assert "in/0@1 after 1 attempt(s): DecodeError: cannot decode the value of in/0@1 as Order" in line
