@@ -13,7 +13,7 @@ from helpers import make_app
 from kafkatx import App, Record
 from kafkatx.cli import main
 from kafkatx.dlq import inspect_dlq, replay_dlq
-from kafkatx.testing import KafkaTestKit, running, wait_for
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 pydantic = pytest.importorskip("pydantic")
 
@@ -104,7 +104,7 @@ def test_an_avro_listener_with_the_mock_registry_dead_letters_unknown_schema_ids
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    registry = SchemaRegistryClient.new_client({"url": f"mock://{kafka.topic()}"})  # one client, both sides
+    registry = SchemaRegistryClient.new_client({"url": f"mock://{unique_name('registry')}"})  # one client, both sides
     order_schema = json.dumps(
         {
             "type": "record",
