@@ -81,8 +81,8 @@ def result_kind(cls: type, serializer: Serializer | None) -> int:
         return OUTPUT
     if issubclass(cls, (bytes, bytearray, memoryview)):
         return OTHER
-    if serializer is not None and _is_model(cls):  # a pydantic model iterates over its fields: one value
-        return SERIALIZE
+    if _is_model(cls):  # a pydantic model iterates over its fields, yet is one value
+        return SERIALIZE if serializer is not None else OTHER
     if issubclass(cls, Iterable) and not issubclass(cls, Mapping):
         return MANY
     if serializer is not None:

@@ -276,3 +276,11 @@ def test_without_a_dead_letter_topic_an_undecodable_record_is_logged_and_skipped
     assert host.producer.committed_values == [b"ok", b"ok"] and host.producer.committed_offsets == {IN: 3}
     (line,) = [r.getMessage() for r in caplog.records if "giving up on" in r.getMessage()]
     assert "in/0@1 after 1 attempt(s): DecodeError: cannot decode the value of in/0@1 as Order" in line
+
+
+def test_a_model_returned_by_an_untyped_listener_without_a_serializer_is_named_not_iterated() -> None:
+    recovered: list[tuple[Record, BaseException]] = []
+    host = FakeHost(listener(lambda r: Order(id=1, amount=1), dlq=_recording(recovered)), FakeProducer())
+    host.runner()(host.unit(messages(b"x")))
+    ((_, exc),) = recovered
+    assert "returned an unsupported Order" in str(exc) and host.producer.committed_values == []
