@@ -89,11 +89,18 @@ def result_kind(cls: type, serializer: Serializer | None) -> int:
         return OUTPUT
     if issubclass(cls, (bytes, bytearray, memoryview)):
         return OTHER
+    if _is_model(cls):  # a pydantic model iterates over its fields, yet is one value
+        return SERIALIZE if serializer is not None else OTHER
     if issubclass(cls, Iterable) and not issubclass(cls, Mapping):
         return MANY
     if serializer is not None:
         return SERIALIZE
     return OTHER
+
+
+def _is_model(cls: type) -> bool:
+    """A pydantic model: iterable (over its fields), yet one value for the serializer."""
+    return hasattr(cls, "model_dump_json")
 
 
 def encode(obj: Any, what: str, serializer: Serializer | None = None) -> bytes | None:
@@ -220,7 +227,7 @@ def collect_outputs(
     if isinstance(result, (bytes, str, tuple, Output, bytearray, memoryview)):
         into.append(to_pending(result, default_topic, serializer, listener))
         return
-    if isinstance(result, Iterable) and not isinstance(result, Mapping):
+    if isinstance(result, Iterable) and not isinstance(result, Mapping) and not _is_model(type(result)):
         for item in result:
             if item is not None:
                 into.append(to_pending(item, default_topic, serializer, listener))

@@ -21,6 +21,7 @@
     │   ├── UnknownTopicError             ... to a topic that does not exist
     │   └── RecordRejectedError           ... that the client refused (too large)
     ├── DeserializationError (ValueError) raise it when a record's bytes cannot be decoded
+    │   └── DecodeError                   a typed listener could not decode a record: it goes to the recoverer
     ├── RecoveryError                     a recoverer failed; the record is kept
     ├── DeadLetterPublishError            the dead-letter record could not be written
     ├── ProcessCrashedError               a record killed the process max_attempts times (dead letters name it)
@@ -73,6 +74,7 @@ __all__ = [
     "UnknownTopicError",
     "RecordRejectedError",
     "DeserializationError",
+    "DecodeError",
     "RecoveryError",
     "DeadLetterPublishError",
     "ProcessCrashedError",
@@ -361,6 +363,29 @@ class DeserializationError(KafkaTxError, ValueError):
 
     It is not retryable by default: the same bytes will not decode next time.
     """
+
+
+class DecodeError(DeserializationError):
+    """A typed listener (``value_type=``, ``deserializer=``...) could not decode a record's key or value.
+
+    Never retried: the record goes to the listener's recoverer at its first
+    delivery, its bytes untouched, and the handler is not called for it.
+    ``part`` is ``"key"`` or ``"value"``; ``field`` the path of the field
+    that failed validation when the validator names one (``"items.0.sku"``),
+    else None. The decoder's own exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, part: str = "value", field: str | None = None) -> None:
+        super().__init__(message)
+        self.part = part
+        self.field = field
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_decode_error, (str(self), self.part, self.field))
+
+
+def _decode_error(message: str, part: str, field: str | None) -> DecodeError:
+    return DecodeError(message, part=part, field=field)
 
 
 class RecoveryError(KafkaTxError):
