@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kafkatx._served import ServedEndpoint
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.health.checks import Verdict, check_health_options, liveness, readiness
 from kafkatx.health.snapshot import ContainerView, HealthSource, listener_states
@@ -51,49 +52,28 @@ def verdict_response(verdict: Verdict) -> Response:
     return verdict.status, _JSON, json.dumps(verdict.body, indent=1).encode() + b"\n"
 
 
-class HealthServer:
-    """A running health endpoint: ``url`` and ``port`` (the one picked for port 0); :meth:`stop` frees it."""
+class HealthServer(ServedEndpoint):
+    """A running health endpoint (routes ``/livez``, ``/readyz``, maybe ``/metrics``); :meth:`stop` frees it."""
 
     def __init__(self, routes: Mapping[str, Callable[[], Response]], port: int, addr: str = "127.0.0.1") -> None:
         check_health_options(port, addr, 1.0)
         self.routes = dict(routes)
-        self.addr = addr
         handler = _handler_for(self.routes)
         try:
             server_class = _IPv6Server if ":" in addr else ThreadingHTTPServer  # "::" for every interface, IPv6 too
-            self._server: ThreadingHTTPServer | None = server_class((addr, port), handler)
+            server = server_class((addr, port), handler)
         except OSError as exc:
             raise InvalidConfigurationError(
                 f"cannot serve health probes on {addr}:{port}: {exc.strerror or exc}. "
                 "Pick another port (0 picks a free one)"
             ) from exc
-        self._server.daemon_threads = True
-        self.port: int = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="kafkatx-health", daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        """``http://addr:port``, without a path (the routes are ``/livez``, ``/readyz``, maybe ``/metrics``)."""
-        host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        return f"http://{host}:{self.port}"
-
-    def stop(self) -> None:
-        """Stop serving and free the port. Idempotent."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-            self._thread.join(5)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="kafkatx-health", daemon=True)
+        thread.start()
+        super().__init__(server, thread, addr)
 
     def __enter__(self) -> HealthServer:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"HealthServer({self.url})"
 
 
 class _IPv6Server(ThreadingHTTPServer):

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kafkatx._served import ServedEndpoint
 from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
@@ -293,37 +294,17 @@ def instrument(
     return metrics
 
 
-class MetricsServer:
+class MetricsServer(ServedEndpoint):
     """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
 
+    path = "/metrics"
+
     def __init__(self, metrics: Metrics, server: Any, thread: threading.Thread, addr: str) -> None:
+        super().__init__(server, thread, addr)
         self.metrics = metrics
-        self._server = server
-        self._thread = thread
-        self.addr = addr
-        self.port: int = int(server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        """Stop serving and free the port. Idempotent."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-            self._thread.join(5)
 
     def __enter__(self) -> MetricsServer:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"MetricsServer({self.url})"
 
 
 def serve_metrics(app: InstrumentedApp, port: int, addr: str = "127.0.0.1") -> MetricsServer:
