@@ -32,6 +32,7 @@ def _bad_result(kind: str) -> Any:
     ("kind", "retry", "message"),
     [
         ("dict", "rollback", "returned an unsupported dict: return None, bytes, str"),
+        ("dict-async", "rollback", "returned an unsupported dict: return None, bytes, str"),
         ("dict", "in_place", "returned an unsupported dict: return None, bytes, str"),
         ("key-type", "rollback", "cannot encode the key of type int to bytes"),
         ("header-value", "rollback", "cannot encode the header 'h' of type float to bytes: header values must be"),
@@ -46,10 +47,19 @@ def test_an_unproducible_return_stops_the_container_and_loses_nothing(
     app = make_app(kafka)
     calls: list[bytes] = []
 
-    @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry)
-    def enrich(record: Record) -> Any:
-        calls.append(record.value or b"")
-        return _bad_result(kind) if record.value == b"bad" else record.value
+    if kind == "dict-async":  # in_flight > 1: records handled at once, the same stop
+
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=4)
+        async def enrich(record: Record) -> Any:
+            calls.append(record.value or b"")
+            return _bad_result("dict") if record.value == b"bad" else record.value
+
+    else:
+
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry)
+        def enrich(record: Record) -> Any:
+            calls.append(record.value or b"")
+            return _bad_result(kind) if record.value == b"bad" else record.value
 
     with pytest.raises(InvalidConfigurationError) as stopped, running(app):
         wait_for(lambda: app.failure is not None, 30)
