@@ -235,7 +235,11 @@ class ConcurrentDispatch:
             pool.shutdown(wait=True, cancel_futures=True)
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.close()
+            try:  # what handlers left on the loop: async generators, the default executor's threads
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
     # -- one record ---------------------------------------------------------------------
     def call(self, record: Record) -> list[PendingOutput]:

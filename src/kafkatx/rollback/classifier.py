@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from tenacity import RetryCallState
 from tenacity.retry import retry_base
 
-from kafkatx.database._backend import permanent_database_error_class
 from kafkatx.errors import DeserializationError, OutputError
+from kafkatx.errors.dbapi import permanent_database_error_class
 
 __all__ = [
     "DEFAULT_NOT_RETRYABLE",
