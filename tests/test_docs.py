@@ -9,7 +9,10 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +23,28 @@ from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-#: README.md and docs/*.md, but the benchmark report and two documents other sessions own.
-DOCS = [
-    ROOT / "README.md",
-    *(
-        p
-        for p in sorted((ROOT / "docs").glob("*.md"))
-        if p.name not in ("BENCHMARKS.md", "DATABASE.md", "ARCHITECTURE.md")
-    ),
-]
+#: README.md and every page of docs/.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+#: A fenced block's info string, and what the suite does with it.
+RUN = "python"  # run as written, each block alone in a fresh interpreter (test_every_python_block_runs_as_written)
+FRAGMENT = "python fragment"  # uses names a page defines in its prose (app, a running broker): compiled and
+#                               checked for real names and options, not run
+NOT_PYTHON = {"bash", "text", "json", "promql", "yaml"}  # shell commands (each command has its own tests; CI runs the
+#                                                  README's test command), output and queries: not run here
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    """``(page, info string, code)`` of every fenced block of the docs."""
+    blocks = []
+    for path in DOCS:
+        for info, code in re.findall(r"(?m)^```([^\n]*)\n(.*?)^```", path.read_text(), re.S):
+            blocks.append((path.name, info.strip(), code))
+    return blocks
 
 
 def _python_blocks() -> list[tuple[str, str]]:
-    blocks = []
-    for path in DOCS:
-        for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
-            blocks.append((path.name, block))
-    return blocks
+    return [(page, code) for page, info, code in _blocks() if info in (RUN, FRAGMENT)]
 
 
 def _signature_of(call: ast.Call) -> inspect.Signature | None:
@@ -105,7 +113,7 @@ def test_the_option_lists_name_every_option() -> None:
 
     readme = (ROOT / "README.md").read_text()
     listener_part, app_part = (
-        readme.split("Listener options (", 1)[1].split("**Threading.**", 1)[0].split("App options:")
+        readme.split("Listener options (", 1)[1].split("Everything is validated", 1)[0].split("App options:")
     )
     assert set(LISTENER_DEFAULTS) - _backticked(listener_part) == set()
     assert set(inspect.signature(App).parameters) - {"name"} - _backticked(app_part) == set()
@@ -162,7 +170,39 @@ def test_every_pytest_fixture_says_what_it_gives() -> None:
 
 
 def _first_python_block(path: Path) -> str:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)[0]
+    return next(code for page, info, code in _blocks() if page == path.name and info == RUN)
+
+
+def test_every_code_block_says_what_it_is() -> None:
+    """A block is Python that runs as written, a marked fragment, or not Python at all (see RUN, FRAGMENT)."""
+    unmarked = [(page, info) for page, info, _ in _blocks() if info not in {RUN, FRAGMENT, *NOT_PYTHON}]
+    assert unmarked == [], "give each block a language: python, python fragment, bash, text, json, promql or yaml"
+    for page, info, code in _blocks():
+        if info == FRAGMENT:
+            compile(code, page, "exec")  # fragments are checked for real names and options above
+
+
+@pytest.mark.parametrize(
+    "page_and_code", [(page, code) for page, info, code in _blocks() if info == RUN], ids=lambda pc: pc[0]
+)
+def test_every_python_block_runs_as_written(page_and_code: tuple[str, str], tmp_path: Path) -> None:
+    """Each ``python`` block runs alone, in a fresh interpreter and an empty directory, and exits 0.
+
+    Blocks that declare an App only declare it (nothing connects: the address is a closed port); the
+    database block is also run against a broker below, and the README's example by tests/test_cli.py.
+    """
+    page, code = page_and_code
+    if "pyspark" in code or "kafkatx.spark" in code:
+        pytest.importorskip("pyspark")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KAFKATX_BOOTSTRAP_SERVERS": "127.0.0.1:9"},
+    )
+    assert done.returncode == 0, f"{page}:\n{code}\n{done.stderr}"
 
 
 def test_the_database_snippet_runs_as_written(

@@ -35,6 +35,8 @@ def _bad_result(kind: str) -> Any:
         ("dict", "in_place", 1, "returned an unsupported dict: return None, bytes, str"),
         ("dict", "rollback", 4, "returned an unsupported dict: return None, bytes, str"),
         ("dict", "in_place", 4, "returned an unsupported dict: return None, bytes, str"),
+        ("dict-async", "rollback", 4, "returned an unsupported dict: return None, bytes, str"),
+        ("dict-async", "in_place", 4, "returned an unsupported dict: return None, bytes, str"),
         ("key-type", "rollback", 1, "cannot encode the key of type int to bytes"),
         ("header-value", "rollback", 1, "cannot encode the header 'h' of type float to bytes: header values must be"),
         ("generator-item", "rollback", 1, "cannot encode the value of type set to bytes"),
@@ -48,10 +50,19 @@ def test_an_unproducible_return_stops_the_container_and_loses_nothing(
     app = make_app(kafka)
     calls: list[bytes] = []
 
-    @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
-    def enrich(record: Record) -> Any:
-        calls.append(record.value or b"")
-        return _bad_result(kind) if record.value == b"bad" else record.value
+    if kind == "dict-async":  # an async def handler: records handled at once, the same stop
+
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
+        async def enrich(record: Record) -> Any:
+            calls.append(record.value or b"")
+            return _bad_result("dict") if record.value == b"bad" else record.value
+
+    else:
+
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
+        def enrich(record: Record) -> Any:
+            calls.append(record.value or b"")
+            return _bad_result(kind) if record.value == b"bad" else record.value
 
     with pytest.raises(InvalidConfigurationError) as stopped, running(app):
         wait_for(lambda: app.failure is not None, 30)

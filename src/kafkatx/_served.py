@@ -22,6 +22,7 @@ class ServedEndpoint:
 
     @property
     def url(self) -> str:
+        """``http://addr:port`` and the endpoint's path (IPv6 addresses in brackets)."""
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}{self.path}"
 

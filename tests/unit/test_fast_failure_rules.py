@@ -1,4 +1,4 @@
-"""README's "When a handler fails", one rule per test, through the record runner and a fake host (no broker).
+"""docs/FAILURES.md's "Step by step", one rule per test, through the record runner and a fake host (no broker).
 
 Each rule has a real-broker test too (tests/test_after_rollback.py, test_attempt_counting.py, test_dead_letters.py,
 test_spring_expectations.py); these take milliseconds and show the rule's mechanics.
