@@ -57,7 +57,7 @@ def test_seed_002_scenario_two_attempts_then_dead_letter(kafka: KafkaTestKit) ->
     calls: Counter[bytes] = Counter()
     attempts: list[int] = []
 
-    @app.listener(src, output=out, max_attempts=2, dlq=True)
+    @app.listener(src, output=out, max_attempts=2, dlq=True, backoff=0)
     def handler(record: Record) -> bytes:
         calls[record.value or b""] += 1
         if record.value == b"poison":
@@ -148,7 +148,9 @@ def test_not_retryable_goes_to_dlt_at_first_failure_and_defaults_cover_decoding(
     app = make_app(kafka)
     calls: Counter[bytes] = Counter()
 
-    @app.listener(src, output=out, max_attempts=5, dlq=unique_name("custom-dlt"), not_retryable=(ValueError,))
+    @app.listener(
+        src, output=out, max_attempts=5, dlq=unique_name("custom-dlt"), not_retryable=(ValueError,), backoff=0
+    )
     def handler(record: Record) -> str:
         calls[record.value or b""] += 1
         if record.value == b"value-error":
@@ -249,7 +251,7 @@ def test_batch_with_one_percent_poison(kafka: KafkaTestKit) -> None:
     app.on(TransactionCommitted)(lambda e: tx.update(["commit-" + e.kind]))
     app.on(TransactionAborted)(lambda e: tx.update(["abort"]))
 
-    @app.listener(src, output=out, max_attempts=3, dlq=True, max_batch_records=500)
+    @app.listener(src, output=out, max_attempts=3, dlq=True, max_batch_records=500, backoff=0)
     def handler(record: Record) -> bytes:
         calls[record.value or b""] += 1
         if (record.value or b"").startswith(b"poison"):
@@ -333,7 +335,7 @@ def test_custom_recoverer_sends_in_the_same_transaction(kafka: KafkaTestKit) -> 
         recovered.append((record.value or b"", record.attempt, type(exc).__name__))
         send(audit, b"parked:" + (record.value or b""))
 
-    @app.listener(src, output=out, max_attempts=2, dlq=to_audit)
+    @app.listener(src, output=out, max_attempts=2, dlq=to_audit, backoff=0)
     def handler(record: Record) -> bytes | None:
         if record.value == b"poison":
             raise PoisonError("x")
@@ -429,7 +431,7 @@ def test_in_place_retry_keeps_the_batch_transaction(kafka: KafkaTestKit) -> None
     app.on(TransactionAborted)(lambda e: tx.update(["abort"]))
     calls: Counter[bytes] = Counter()
 
-    @app.listener(src, output=out, max_attempts=3, dlq=True, retry="in_place", max_batch_records=400)
+    @app.listener(src, output=out, max_attempts=3, dlq=True, retry="in_place", max_batch_records=400, backoff=0)
     def handler(record: Record) -> bytes:
         calls[record.value or b""] += 1
         send(out, b"side-" + (record.value or b""))

@@ -39,7 +39,7 @@ def test_the_attempt_a_handler_sees_is_the_attempt_the_decision_uses(kafka: Kafk
     failed: list[tuple[bytes, int]] = []
     app.on(HandlerFailed)(lambda e: failed.append((e.record.value or b"", e.attempt)))
 
-    @app.listener(src, output=out, max_attempts=3, dlq=True)
+    @app.listener(src, output=out, max_attempts=3, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         value = record.value or b""
         calls[value] += 1
@@ -73,7 +73,7 @@ def test_a_record_that_fails_once_beside_a_poison_record_sees_1_then_2_and_commi
     app = make_app(kafka)
     flaky: list[int] = []
 
-    @app.listener(src, output=out, max_attempts=3, dlq=True)
+    @app.listener(src, output=out, max_attempts=3, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         if record.value == b"poison":
             raise PoisonError("always")
@@ -97,7 +97,7 @@ def test_a_more_general_exception_keeps_counting_as_in_spring(kafka: KafkaTestKi
     raises = [SubFailure, BaseFailure, BaseFailure, BaseFailure, BaseFailure]
     calls: list[int] = []
 
-    @app.listener(src, max_attempts=3, dlq=True)
+    @app.listener(src, max_attempts=3, dlq=True, backoff=0)
     def handle(record: Record) -> None:
         calls.append(record.attempt)
         raise raises[len(calls) - 1]("x")
@@ -116,7 +116,7 @@ def test_two_containers_retry_and_dead_letter_independently(kafka: KafkaTestKit)
     attempts: dict[bytes, list[int]] = defaultdict(list)
     threads: set[str] = set()
 
-    @app.listener(src, output=out, concurrency=2, max_attempts=2, dlq=True)
+    @app.listener(src, output=out, concurrency=2, max_attempts=2, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         threads.add(threading.current_thread().name)
         value = record.value or b""

@@ -71,7 +71,7 @@ def test_bad_outputs_abort_the_record_and_dead_letter_it(
     app.on(TransactionAborted)(aborted.append)
     calls: list[bytes] = []
 
-    @app.listener(src, output=out, dlq=True, max_attempts=3)
+    @app.listener(src, output=out, dlq=True, max_attempts=3, backoff=0)
     def handler(record: Record) -> object:
         calls.append(record.value or b"")
         if record.value == b"unknown-topic":

@@ -96,13 +96,13 @@ def test_a_poison_record_among_concurrent_ones_is_dead_lettered_alone(kafka: Kaf
 
     if kind == "async":
 
-        @app.listener(src, output=out, in_flight=50, max_attempts=2, dlq=True)
+        @app.listener(src, output=out, in_flight=50, max_attempts=2, dlq=True, backoff=0)
         async def handle(record: Record) -> tuple[bytes | None, bytes | None]:
             await asyncio.sleep(0.001)
             return check(record)
 
     else:
-        app.add_listener(check, src, output=out, in_flight=50, max_attempts=2, dlq=True)
+        app.add_listener(check, src, output=out, in_flight=50, max_attempts=2, dlq=True, backoff=0)
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
     values = kafka.values(out)
@@ -126,7 +126,7 @@ def test_a_transient_failure_is_retried_and_its_record_produced_once(kafka: Kafk
     app = make_app(kafka)
     attempts: list[int] = []
 
-    @app.listener(src, output=out, in_flight=20, max_attempts=3, dlq=True, retry=retry)
+    @app.listener(src, output=out, in_flight=20, max_attempts=3, dlq=True, retry=retry, backoff=0)
     async def flaky(record: Record) -> tuple[bytes | None, bytes | None]:
         await asyncio.sleep(0.001)
         if record.value == b"k3:5":

@@ -44,7 +44,7 @@ APP = textwrap.dedent(
         "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "heartbeat.interval.ms": 500,
         "group.instance.id": os.environ["APP_NAME"] + "-w"})
 
-    @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=20, max_attempts=3, dlq=True)
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], max_batch_records=20, max_attempts=3, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         if record.value == b"poison":
             os._exit(17)  # no exception, no cleanup: the process is simply gone

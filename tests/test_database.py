@@ -41,7 +41,7 @@ def test_rows_and_events_exactly_once_with_poison_records_dead_lettered_without_
     kafka.produce(src, [(v.encode(), v.encode()) for v in values])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=2, dlq=True, fencing=fencing)
+    @app.listener(src, output=out, database=pg_engine, max_attempts=2, dlq=True, fencing=fencing, backoff=0)
     def save(record: Record) -> tuple[bytes | None, bytes]:
         name = record.value.decode()  # type: ignore[union-attr]
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'saved')"), {"k": name})
@@ -86,7 +86,7 @@ def test_sqlite_and_db_api_rows_and_events_exactly_once(
     kafka.produce(src, [f"s{i}".encode() for i in range(500)])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, output=out, database=database, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, database=database, max_attempts=1, dlq=True, backoff=0)
     def save(record: Record) -> bytes:
         name = record.value.decode()  # type: ignore[union-attr]
         conn = db()
@@ -125,7 +125,7 @@ def test_a_constraint_violation_is_not_retried_and_dead_lettered_with_a_clear_ca
     recovered: list[RecordRecovered] = []
     app.on(RecordRecovered)(recovered.append)
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=5, dlq=True)
+    @app.listener(src, output=out, database=pg_engine, max_attempts=5, dlq=True, backoff=0)
     def save(record: Record) -> bytes:
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
         return record.value  # type: ignore[return-value]
@@ -178,7 +178,7 @@ def test_a_handler_cannot_commit_kafkatxs_database_transaction(kafka: KafkaTestK
     errors: list[BaseException] = []
     app.on(RecordRecovered)(lambda e: errors.append(e.exception))
 
-    @app.listener(src, database=lambda: sqlite3.connect(path), max_attempts=1)
+    @app.listener(src, database=lambda: sqlite3.connect(path), max_attempts=1, backoff=0)
     def save(record: Record) -> None:
         db().commit()
 
@@ -210,7 +210,7 @@ def test_a_recoverer_writes_to_the_database_in_the_recovery_transaction(kafka: K
     def park(record: Record, exc: BaseException) -> None:
         db().execute(sa.text("INSERT INTO failed VALUES (:k, :why)"), {"k": record.value.decode(), "why": str(exc)})  # type: ignore[union-attr]
 
-    @app.listener(src, database=f"sqlite:///{path}", max_attempts=2, dlq=park)
+    @app.listener(src, database=f"sqlite:///{path}", max_attempts=2, dlq=park, backoff=0)
     def save(record: Record) -> None:
         db().execute(sa.text("INSERT INTO done VALUES (:k)"), {"k": record.value.decode()})  # type: ignore[union-attr]
         if record.value == b"bad":
@@ -273,7 +273,7 @@ def test_a_sqlalchemy_handler_cannot_end_the_units_transaction(kafka: KafkaTestK
     errors: list[BaseException] = []
     app.on(RecordRecovered)(lambda e: errors.append(e.exception))
 
-    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None)
+    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None, backoff=0)
     def save(record: Record) -> None:
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
         if record.value == b"x":
@@ -296,7 +296,7 @@ def test_the_orm_session_on_db_commits_with_the_unit(kafka: KafkaTestKit, tmp_pa
     kafka.produce(src, [b"a", b"b", b"bad"])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None)
+    @app.listener(src, database=engine, max_attempts=1, dlq=lambda record, exc: None, backoff=0)
     def save(record: Record) -> None:
         with Session(db()) as session:
             session.execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
@@ -326,7 +326,9 @@ def test_a_deferred_constraint_violation_dead_letters_the_record_that_caused_it_
     kafka.produce(src, [v.encode() for v in values])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=3, dlq=True, fencing=fencing, max_batch_ms=500)
+    @app.listener(
+        src, output=out, database=pg_engine, max_attempts=3, dlq=True, fencing=fencing, max_batch_ms=500, backoff=0
+    )
     def save(record: Record) -> bytes:
         db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
         return record.value  # type: ignore[return-value]
@@ -357,7 +359,9 @@ def test_concurrent_containers_share_the_database_exactly_once(
         recovered: list[RecordRecovered] = []
         app.on(RecordRecovered)(recovered.append)
 
-        @app.listener(src, output=out, database=engine, concurrency=2, max_attempts=1, dlq=True, max_batch_records=200)
+        @app.listener(
+            src, output=out, database=engine, concurrency=2, max_attempts=1, dlq=True, max_batch_records=200, backoff=0
+        )
         def save(record: Record) -> bytes:
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
             return record.value  # type: ignore[return-value]
@@ -380,7 +384,7 @@ def test_db_in_a_handler_of_a_listener_without_a_database_says_what_is_missing(k
     errors: list[BaseException] = []
     app.on(RecordRecovered)(lambda e: errors.append(e.exception))
 
-    @app.listener(src, max_attempts=1, dlq=lambda record, exc: None)
+    @app.listener(src, max_attempts=1, dlq=lambda record, exc: None, backoff=0)
     def save(record: Record) -> None:
         db()
 
@@ -419,7 +423,7 @@ def test_a_handler_that_swallows_a_database_error_gets_a_clear_failure_not_a_sto
     recovered: list[RecordRecovered] = []
     app.on(RecordRecovered)(recovered.append)
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True, backoff=0)
     def save(record: Record) -> bytes:
         try:
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
@@ -442,7 +446,7 @@ def test_a_savepoint_lets_a_handler_carry_on_after_a_database_error(kafka: Kafka
     kafka.produce(src, [b"a", b"b", b"a", b"c"])
     app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, database=pg_engine, max_attempts=1, dlq=True, backoff=0)
     def save(record: Record) -> bytes:
         try:
             with db().begin_nested():
@@ -474,7 +478,7 @@ def test_sqlite_units_longer_than_its_busy_timeout_wait_for_each_other_instead_o
         kafka.produce(src, [{"value": f"s{i}".encode(), "partition": i % 2} for i in range(80)])
         app = App(unique_name("db"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
 
-        @app.listener(src, database=engine, concurrency=2, fencing="partition", max_attempts=1)
+        @app.listener(src, database=engine, concurrency=2, fencing="partition", max_attempts=1, backoff=0)
         def save(record: Record) -> None:
             time.sleep(0.15)
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]

@@ -98,7 +98,7 @@ def test_the_database_going_down_loses_nothing_and_counts_against_no_record(
         recovered: list[RecordRecovered] = []
         app.on(RecordRecovered)(recovered.append)
 
-        @app.listener(src, output=out, database=engine, max_attempts=2, dlq=True)
+        @app.listener(src, output=out, database=engine, max_attempts=2, dlq=True, backoff=0)
         def save(record: Record) -> bytes:
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'x')"), {"k": record.value.decode()})  # type: ignore[union-attr]
             return record.value  # type: ignore[return-value]
@@ -257,7 +257,7 @@ def test_a_connection_killed_under_a_handler_is_an_outage_not_the_records_failur
                 raise
             return None  # a broad except in the handler: kafkatx sees the connection is gone all the same
 
-    @app.listener(src, output=out, database=database, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, database=database, max_attempts=1, dlq=True, backoff=0)
     def save(record: Record) -> bytes:
         if record.value == (b"r29" if "swallowed" in how else b"r17") and not killed.is_set():  # (r29: the last)
             killed.set()
@@ -295,7 +295,7 @@ def test_the_server_stopped_in_the_middle_of_a_unit_and_started_again(
         app.on(HandlerFailed)(failed.append)
         stopped = threading.Event()
 
-        @app.listener(src, output=out, database=engine, max_attempts=1, dlq=True)
+        @app.listener(src, output=out, database=engine, max_attempts=1, dlq=True, backoff=0)
         def save(record: Record) -> bytes:
             name = record.value.decode()  # type: ignore[union-attr]
             db().execute(sa.text(f"INSERT INTO {table} (k, v) VALUES (:k, 'first')"), {"k": name})
@@ -375,7 +375,7 @@ engine = sa.create_engine(url)
 unit = {"txn": None, "partitions": set()}
 
 @app.listener(src, output=out, database=engine, max_batch_records=1000, max_batch_ms=2000, fencing="group",
-              max_attempts=1, dlq=True)
+              max_attempts=1, dlq=True, backoff=0)
 def save(record: Record) -> bytes:
     name = record.value.decode()
     if db().get_transaction() is not unit["txn"]:

@@ -31,7 +31,7 @@ def test_no_internal_exception_reaches_a_users_cause_chain_or_a_dead_letter_head
     recovered: list[BaseException] = []
     app.on(RecordRecovered)(lambda e: recovered.append(e.exception))
 
-    @app.listener(src, output=out, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, max_attempts=1, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         value = record.value or b""
         calls[value] += 1
@@ -85,7 +85,7 @@ def test_a_dead_letter_is_not_blamed_for_another_records_delivery(kafka: KafkaTe
     recovery_failures: list[Any] = []
     app.on(RecoveryFailed)(recovery_failures.append)
 
-    @app.listener(src, output=out, max_attempts=1, dlq=True)
+    @app.listener(src, output=out, max_attempts=1, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         if record.value == b"poison":
             raise PoisonError("p")

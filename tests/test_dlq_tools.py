@@ -423,7 +423,7 @@ def test_records_dead_lettered_by_an_app_can_be_inspected_and_replayed(kafka: Ka
     def make_app(failing: bool) -> App:
         app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id="x")
 
-        @app.listener(orders, output=out, max_attempts=1, dlq=True)
+        @app.listener(orders, output=out, max_attempts=1, dlq=True, backoff=0)
         def handle(record: Record) -> bytes:
             if failing:
                 raise ValueError(f"cannot handle {record.value!r}")

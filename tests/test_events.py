@@ -89,7 +89,7 @@ def test_failure_retry_and_recovery_events_carry_the_record_and_exception(kafka:
     rec = Recorder(app)
     raised: list[PoisonError] = []
 
-    @app.listener(topic, max_attempts=2, dlq=True, name="orders")
+    @app.listener(topic, max_attempts=2, dlq=True, name="orders", backoff=0)
     def handle(record: Record) -> None:
         if record.value == b"bad":
             raised.append(PoisonError(f"cannot handle offset {record.offset}"))
@@ -154,7 +154,7 @@ def test_stopped_with_reason_error_when_recovery_keeps_failing(kafka: KafkaTestK
     def broken(record: Record, exc: BaseException) -> None:
         raise ConnectionError("down")
 
-    @app.listener(topic, max_attempts=1, dlq=broken, max_recovery_failures=1, name="doomed")
+    @app.listener(topic, max_attempts=1, dlq=broken, max_recovery_failures=1, name="doomed", backoff=0)
     def handle(record: Record) -> None:
         raise PoisonError("always")
 

@@ -51,7 +51,7 @@ def test_counters_histogram_and_lag_of_a_failing_record(kafka: KafkaTestKit) -> 
     out = kafka.topic()
     app = App(unique_name("metrics"), bootstrap_servers=kafka.bootstrap_servers, instance_id="m1", create_topics=True)
 
-    @app.listener(topic, output=out, max_attempts=2, dlq=True, name="orders")
+    @app.listener(topic, output=out, max_attempts=2, dlq=True, name="orders", backoff=0)
     def handle(record: Record) -> bytes:
         if record.value == BAD:
             raise ValueError("poison")

@@ -103,7 +103,7 @@ def test_a_handler_that_fails_midway_leaves_nothing_of_its_attempt_committed(kaf
     kafka.produce(src, [b"before", b"flaky", b"after"])
     app = make_app(kafka)
 
-    @app.listener(src, output=out, retry=retry, max_attempts=3, fencing="group")  # type: ignore[arg-type]
+    @app.listener(src, output=out, retry=retry, max_attempts=3, fencing="group", backoff=0)  # type: ignore[arg-type]
     def handler(record: Record) -> object:
         value = record.value or b""
         send(out, value + b"-sent")
@@ -153,7 +153,7 @@ def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(
     kafka.produce(src, [b"good-1", bad.encode(), b"good-2"])
     app = make_app(kafka)
 
-    @app.listener(src, output=out, dlq=True, max_attempts=2, fencing="group")
+    @app.listener(src, output=out, dlq=True, max_attempts=2, fencing="group", backoff=0)
     def handler(record: Record) -> object:
         value = record.value or b""
         if value == b"header-name":
@@ -191,7 +191,7 @@ def test_a_listener_serializer_failure_dead_letters_its_record_naming_the_serial
             return bytearray(b"copied")  # type: ignore[return-value]
         return json.dumps(value).encode()
 
-    @app.listener(src, output=out, serializer=serializer, dlq=True, max_attempts=2, fencing="group")
+    @app.listener(src, output=out, serializer=serializer, dlq=True, max_attempts=2, fencing="group", backoff=0)
     def handler(record: Record) -> object:
         return {"v": (record.value or b"").decode()}
 
@@ -223,7 +223,7 @@ def test_records_a_handler_keeps_stay_as_they_were_delivered(kafka: KafkaTestKit
     seen: list[tuple[int, bytes | None, bytes | None, int]] = []
     failed_once: set[int] = set()
 
-    @app.listener(src, output=out, retry=retry, max_attempts=3, fencing="group")  # type: ignore[arg-type]
+    @app.listener(src, output=out, retry=retry, max_attempts=3, fencing="group", backoff=0)  # type: ignore[arg-type]
     def handler(record: Record) -> object:
         n = int(record.header("n") or b"")
         seen.append((n, record.key, record.value, record.attempt))

@@ -40,7 +40,7 @@ def test_an_output_too_large_for_its_topic_dead_letters_its_input_and_the_app_go
     app.on(ProducerRecreated)(recreated.append)
     calls: Counter[bytes] = Counter()
 
-    @app.listener(src, output=out, dlq=True, max_attempts=3)
+    @app.listener(src, output=out, dlq=True, max_attempts=3, backoff=0)
     def handle(record: Record) -> bytes:
         value = record.value or b""
         calls[value] += 1

@@ -219,7 +219,7 @@ def test_seed_002_one_new_transaction_after_each_rollback_and_the_dead_letter_co
     app.on(RecordRecovered)(recovered.append)
     attempts: list[int] = []
 
-    @app.listener(src, output=out, max_attempts=2, dlq=True)
+    @app.listener(src, output=out, max_attempts=2, dlq=True, backoff=0)
     def handle(record: Record) -> bytes:
         attempts.append(record.attempt)
         send(out, b"sent-in-attempt-%d" % record.attempt)
@@ -297,7 +297,7 @@ def test_the_dead_letter_topic_with_fewer_partitions_lets_the_producer_choose(ka
     kafka.produce(src, [{"key": b"k1", "value": b"p1", "partition": 1}, {"key": b"k2", "value": b"p2", "partition": 2}])
     app = make_app(kafka)
 
-    @app.listener(src, max_attempts=1, dlq=True)
+    @app.listener(src, max_attempts=1, dlq=True, backoff=0)
     def handle(record: Record) -> None:
         raise PoisonError(str(record.value))
 
@@ -318,7 +318,7 @@ def test_a_tombstone_is_dead_lettered_as_a_tombstone(kafka: KafkaTestKit) -> Non
     kafka.produce(src, [{"key": b"gone", "value": None}])
     app = make_app(kafka)
 
-    @app.listener(src, max_attempts=1, dlq=True)
+    @app.listener(src, max_attempts=1, dlq=True, backoff=0)
     def handle(record: Record) -> None:
         raise PoisonError("cannot delete")
 
@@ -351,6 +351,7 @@ def test_routing_back_to_the_source_topic(kafka: KafkaTestKit, skip_same_topic_f
         max_attempts=2,
         not_retryable=(PoisonError,),
         dlq=DeadLetterPublishingRecoverer(topic=lambda r, e: r.topic, skip_same_topic_fatal=skip_same_topic_fatal),
+        backoff=0,
     )
     def handle(record: Record) -> None:
         republished = record.header("kafka_dlt-original-offset") is not None
@@ -390,7 +391,9 @@ def test_extra_headers_are_appended_in_order_and_the_partition_can_be_chosen(kaf
     def extra(record: Record, exc: BaseException) -> list[tuple[str, bytes]]:
         return [("foo", b"one"), ("bar", b"two"), ("foo", type(exc).__name__.encode())]
 
-    @app.listener(src, max_attempts=1, dlq=DeadLetterPublishingRecoverer(dlt, partition=lambda r, e: 1, headers=extra))
+    @app.listener(
+        src, max_attempts=1, dlq=DeadLetterPublishingRecoverer(dlt, partition=lambda r, e: 1, headers=extra), backoff=0
+    )
     def handle(record: Record) -> None:
         raise PoisonError("p")
 
@@ -445,7 +448,7 @@ def test_alternating_causes_still_reach_max_attempts(kafka: KafkaTestKit, retry:
     lows: list[type[BaseException]] = [ConnectionResetError, TimeoutError] * 3
 
     # outages=(): a ConnectionResetError on the cause chain would otherwise be an outage (no attempt counted).
-    @app.listener(src, output=out, max_attempts=3, dlq=True, retry=retry, outages=())  # type: ignore[arg-type]
+    @app.listener(src, output=out, max_attempts=3, dlq=True, retry=retry, outages=(), backoff=0)  # type: ignore[arg-type]
     def handle(record: Record) -> bytes:
         attempts.append(record.attempt)
         if len(attempts) <= len(lows):
@@ -529,7 +532,7 @@ def test_max_failures_recover_the_original_record_once_and_the_next_one_is_handl
     app.on(HandlerFailed)(lambda e: failed.append(((e.record.value if e.record else None) or b"", e.attempt)))
     data: list[bytes] = []
 
-    @app.listener(src, max_attempts=3, dlq=True)
+    @app.listener(src, max_attempts=3, dlq=True, backoff=0)
     def handle(record: Record) -> None:
         data.append(record.value or b"")
         if record.offset == 0:

@@ -44,7 +44,7 @@ def test_json_listener_dead_letters_the_undecodable_at_attempt_1_and_the_rest_ex
     app = make_app(kafka)
     handled: Counter[int] = Counter()
 
-    @app.listener(src, output=out, value_type=Order, dlq=True, max_attempts=3, name="orders")
+    @app.listener(src, output=out, value_type=Order, dlq=True, max_attempts=3, name="orders", backoff=0)
     def handle(record: Record) -> Invoice:
         order: Order = record.value
         handled[order.id] += 1

@@ -52,14 +52,14 @@ def test_an_unproducible_return_stops_the_container_and_loses_nothing(
 
     if kind == "dict-async":  # an async def handler: records handled at once, the same stop
 
-        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight, backoff=0)
         async def enrich(record: Record) -> Any:
             calls.append(record.value or b"")
             return _bad_result("dict") if record.value == b"bad" else record.value
 
     else:
 
-        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight)
+        @app.listener(src, output=out, dlq=True, max_attempts=3, retry=retry, in_flight=in_flight, backoff=0)
         def enrich(record: Record) -> Any:
             calls.append(record.value or b"")
             return _bad_result(kind) if record.value == b"bad" else record.value
