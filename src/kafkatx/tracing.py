@@ -1,0 +1,349 @@
+"""OpenTelemetry tracing of record processing: ``App(tracing=True)``; off by default, and then nothing is added.
+
+With tracing on, :func:`traced_spec` gives the App's containers a copy of
+each listener whose handler is wrapped once, at start: the record runner's
+hot path is the same code with tracing on or off, so the untraced path pays
+nothing, not even a branch per record. The wrapper, per record attempt:
+
+- extracts the W3C ``traceparent`` (``tracestate``, ``baggage``) of the
+  record's headers: the parent of its ``process`` span (OpenTelemetry's
+  messaging semantic conventions), a root span when it has none;
+- links the span to the spans of the record's earlier attempts (kept in
+  memory per record by :class:`AttemptLinks` until the record succeeds or is
+  dead-lettered: across a restart the links are lost, the trace is not, as its
+  parent comes from the record's header);
+- collects what the handler returns and ``send()``\\ s and writes the span's
+  context into each output's headers, so outputs carry the record's trace.
+
+A dead-letter record gets the context of the record's last attempt
+(:func:`dead_letter_trace_headers`, called by the DLQ publisher), so the
+dead letter, and a later ``kafkatx dlq replay`` of it (which keeps headers),
+stay in the same trace. A span per transaction (records, outcome: committed,
+aborted or recovered) is made from the container's events.
+
+The span context is carried by ``contextvars`` (OpenTelemetry's context),
+never a thread-local: concurrent handlers (``in_flight > 1``, ``async def``)
+each see their own record's span.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kafkatx.context import bind_sink
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
+from kafkatx.outputs import PendingOutput, collect_outputs
+from kafkatx.record import Output, Record
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanContext, Tracer, TracerProvider
+
+__all__ = [
+    "TRACE_HEADERS",
+    "AttemptLinks",
+    "HeaderGetter",
+    "HeaderSetter",
+    "TracedListener",
+    "Tracing",
+    "dead_letter_trace_headers",
+    "extract_context",
+    "require_opentelemetry",
+    "trace_headers",
+    "with_trace",
+]
+
+#: The headers of W3C trace context and baggage: replaced, never duplicated, on an output that carries a trace.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
+
+Headers = Sequence[tuple[str, Any]]
+
+
+def require_opentelemetry() -> None:
+    """Raise a clear error naming the extra when ``opentelemetry-api`` is not installed."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError as exc:
+        raise InvalidConfigurationError(
+            "App(tracing=...) needs OpenTelemetry: pip install 'kafkatx[otel]' (opentelemetry-api), "
+            "and an OpenTelemetry SDK configured by your application"
+        ) from exc
+
+
+class HeaderGetter:
+    """OpenTelemetry's ``Getter`` over Kafka headers: ``(name, bytes)`` pairs, the last value of a name wins."""
+
+    def get(self, carrier: Headers | None, key: str) -> list[str] | None:
+        if not carrier:
+            return None
+        for name, value in reversed(carrier):
+            if name == key and value is not None:
+                return [value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)]
+        return None
+
+    def keys(self, carrier: Headers | None) -> list[str]:
+        return [name for name, _ in carrier or ()]
+
+
+class HeaderSetter:
+    """OpenTelemetry's ``Setter`` into a list of Kafka headers, replacing an earlier value of the name."""
+
+    def set(self, carrier: list[tuple[str, bytes]], key: str, value: str) -> None:
+        carrier[:] = [(name, v) for name, v in carrier if name != key]
+        carrier.append((key, value.encode()))
+
+
+_GETTER = HeaderGetter()
+_SETTER = HeaderSetter()
+
+
+def extract_context(headers: Headers | None) -> Context:
+    """The trace context (and baggage) a record's headers carry; an empty context when they carry none."""
+    from opentelemetry import propagate
+
+    return propagate.extract(headers or [], getter=_GETTER)  # type: ignore[arg-type]
+
+
+def trace_headers(context: Context | None = None) -> list[tuple[str, bytes]]:
+    """The W3C headers of ``context`` (the current one by default), ready for a Kafka record."""
+    from opentelemetry import propagate
+
+    carrier: list[tuple[str, bytes]] = []
+    propagate.inject(carrier, context=context, setter=_SETTER)  # type: ignore[arg-type]
+    return carrier
+
+
+def with_trace(headers: Iterable[tuple[str, Any]] | None, trace: list[tuple[str, bytes]]) -> list[tuple[str, Any]]:
+    """``headers`` without any earlier trace headers, plus ``trace``."""
+    kept = [(k, v) for k, v in headers or () if k not in TRACE_HEADERS]
+    return kept + trace
+
+
+class AttemptLinks:
+    """The span contexts of each failing record's earlier attempts, in order, so that its next attempt links to them.
+
+    Kept in memory, keyed by consumer group and record coordinates; a record's entry ends when it succeeds or is
+    dead-lettered. At most ``max_records`` records are remembered (the oldest is dropped first), so records of
+    a revoked partition that never come back cannot grow it without bound.
+    """
+
+    def __init__(self, max_records: int = 10_000) -> None:
+        self._earlier: OrderedDict[tuple[str, str, int, int], list[SpanContext]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_records = max_records
+
+    def earlier(self, key: tuple[str, str, int, int]) -> list[SpanContext]:
+        """The contexts of the record's earlier attempts, oldest first (a copy)."""
+        with self._lock:
+            return list(self._earlier.get(key, ()))
+
+    def failed(self, key: tuple[str, str, int, int], context: SpanContext) -> None:
+        """An attempt of the record failed: its span is linked from the record's next attempts."""
+        with self._lock:
+            contexts = self._earlier.pop(key, [])
+            contexts.append(context)
+            self._earlier[key] = contexts
+            while len(self._earlier) > self.max_records:
+                self._earlier.popitem(last=False)
+
+    def last(self, key: tuple[str, str, int, int]) -> SpanContext | None:
+        """The context of the record's last failed attempt, if any is remembered."""
+        with self._lock:
+            contexts = self._earlier.get(key)
+            return contexts[-1] if contexts else None
+
+    def done(self, key: tuple[str, str, int, int]) -> None:
+        """The record succeeded or was dead-lettered: nothing more links to its attempts."""
+        with self._lock:
+            self._earlier.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._earlier)
+
+
+class TracedListener(Protocol):
+    """What the wrapper needs of a listener's declaration (a ``ListenerSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def handler(self) -> Callable[..., Any]: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def serializer(self) -> Any: ...
+    @property
+    def is_async(self) -> bool: ...
+
+
+class _Sink(list[PendingOutput]):
+    """Where ``send()`` puts a traced record's outputs until the wrapper adds the trace to them."""
+
+    __slots__ = ("serializer",)
+
+    def __init__(self, serializer: Any) -> None:
+        super().__init__()
+        self.serializer = serializer
+
+    add = list.append
+
+
+class Tracing:
+    """The tracer of one App, its attempt links, and the spans it makes from the containers' events."""
+
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        require_opentelemetry()
+        from opentelemetry import trace
+
+        from kafkatx._version import __version__
+
+        self.tracer: Tracer = trace.get_tracer("kafkatx", __version__, tracer_provider=provider)
+        self.attempts = AttemptLinks()
+        #: (listener, worker) whose last after-rollback transaction recovered a record: its commit is "recovered".
+        self._recovered: set[tuple[str, int]] = set()
+        _active.add(self)
+
+    # -- record attempts ----------------------------------------------------------------------
+    def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
+        """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
+        from opentelemetry.trace import Link, SpanKind, use_span
+
+        handler, tracer, attempts = spec.handler, self.tracer, self.attempts
+        listener, output, serializer = spec.name, spec.output, spec.serializer
+
+        def start(record: Record) -> tuple[Any, tuple[str, str, int, int]]:
+            key = (group_id, record.topic, record.partition, record.offset)
+            span = tracer.start_span(
+                f"process {record.topic}",
+                context=extract_context(record.headers),
+                kind=SpanKind.CONSUMER,
+                links=[Link(c) for c in attempts.earlier(key)],
+                attributes={
+                    "messaging.system": "kafka",
+                    "messaging.operation.type": "process",
+                    "messaging.operation.name": "process",
+                    "messaging.destination.name": record.topic,
+                    "messaging.destination.partition.id": str(record.partition),
+                    "messaging.kafka.offset": record.offset,
+                    "messaging.consumer.group.name": group_id,
+                    "kafkatx.listener": listener,
+                    "kafkatx.attempt": record.attempt,
+                },
+            )
+            return span, key
+
+        def finish(span: Any, key: tuple[str, str, int, int], sink: _Sink, error: BaseException | None) -> Any:
+            if error is not None:
+                attempts.failed(key, span.get_span_context())
+                return None
+            attempts.done(key)
+            if not sink:
+                return None
+            trace = trace_headers()
+            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+
+        if spec.is_async:
+
+            async def traced_async(record: Record) -> Any:
+                span, key = start(record)
+                sink = _Sink(serializer)
+                error: BaseException | None = None
+                with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+                    previous = bind_sink(sink)
+                    try:
+                        result = await handler(record)
+                        collect_outputs(result, output, serializer, listener, sink)
+                    except BaseException as exc:
+                        error = exc
+                        raise
+                    finally:
+                        bind_sink(previous)
+                        outputs = finish(span, key, sink, error)
+                return outputs
+
+            return traced_async
+
+        def traced(record: Record) -> Any:
+            span, key = start(record)
+            sink = _Sink(serializer)
+            error: BaseException | None = None
+            with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+                previous = bind_sink(sink)
+                try:
+                    collect_outputs(handler(record), output, serializer, listener, sink)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    bind_sink(previous)
+                    outputs = finish(span, key, sink, error)
+            return outputs
+
+        return traced
+
+    def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
+        """The trace headers of ``record``'s last attempt (for its dead letter); None if this tracer has none."""
+        key = (group_id, record.topic, record.partition, record.offset)
+        last = self.attempts.last(key)
+        if last is None:
+            return None
+        from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+        parent = extract_context(record.headers)  # keeps the record's baggage
+        self.attempts.done(key)
+        return trace_headers(set_span_in_context(NonRecordingSpan(last), parent))
+
+    # -- transactions -------------------------------------------------------------------------
+    def subscribe(self, subscribe: Callable[[type[Any], Callable[[Any], None]], None]) -> None:
+        """Make a span of each transaction from the containers' events (``app.events.subscribe``)."""
+        subscribe(RecordRecovered, self._on_recovered)
+        subscribe(TransactionCommitted, self._on_committed)
+        subscribe(TransactionAborted, self._on_aborted)
+
+    def _on_recovered(self, event: RecordRecovered) -> None:
+        self._recovered.add((event.listener, event.worker))
+
+    def _on_committed(self, event: TransactionCommitted) -> None:
+        key = (event.listener, event.worker)
+        outcome = "committed"
+        if key in self._recovered:
+            self._recovered.discard(key)
+            outcome = "recovered"
+        self._transaction_span(event, outcome, event.records, event.seconds, kind=event.kind)
+
+    def _on_aborted(self, event: TransactionAborted) -> None:
+        self._transaction_span(event, "aborted", event.records, 0.0, reason=event.reason)
+
+    def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
+        end = time.time_ns()
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.batch.message_count": records,
+            "kafkatx.listener": event.listener,
+            "kafkatx.worker": event.worker,
+            "kafkatx.transaction.outcome": outcome,
+        }
+        attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
+        span = self.tracer.start_span("kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes)
+        span.end(end_time=end)
+
+
+#: The Tracing of every App started with tracing on (weakly: a stopped, dropped App leaves).
+_active: weakref.WeakSet[Tracing] = weakref.WeakSet()
+
+
+def dead_letter_trace_headers(group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
+    """The trace headers for ``record``'s dead letter: its last attempt's span context; None with tracing off."""
+    if not _active:
+        return None
+    for tracing in list(_active):
+        headers = tracing.dead_letter_headers(group_id, record)
+        if headers is not None:
+            return headers
+    return None
