@@ -133,3 +133,22 @@ def test_tracing_off_makes_no_span_and_adds_no_header(kafka: KafkaTestKit) -> No
     (output,) = kafka.read(out)
     assert not output.headers
     assert [s.name for s in exporter.get_finished_spans()] == ["user span"]
+
+
+def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTestKit) -> None:
+    src, out = kafka.topic(), kafka.topic()
+    parents = {f"r{n}".encode(): f"00-{n + 1:032x}-{n + 1:016x}-01".encode() for n in range(8)}
+    kafka.produce(src, [{"key": v, "value": v, "headers": [("traceparent", tp)]} for v, tp in parents.items()])
+    provider, _ = _provider()
+    app = make_app(kafka, tracing=provider)
+
+    @app.listener(src, output=out, in_flight=4)
+    def handle(record: Record) -> bytes:
+        return record.value or b""
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
+    outputs = kafka.read(out)
+    assert len(outputs) == len(parents)
+    for output in outputs:
+        assert _trace_id(output.headers) == int(parents[output.value or b""].split(b"-")[1], 16)
