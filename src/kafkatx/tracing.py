@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -98,6 +99,9 @@ class HeaderSetter:
         carrier[:] = [(name, v) for name, v in carrier if name != key]
         carrier.append((key, value.encode()))
 
+
+#: What a plain handler returns when it is an ``async def`` in disguise: handed on as it is, for the runner to refuse.
+_AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
 
 _GETTER = HeaderGetter()
 _SETTER = HeaderSetter()
@@ -276,7 +280,10 @@ class Tracing:
             with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
                 previous = bind_sink(sink)
                 try:
-                    collect_outputs(handler(record), output, serializer, listener, sink)
+                    result = handler(record)
+                    if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                        return result
+                    collect_outputs(result, output, serializer, listener, sink)
                 except BaseException as exc:
                     error = exc
                     raise
