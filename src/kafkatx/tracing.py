@@ -216,80 +216,101 @@ class Tracing:
     # -- record attempts ----------------------------------------------------------------------
     def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
         """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
-        from opentelemetry.trace import Link, SpanKind, use_span
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
 
         handler, tracer, attempts = spec.handler, self.tracer, self.attempts
         listener, output, serializer = spec.name, spec.output, spec.serializer
+        attach, detach, empty, consumer = (
+            otel_context.attach,
+            otel_context.detach,
+            otel_context.Context(),
+            SpanKind.CONSUMER,
+        )
+        fixed = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.consumer.group.name": group_id,
+            "kafkatx.listener": listener,
+        }
 
-        def start(record: Record) -> tuple[Any, tuple[str, str, int, int]]:
+        def start(record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
             key = (group_id, record.topic, record.partition, record.offset)
+            headers = record.headers
+            parent = extract_context(headers) if headers else empty  # never the worker thread's own context
+            earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
             span = tracer.start_span(
                 f"process {record.topic}",
-                context=extract_context(record.headers),
-                kind=SpanKind.CONSUMER,
-                links=[Link(c) for c in attempts.earlier(key)],
+                context=parent,
+                kind=consumer,
+                links=[Link(c) for c in earlier] if earlier else None,
                 attributes={
-                    "messaging.system": "kafka",
-                    "messaging.operation.type": "process",
-                    "messaging.operation.name": "process",
+                    **fixed,
                     "messaging.destination.name": record.topic,
                     "messaging.destination.partition.id": str(record.partition),
                     "messaging.kafka.offset": record.offset,
-                    "messaging.consumer.group.name": group_id,
-                    "kafkatx.listener": listener,
                     "kafkatx.attempt": record.attempt,
                 },
             )
-            return span, key
+            # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
+            return span, key, attach(set_span_in_context(span, parent))
 
-        def finish(span: Any, key: tuple[str, str, int, int], sink: _Sink, error: BaseException | None) -> Any:
-            if error is not None:
-                attempts.failed(key, span.get_span_context())
-                return None
-            attempts.done(key)
-            if not sink:
-                return None
-            trace = trace_headers()
-            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+        def finish(
+            span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
+        ) -> Any:
+            try:
+                if error is not None:
+                    span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                    attempts.failed(key, span.get_span_context())
+                    return None
+                if attempts:
+                    attempts.done(key)
+                if not sink:
+                    return None
+                trace = trace_headers()  # the span's context, with the record's baggage
+                return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+            finally:
+                detach(token)
+                span.end()
 
         if spec.is_async:
 
             async def traced_async(record: Record) -> Any:
-                span, key = start(record)
+                span, key, token = start(record)
                 sink = _Sink(serializer)
                 error: BaseException | None = None
-                with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
-                    previous = bind_sink(sink)
-                    try:
-                        result = await handler(record)
-                        collect_outputs(result, output, serializer, listener, sink)
-                    except BaseException as exc:
-                        error = exc
-                        raise
-                    finally:
-                        bind_sink(previous)
-                        outputs = finish(span, key, sink, error)
-                return outputs
-
-            return traced_async
-
-        def traced(record: Record) -> Any:
-            span, key = start(record)
-            sink = _Sink(serializer)
-            error: BaseException | None = None
-            with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
                 previous = bind_sink(sink)
                 try:
-                    result = handler(record)
-                    if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
-                        return result
+                    result = await handler(record)
                     collect_outputs(result, output, serializer, listener, sink)
                 except BaseException as exc:
                     error = exc
                     raise
                 finally:
                     bind_sink(previous)
-                    outputs = finish(span, key, sink, error)
+                    outputs = finish(span, key, token, sink, error)
+                return outputs
+
+            return traced_async
+
+        def traced(record: Record) -> Any:
+            span, key, token = start(record)
+            sink = _Sink(serializer)
+            error: BaseException | None = None
+            previous = bind_sink(sink)
+            try:
+                result = handler(record)
+                if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                    return result
+                collect_outputs(result, output, serializer, listener, sink)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                bind_sink(previous)
+                outputs = finish(span, key, token, sink, error)
             return outputs
 
         return traced
