@@ -211,6 +211,8 @@ class Tracing:
         self.attempts = AttemptLinks()
         #: (listener, worker) whose last after-rollback transaction recovered a record: its commit is "recovered".
         self._recovered: set[tuple[str, int]] = set()
+        #: The consumer group of each traced listener, by name (to end a recovered record's links).
+        self._groups: dict[str, str] = {}
         _active.add(self)
 
     # -- record attempts ----------------------------------------------------------------------
@@ -221,6 +223,7 @@ class Tracing:
 
         handler, tracer, attempts = spec.handler, self.tracer, self.attempts
         listener, output, serializer = spec.name, spec.output, spec.serializer
+        self._groups[listener] = group_id
         attach, detach, empty, consumer = (
             otel_context.attach,
             otel_context.detach,
@@ -324,7 +327,7 @@ class Tracing:
         from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
         parent = extract_context(record.headers)  # keeps the record's baggage
-        self.attempts.done(key)
+        # The links end with the RecordRecovered event, not here: a dead letter whose publication fails is tried again.
         return trace_headers(set_span_in_context(NonRecordingSpan(last), parent))
 
     # -- transactions -------------------------------------------------------------------------
@@ -336,6 +339,11 @@ class Tracing:
 
     def _on_recovered(self, event: RecordRecovered) -> None:
         self._recovered.add((event.listener, event.worker))
+        record = event.record
+        # A container of a listener with concurrency > 1 is named "<listener>#<worker>".
+        group = self._groups.get(event.listener) or self._groups.get(event.listener.rpartition("#")[0])
+        if record is not None and group is not None:  # whatever the recoverer was, nothing links to it any more
+            self.attempts.done((group, record.topic, record.partition, record.offset))
 
     def _on_committed(self, event: TransactionCommitted) -> None:
         key = (event.listener, event.worker)

@@ -144,7 +144,7 @@ def test_failed_attempts_are_linked_in_order_and_the_dead_letter_continues_the_l
     headers = dead_letter_trace_headers("group", _record(PARENT, attempt=3))
     assert headers is not None
     assert dict(headers)["traceparent"] == f"00-{PARENT.split('-')[1]}-{spans[2].context.span_id:016x}-01".encode()
-    assert dead_letter_trace_headers("group", _record(PARENT)) is None, "the record's links end with its dead letter"
+    assert dead_letter_trace_headers("group", _record(PARENT)) == headers, "a failed publication is tried again alike"
 
 
 def test_concurrent_async_records_each_carry_their_own_trace() -> None:
@@ -173,3 +173,21 @@ def test_tracing_without_opentelemetry_names_the_extra(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
     with pytest.raises(InvalidConfigurationError, match=r"kafkatx\[otel\]"):
         require_opentelemetry()
+
+
+def test_a_record_recovered_by_any_recoverer_ends_its_links() -> None:
+    from kafkatx.events import EventBus, RecordRecovered
+
+    tracing, _ = _tracing()
+    bus = EventBus()
+    tracing.subscribe(bus.subscribe)
+
+    def failing(record: Record) -> None:
+        raise ValueError("no")
+
+    traced = tracing.wrap(_spec(failing), "group")
+    with pytest.raises(ValueError):
+        traced(_record(PARENT))
+    assert len(tracing.attempts) == 1
+    bus.publish(RecordRecovered("l#1", 1, _record(PARENT), ValueError("no"), "log"))
+    assert len(tracing.attempts) == 0
