@@ -6,6 +6,7 @@ tests never touch the global provider.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -135,16 +136,26 @@ def test_tracing_off_makes_no_span_and_adds_no_header(kafka: KafkaTestKit) -> No
     assert [s.name for s in exporter.get_finished_spans()] == ["user span"]
 
 
-def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("how", ["in_flight", "async"])
+def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTestKit, how: str) -> None:
     src, out = kafka.topic(), kafka.topic()
     parents = {f"r{n}".encode(): f"00-{n + 1:032x}-{n + 1:016x}-01".encode() for n in range(8)}
     kafka.produce(src, [{"key": v, "value": v, "headers": [("traceparent", tp)]} for v, tp in parents.items()])
     provider, _ = _provider()
     app = make_app(kafka, tracing=provider)
 
-    @app.listener(src, output=out, in_flight=4)
-    def handle(record: Record) -> bytes:
-        return record.value or b""
+    if how == "in_flight":
+
+        @app.listener(src, output=out, in_flight=4)
+        def handle(record: Record) -> bytes:
+            return record.value or b""
+
+    else:
+
+        @app.listener(src, output=out, in_flight=4)
+        async def handle_async(record: Record) -> bytes:
+            await asyncio.sleep(0.001 * (8 - record.offset))  # the later records finish first
+            return record.value or b""
 
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
@@ -152,3 +163,27 @@ def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTes
     assert len(outputs) == len(parents)
     for output in outputs:
         assert _trace_id(output.headers) == int(parents[output.value or b""].split(b"-")[1], 16)
+
+
+def test_in_place_retries_are_linked_and_the_dead_letter_is_in_the_records_trace(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    dlt = kafka.topic(name=src + "-dlt")
+    kafka.produce(src, [{"value": b"poison", "headers": [("traceparent", TRACEPARENT)]}, {"value": b"fine"}])
+    provider, exporter = _provider()
+    app = make_app(kafka, tracing=provider)
+
+    @app.listener(src, max_attempts=2, backoff=0.01, retry="in_place", dlq=True)
+    def handle(record: Record) -> None:
+        if record.value == b"poison":
+            raise PoisonError("poison")
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="dead-lettered")
+    attempts = [s for s in _process_spans(exporter) if (s.attributes or {})["messaging.kafka.offset"] == 0]
+    attempts.sort(key=lambda s: (s.attributes or {})["kafkatx.attempt"])
+    assert [(s.attributes or {})["kafkatx.attempt"] for s in attempts] == [1, 2]
+    assert [link.context.span_id for link in attempts[1].links] == [attempts[0].context.span_id]
+    (dead,) = kafka.read(dlt)
+    assert [v for k, v in dead.headers if k == "traceparent"] == [
+        f"00-{TRACE_ID:032x}-{attempts[-1].context.span_id:016x}-01".encode()
+    ]
