@@ -7,14 +7,21 @@ tests never touch the global provider.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import PoisonError, make_app
+from process_helpers import read_until
 
 from kafkatx import Record, send
 from kafkatx.dlq import replay_dlq
-from kafkatx.testing import KafkaTestKit, running, wait_for
+from kafkatx.testing import KafkaTestKit, produce, read_topic, running, wait_for
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -187,3 +194,30 @@ def test_in_place_retries_are_linked_and_the_dead_letter_is_in_the_records_trace
     assert [v for k, v in dead.headers if k == "traceparent"] == [
         f"00-{TRACE_ID:032x}-{attempts[-1].context.span_id:016x}-01".encode()
     ]
+
+
+def test_kafkatx_run_tracing_passes_the_records_trace_on() -> None:
+    """``--tracing`` with only the API installed globally (no SDK): nothing is recorded, the context still flows."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafkatx", "run", "examples.orders:app", "--local", "--tracing", "--no-status"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)").group(1)
+        read_until(proc, r"assigned orders\[")
+        order = json.dumps({"id": 1, "qty": 2, "price": 3.5}).encode()
+        produce(bootstrap, "orders", [{"key": b"1", "value": order, "headers": [("traceparent", TRACEPARENT)]}])
+        enriched = wait_for(lambda: read_topic(bootstrap, "orders-enriched"), 30, message="the enriched order")
+        assert [_trace_id(r.headers) for r in enriched] == [TRACE_ID]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
