@@ -34,6 +34,7 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -262,6 +263,12 @@ class Tracing:
         def finish(
             span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
         ) -> Any:
+            recent = _recent.get()
+            if recent is None:
+                recent = []
+                _recent.set(recent)
+            if len(recent) < MAX_TRANSACTION_LINKS:
+                recent.append(span.get_span_context())
             try:
                 if error is not None:
                     span.record_exception(error)
@@ -366,9 +373,24 @@ class Tracing:
             "kafkatx.transaction.outcome": outcome,
         }
         attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
-        span = self.tracer.start_span("kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes)
+        from opentelemetry.trace import Link
+
+        recent = _recent.get()  # the spans of the records this thread handled since its last transaction ended
+        links = [Link(c) for c in recent] if recent else None
+        if recent:
+            recent.clear()
+        span = self.tracer.start_span(
+            "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
+        )
         span.end(end_time=end)
 
+
+#: At most this many record spans are linked from a transaction's span (OpenTelemetry's default limit of links).
+MAX_TRANSACTION_LINKS = 128
+
+#: The record spans made in this context (the container's thread) since its last transaction ended: the
+#: transaction span links to them. A handler run elsewhere (a pool thread, an asyncio task) is not linked.
+_recent: ContextVar[list[SpanContext] | None] = ContextVar("kafkatx_recent_spans", default=None)
 
 #: The Tracing of every App started with tracing on (weakly: a stopped, dropped App leaves).
 _active: weakref.WeakSet[Tracing] = weakref.WeakSet()
