@@ -1,8 +1,8 @@
 """OpenTelemetry tracing of record processing: ``App(tracing=True)``; off by default, and then nothing is added.
 
-With tracing on, :func:`traced_spec` gives the App's containers a copy of
-each listener whose handler is wrapped once, at start: the record runner's
-hot path is the same code with tracing on or off, so the untraced path pays
+With tracing on, ``App.start`` gives its containers a copy of each listener
+whose handler is wrapped once (:meth:`Tracing.wrap`): the record runner's hot
+path is the same code with tracing on or off, so the untraced path pays
 nothing, not even a branch per record. The wrapper, per record attempt:
 
 - extracts the W3C ``traceparent`` (``tracestate``, ``baggage``) of the
@@ -10,7 +10,7 @@ nothing, not even a branch per record. The wrapper, per record attempt:
   messaging semantic conventions), a root span when it has none;
 - links the span to the spans of the record's earlier attempts (kept in
   memory per record by :class:`AttemptLinks` until the record succeeds or is
-  dead-lettered: across a restart the links are lost, the trace is not, as its
+  recovered: across a restart the links are lost, the trace is not, as its
   parent comes from the record's header);
 - collects what the handler returns and ``send()``\\ s and writes the span's
   context into each output's headers, so outputs carry the record's trace.
@@ -219,111 +219,9 @@ class Tracing:
     # -- record attempts ----------------------------------------------------------------------
     def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
         """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
-        from opentelemetry import context as otel_context
-        from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
-
-        handler, tracer, attempts = spec.handler, self.tracer, self.attempts
-        listener, output, serializer = spec.name, spec.output, spec.serializer
-        self._groups[listener] = group_id
-        attach, detach, empty, consumer = (
-            otel_context.attach,
-            otel_context.detach,
-            otel_context.Context(),
-            SpanKind.CONSUMER,
-        )
-        fixed = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.consumer.group.name": group_id,
-            "kafkatx.listener": listener,
-        }
-
-        def start(record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
-            key = (group_id, record.topic, record.partition, record.offset)
-            headers = record.headers
-            parent = extract_context(headers) if headers else empty  # never the worker thread's own context
-            earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
-            span = tracer.start_span(
-                f"process {record.topic}",
-                context=parent,
-                kind=consumer,
-                links=[Link(c) for c in earlier] if earlier else None,
-                attributes={
-                    **fixed,
-                    "messaging.destination.name": record.topic,
-                    "messaging.destination.partition.id": str(record.partition),
-                    "messaging.kafka.offset": record.offset,
-                    "kafkatx.attempt": record.attempt,
-                },
-            )
-            # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
-            return span, key, attach(set_span_in_context(span, parent))
-
-        def finish(
-            span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
-        ) -> Any:
-            recent = _recent.get()
-            if recent is None:
-                recent = []
-                _recent.set(recent)
-            if len(recent) < MAX_TRANSACTION_LINKS:
-                recent.append(span.get_span_context())
-            try:
-                if error is not None:
-                    span.record_exception(error)
-                    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-                    attempts.failed(key, span.get_span_context())
-                    return None
-                if attempts:
-                    attempts.done(key)
-                if not sink:
-                    return None
-                trace = trace_headers()  # the span's context, with the record's baggage
-                return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
-            finally:
-                detach(token)
-                span.end()
-
-        if spec.is_async:
-
-            async def traced_async(record: Record) -> Any:
-                span, key, token = start(record)
-                sink = _Sink(serializer)
-                error: BaseException | None = None
-                previous = bind_sink(sink)
-                try:
-                    result = await handler(record)
-                    collect_outputs(result, output, serializer, listener, sink)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    bind_sink(previous)
-                    outputs = finish(span, key, token, sink, error)
-                return outputs
-
-            return traced_async
-
-        def traced(record: Record) -> Any:
-            span, key, token = start(record)
-            sink = _Sink(serializer)
-            error: BaseException | None = None
-            previous = bind_sink(sink)
-            try:
-                result = handler(record)
-                if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
-                    return result
-                collect_outputs(result, output, serializer, listener, sink)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                bind_sink(previous)
-                outputs = finish(span, key, token, sink, error)
-            return outputs
-
-        return traced
+        self._groups[spec.name] = group_id
+        spans = _RecordSpans(self.tracer, self.attempts, spec.name, group_id)
+        return _traced_async(spec, spans) if spec.is_async else _traced(spec, spans)
 
     def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
         """The trace headers of ``record``'s last attempt (for its dead letter); None if this tracer has none."""
@@ -383,6 +281,125 @@ class Tracing:
             "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
         )
         span.end(end_time=end)
+
+
+class _RecordSpans:
+    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it."""
+
+    def __init__(self, tracer: Tracer, attempts: AttemptLinks, listener: str, group_id: str) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
+
+        self.tracer, self.attempts, self.group_id = tracer, attempts, group_id
+        self._link, self._status, self._error, self._in_context = Link, Status, StatusCode.ERROR, set_span_in_context
+        self._attach, self._detach, self._empty = otel_context.attach, otel_context.detach, otel_context.Context()
+        self._consumer = SpanKind.CONSUMER
+        self._fixed = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.consumer.group.name": group_id,
+            "kafkatx.listener": listener,
+        }
+
+    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
+        """Begin the attempt's span and make it the current one; return it, the record's key and the context token."""
+        key = (self.group_id, record.topic, record.partition, record.offset)
+        headers = record.headers
+        parent = extract_context(headers) if headers else self._empty  # never the worker thread's own context
+        attempts = self.attempts
+        earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
+        span = self.tracer.start_span(
+            f"process {record.topic}",
+            context=parent,
+            kind=self._consumer,
+            links=[self._link(c) for c in earlier] if earlier else None,
+            attributes={
+                **self._fixed,
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+                "kafkatx.attempt": record.attempt,
+            },
+        )
+        # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
+        return span, key, self._attach(self._in_context(span, parent))
+
+    def finish(
+        self, span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
+    ) -> Any:
+        """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
+        recent = _recent.get()
+        if recent is None:
+            recent = []
+            _recent.set(recent)
+        if len(recent) < MAX_TRANSACTION_LINKS:
+            recent.append(span.get_span_context())
+        try:
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(self._status(self._error, f"{type(error).__name__}: {error}"))
+                self.attempts.failed(key, span.get_span_context())
+                return None
+            if self.attempts:
+                self.attempts.done(key)
+            if not sink:
+                return None
+            trace = trace_headers()  # the span's context, with the record's baggage
+            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+        finally:
+            self._detach(token)
+            span.end()
+
+
+def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
+    """A plain handler in its record's span: what it returns and sends comes back as outputs with the trace."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+    start, finish = spans.start, spans.finish
+
+    def traced(record: Record) -> Any:
+        span, key, token = start(record)
+        sink = _Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            result = handler(record)
+            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                return result
+            collect_outputs(result, output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = finish(span, key, token, sink, error)
+        return outputs
+
+    return traced
+
+
+def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
+    """An ``async def`` handler in its record's span (the span is the current one in the record's own task)."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+    start, finish = spans.start, spans.finish
+
+    async def traced_async(record: Record) -> Any:
+        span, key, token = start(record)
+        sink = _Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            result = await handler(record)
+            collect_outputs(result, output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = finish(span, key, token, sink, error)
+        return outputs
+
+    return traced_async
 
 
 #: At most this many record spans are linked from a transaction's span (OpenTelemetry's default limit of links).
