@@ -54,14 +54,16 @@ def _input(kit: KafkaTestKit, records: int, keys: int) -> str:
     return src
 
 
-def run_once(kit: KafkaTestKit, kind: str, in_flight: int, records: int, keys: int, wait: float) -> float:
+def run_once(
+    kit: KafkaTestKit, kind: str, in_flight: int, records: int, keys: int, wait: float, fencing: str = "auto"
+) -> float:
     """One App over a fresh input; returns records/s from the first handler call to the last commit."""
     src, out = _input(kit, records, keys), kit.topic(partitions=PARTITIONS)
     app = App(f"conc-{uuid.uuid4().hex[:8]}", bootstrap_servers=kit.bootstrap_servers, instance_id="bench")
     first: list[float] = []
     last_commit = [0.0]
     app.on(TransactionCommitted)(lambda e: last_commit.__setitem__(0, time.perf_counter()))
-    options: dict[str, Any] = {"output": out, "in_flight": in_flight}
+    options: dict[str, Any] = {"output": out, "in_flight": in_flight, "fencing": fencing}
     if kind == "async":
 
         async def enrich(record: Record) -> tuple[bytes | None, bytes | None]:
@@ -114,20 +116,23 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, default=20.0)
     parser.add_argument("--in-flight", type=int, default=100)
     parser.add_argument("--kinds", default="async,sync")
+    parser.add_argument(
+        "--fencing", default="auto", help='"group": one transaction per poll (the embedded broker picks "partition")'
+    )
     args = parser.parse_args()
     wait = args.wait_ms / 1000
     tmp = Path(tempfile.mkdtemp(prefix="kafkatx-concurrency-"))
     broker = LocalBroker(data_dir=tmp / "kafka").start()
     print(
-        f"{args.wait_ms:g} ms per record, {PARTITIONS} partitions, {os.cpu_count()} cores, "
+        f"{args.wait_ms:g} ms per record, {PARTITIONS} partitions, fencing={args.fencing}, {os.cpu_count()} cores, "
         f"{threading.active_count()} threads at start; rec/s from the first handler call to the last commit"
     )
     try:
         kit = KafkaTestKit(broker.bootstrap_servers)
         for kind in args.kinds.split(","):
-            one = run_once(kit, kind, 1, args.baseline_records, args.keys, wait)
-            many = run_once(kit, kind, args.in_flight, args.records, args.keys, wait)
-            one_key = run_once(kit, kind, args.in_flight, args.baseline_records, 1, wait)
+            one = run_once(kit, kind, 1, args.baseline_records, args.keys, wait, args.fencing)
+            many = run_once(kit, kind, args.in_flight, args.records, args.keys, wait, args.fencing)
+            one_key = run_once(kit, kind, args.in_flight, args.baseline_records, 1, wait, args.fencing)
             print(f"  {kind:5}: in_flight=1 {one:7.1f} rec/s ({args.baseline_records} records, {args.keys} keys)")
             print(
                 f"  {kind:5}: in_flight={args.in_flight} {many:7.1f} rec/s ({args.records} records, {args.keys} keys)"

@@ -3,6 +3,7 @@
     python bench/micro_hot_path.py                      # CPU time per record, every shape
     python bench/micro_hot_path.py --callgrind          # instructions per record (stable on a busy machine)
     python bench/micro_hot_path.py --shapes keyed,send --batch 1
+    python bench/micro_hot_path.py --shapes typed       # value_type= (needs pydantic) against json.loads + validate
     PYTHONPATH=/tmp/patched/src python bench/micro_hot_path.py    # a patched copy
 
 Builds ``--batch`` confluent-kafka Messages in memory (8 partitions, keyed,
@@ -38,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = "micro-out"
 HEADERS = {"source": b"bench"}
-SHAPES = ["bytes", "keyed", "output", "generator", "send", "serializer"]
+SHAPES = ["bytes", "keyed", "output", "generator", "send", "serializer", "typed", "typed_json"]
 SHAPE_HELP = {
     "bytes": "return record.value.upper()",
     "keyed": "return (record.key, record.value.upper())",
@@ -46,6 +47,8 @@ SHAPE_HELP = {
     "generator": "yield (key, value.upper()); yield (key, value)",
     "send": "send(topic, value.upper(), key); return None",
     "serializer": "return {'v': ...} with serializer=json",
+    "typed": "value_type=Order; return Invoice(...) (pydantic; by hand: json.loads + model_validate)",
+    "typed_json": "the same; by hand: pydantic's own JSON both ways (model_validate_json, to_json)",
 }
 
 
@@ -123,7 +126,70 @@ def handlers(
                 produce(OUT, _dumps({"v": m.value().decode().upper(), "o": m.offset()}))
 
         return handler, {"output": OUT, "serializer": _dumps}, raw
+    if shape in ("typed", "typed_json"):
+        return _typed_handlers(fastest=shape == "typed_json")
     raise SystemExit(f"unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
+
+
+def _typed_handlers(
+    fastest: bool,
+) -> tuple[Callable[[Any], Any], dict[str, Any], Callable[[Callable[..., Any], list[Any]], None]]:
+    """A ``value_type=`` listener returning a model, and the loop a user writes without it: the same models.
+
+    ``fastest``: the hand-written loop uses pydantic's own JSON parser and encoder, as kafkatx does.
+    """
+    import pydantic
+    import pydantic_core
+
+    class Order(pydantic.BaseModel):
+        id: int
+        customer: str
+        amount: float
+        note: str
+
+    class Invoice(pydantic.BaseModel):
+        order: int
+        total: float
+
+    def handler(record: Any) -> Any:
+        order = record.value
+        return Invoice(order=order.id, total=order.amount * 1.2)
+
+    def raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+        validate, loads = Order.model_validate, json.loads
+        for m in msgs:
+            order = validate(loads(m.value()))
+            produce(OUT, Invoice(order=order.id, total=order.amount * 1.2).model_dump_json().encode(), m.key())
+
+    def fastest_raw(produce: Callable[..., Any], msgs: list[Any]) -> None:
+        validate_json, to_json = Order.model_validate_json, pydantic_core.to_json
+        for m in msgs:
+            order = validate_json(m.value())
+            produce(OUT, to_json(Invoice(order=order.id, total=order.amount * 1.2)), m.key())
+
+    if fastest:
+        return handler, {"output": OUT, "value_type": Order}, fastest_raw
+    return handler, {"output": OUT, "value_type": Order}, raw
+
+
+def inputs(shape: str, msgs: list[Any]) -> list[Any]:
+    """The messages a shape reads: the typed shapes' values are JSON orders of about the same size."""
+    if not shape.startswith("typed"):
+        return msgs
+    from confluent_kafka import Message
+
+    return [
+        Message(
+            topic=m.topic(),
+            partition=m.partition(),
+            offset=m.offset(),
+            key=m.key(),
+            value=json.dumps(
+                {"id": m.offset(), "customer": f"c-{m.offset() % 97}", "amount": m.offset() / 7, "note": "x" * 40}
+            ).encode(),
+        )
+        for m in msgs
+    ]
 
 
 class StubProducer:
@@ -228,13 +294,14 @@ def timed(shapes: list[str], msgs: list[Any], iterations: int, repeat: int) -> d
     for shape in shapes:
         ktx, raw = setup(shape)
         row = {}
+        shape_msgs = inputs(shape, msgs)
         for side, fn in (("raw", raw), ("kafkatx", ktx)):
-            fn(msgs)  # warm-up
+            fn(shape_msgs)  # warm-up
             best = []
             for _ in range(repeat):
                 t = time.thread_time()
                 for _ in range(iterations):
-                    fn(msgs)
+                    fn(shape_msgs)
                 best.append((time.thread_time() - t) / (iterations * len(msgs)) * 1e6)
             row[side] = min(best)
         out[shape] = row
@@ -246,13 +313,14 @@ def inner_callgrind(shapes: list[str], msgs: list[Any], iterations: int) -> None
     plan = []
     for shape in shapes:
         ktx, raw = setup(shape)
+        shape_msgs = inputs(shape, msgs)
         for side, fn in (("raw", raw), ("kafkatx", ktx)):
-            fn(msgs)
-            fn(msgs)  # warm-up: caches, lazy imports, topic metadata
+            fn(shape_msgs)
+            fn(shape_msgs)  # warm-up: caches, lazy imports, topic metadata
 
-            def region(_: Any, fn: Callable[[list[Any]], None] = fn) -> int:
+            def region(_: Any, fn: Callable[[list[Any]], None] = fn, shape_msgs: list[Any] = shape_msgs) -> int:
                 for _ in range(iterations):
-                    fn(msgs)
+                    fn(shape_msgs)
                 return 0
 
             plan.append((shape, side, region))

@@ -160,13 +160,33 @@ def _one_line_app(tmp_path: Path, name: str, app_args: str) -> None:
     )
 
 
-def test_a_misspelt_librdkafka_property_is_one_line_and_exit_78(tmp_path: Path) -> None:
+def test_a_misspelt_librdkafka_property_is_one_line_naming_the_line_and_the_closest_name(tmp_path: Path) -> None:
     _one_line_app(tmp_path, "typo_cfg", "bootstrap_servers='127.0.0.1:9', config={'lingr.ms': 5}")
     proc = start("typo_cfg:app", cwd=tmp_path)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 78, out
     lines = [line for line in out.splitlines() if line.strip()]
-    assert lines == ['kafkatx run: configuration error: App config: No such configuration property: "lingr.ms"'], out
+    assert lines == [
+        "kafkatx run: configuration error: typo_cfg.py:2: App config: no such librdkafka property 'lingr.ms'; "
+        "did you mean 'linger.ms'?"
+    ], out
+
+
+def test_a_misspelt_listener_librdkafka_property_names_the_listener_line(tmp_path: Path) -> None:
+    (tmp_path / "typo_lcfg.py").write_text(
+        "from kafkatx import App\n"
+        "app = App('typo', bootstrap_servers='127.0.0.1:9')\n"
+        "@app.listener('orders', consumer_config={'sesion.timeout.ms': 6000})\n"
+        "def handle(record):\n"
+        "    return record.value\n"
+    )
+    proc = start("typo_lcfg:app", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    assert out.strip() == (
+        "kafkatx run: configuration error: typo_lcfg.py:3: listener consumer_config: no such librdkafka property "
+        "'sesion.timeout.ms'; did you mean 'session.timeout.ms'?"
+    ), out
 
 
 @pytest.mark.slow
@@ -179,6 +199,18 @@ def test_an_unreachable_broker_is_one_line_naming_the_address(tmp_path: Path) ->
     assert len(lines) == 1 and "cannot reach Kafka at 127.0.0.1:1" in lines[0], out
     assert "from the App's bootstrap_servers" in lines[0] and "--bootstrap-servers HOST:PORT" in lines[0], out
     assert "%3|" not in out, "librdkafka's raw log lines go through logging (kafkatx.librdkafka, DEBUG)"
+
+
+def test_a_host_name_that_does_not_resolve_is_one_line_at_once(tmp_path: Path) -> None:
+    _one_line_app(tmp_path, "nodns", "bootstrap_servers='no-such-kafka-host.invalid:9092'")
+    started = time.monotonic()
+    proc = start("nodns:app", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot resolve host 'no-such-kafka-host.invalid'" in lines[0], out
+    assert "from the App's bootstrap_servers" in lines[0] and "no answer within" not in lines[0], out
+    assert time.monotonic() - started < 12, "said before list_topics' 15 s ran out"
 
 
 def test_the_readme_example_is_the_runnable_file_and_runs_under_local() -> None:

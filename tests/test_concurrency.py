@@ -184,3 +184,36 @@ def test_a_coroutine_from_a_plain_handler_stops_the_app_and_dead_letters_nothing
     assert isinstance(app.failure, InvalidConfigurationError) and "returned a coroutine" in str(app.failure)
     assert kafka.values(out) == [] and kafka.values(src + "-dlt") == [], "nothing produced, nothing dead-lettered"
     assert set(kafka.committed(app.group_id, src).values()) <= {0}, "no record committed"
+
+
+def test_a_records_failure_count_survives_a_restart_under_in_flight(kafka: KafkaTestKit) -> None:
+    """Spring's counts that survive restarts (rollback/durable.py) hold for records handled concurrently."""
+    src, out = _keyed_input(kafka, 200, 10), kafka.topic(partitions=PARTITIONS)
+    group = make_app(kafka).group_id
+    poison = b"k4:7"
+    attempts: list[int] = []
+    where: list[tuple[int, int]] = []
+    for run in range(2):
+        app = App(group, bootstrap_servers=kafka.bootstrap_servers, instance_id="test")
+
+        @app.listener(src, output=out, in_flight=10, max_attempts=2, backoff=30.0, dlq=True)
+        async def handle(record: Record) -> tuple[bytes | None, bytes | None]:
+            await asyncio.sleep(0.001)
+            if record.value == poison:
+                attempts.append(record.attempt)
+                where.append((record.partition, record.offset))
+                raise PoisonError("poison")
+            return record.key, record.value
+
+        def count_committed() -> bool:
+            partition, offset = where[0]
+            return kafka.committed(group, src).get(partition) == offset
+
+        with running(app):
+            if run == 0:  # its first failure is committed with its count; its 30 s back-off outlasts this run
+                wait_for(lambda: attempts == [1] and count_committed(), 60, message="the count committed")
+            else:
+                wait_for(lambda: kafka.caught_up(group, src), 60, message="all committed")
+    assert attempts == [1, 2], "the restarted App went on counting from the committed count"
+    assert kafka.values(src + "-dlt") == [poison]
+    assert sorted(kafka.values(out)) == sorted(v for v in _all_values(200, 10) if v != poison)  # type: ignore[type-var]

@@ -95,6 +95,9 @@ def test_two_containers_exiting_together_both_count_as_stopped() -> None:
         failure = None
         alive = True  # both threads are still inside their exit path
         thread = None
+        stop_reason = "normal"
+        group_id = "g"
+        consumer_config: dict[str, str] = {}  # dynamic membership: no group to leave on the way out
 
         def __init__(self, name: str) -> None:
             self.name = name

@@ -11,8 +11,11 @@ import importlib
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,3 +159,26 @@ def test_every_pytest_fixture_says_what_it_gives() -> None:
     assert [f.name for f in fixtures if not ast.get_docstring(f)] == []
     kafka_doc = ast.get_docstring(next(f for f in fixtures if f.name == "kafka")) or ""
     assert all(f"kafka.{m}(" in kafka_doc for m in ("topic", "produce", "read", "values", "committed", "caught_up"))
+
+
+def _first_python_block(path: Path) -> str:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)[0]
+
+
+def test_the_database_snippet_runs_as_written(
+    kafka: KafkaTestKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/DATABASE.md's first block, run against the test broker (only its names made unique, and in tmp_path)."""
+    pytest.importorskip("sqlalchemy")
+    src, out, name = unique_name("people-in"), unique_name("people-saved"), unique_name("people")
+    block = _first_python_block(ROOT / "docs" / "DATABASE.md")
+    assert '"people-in"' in block and '"people-saved"' in block and 'App("people"' in block
+    block = block.replace('"people-in"', repr(src)).replace('"people-saved"', repr(out))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {}
+    exec(compile(block.replace('App("people"', f"App({name!r}"), "DATABASE.md", "exec"), namespace)
+    with running(namespace["app"], kafka):
+        kafka.produce(src, [b'{"id": 1, "name": "Ada"}'])
+        wait_for(lambda: kafka.values(out) == [b"person-saved"], 30)
+    with namespace["engine"].connect() as conn:
+        assert conn.execute(namespace["people"].select()).all() == [(1, "Ada")]

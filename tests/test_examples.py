@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_local(target: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    # The repository root for `examples.*`, its src/ (a worktree's own kafkatx), then any PYTHONPATH given.
+    paths = [str(ROOT), str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "kafkatx", "run", target, "--local", "--no-status"],
@@ -44,7 +46,7 @@ def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
 
 def test_every_example_app_is_run_under_local_by_the_suite() -> None:
     apps = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if re.search(r"^app = App\(", p.read_text(), re.M))
-    assert apps == ["enrich_async", "orders", "payments", "people", "spark_wordcount"], apps
+    assert apps == ["enrich_async", "orders", "payments", "people", "spark_wordcount", "typed_orders"], apps
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
     for name in apps:
         assert re.search(rf"\"examples\.{name}:app\"[^\n]*\"--local\"|_run_local\(\"examples\.{name}:app\"", tests), (
@@ -105,6 +107,43 @@ def test_the_async_enrich_example_prices_orders_concurrently_in_order_per_custom
         for customer in {k for k, _ in priced}:
             numbers = [o["n"] for k, o in priced if k == customer]
             assert numbers == sorted(numbers), f"{customer!r}: outputs out of input order"
+        _stop(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.local_broker_only
+def test_the_typed_orders_example_runs_under_local() -> None:
+    """JSON orders validated by a model, Avro invoices out; the two that cannot be read dead-lettered at once."""
+    pytest.importorskip("pydantic")
+    fastavro = pytest.importorskip("fastavro")
+    pytest.importorskip("confluent_kafka.schema_registry.avro")
+    proc, seen = _run_local("examples.typed_orders:app"), []
+    bad = [b'{"id": 2, "qty": 0, "price": 1}', b"not json"]
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned typed-orders\[", 120, seen)
+        produce(bootstrap, "typed-orders", [b'{"id": 1, "qty": 2, "price": 3.5}', *bad])
+        wait_for(lambda: len(read_topic(bootstrap, "typed-orders-dlt")) == 2, 60, message="two dead-lettered")
+        wait_for(lambda: len(read_topic(bootstrap, "typed-invoices")) == 1, 60, message="one invoice")
+        (out,) = read_topic(bootstrap, "typed-invoices")
+        value = out.value or b""
+        assert value[0] == 0, "Schema Registry wire format: magic byte, then the schema id"
+        from examples.typed_orders import INVOICE_SCHEMA
+
+        schema = fastavro.parse_schema(json.loads(INVOICE_SCHEMA))
+        import io
+
+        assert fastavro.schemaless_reader(io.BytesIO(value[5:]), schema) == {"order": 1, "total": 7.0}
+        dead = read_topic(bootstrap, "typed-orders-dlt")
+        assert sorted(d.value or b"" for d in dead) == sorted(bad), "dead-lettered byte for byte"
+        from kafkatx.dlq.headers import parse_dead_letter_headers
+
+        infos = [parse_dead_letter_headers(d.headers) for d in dead]
+        assert {i.attempts for i in infos} == {1}
+        assert any("qty: Input should be greater than 0" in (i.exception_message or "") for i in infos), infos
         _stop(proc, seen)
     finally:
         if proc.poll() is None:

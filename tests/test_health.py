@@ -42,9 +42,10 @@ def make_app(kafka: KafkaTestKit, **options: Any) -> App:
     return App(unique_name("health"), bootstrap_servers=kafka.bootstrap_servers, instance_id="test", **options)
 
 
-def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("rebalance", ["eager", "cooperative"])
+def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: KafkaTestKit, rebalance: Any) -> None:
     src = kafka.topic(partitions=2)
-    app = make_app(kafka, health_port=0)
+    app = make_app(kafka, health_port=0, rebalance=rebalance)
     polling = threading.Event()
     # ContainerStarted is published on the container's thread before its first poll: holding it there keeps the
     # group from assigning anything until the test has seen /readyz say "not yet".
@@ -62,10 +63,13 @@ def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: Kaf
         assert status == 503, body
         assert body["listeners"][0]["listener"] == "orders" and body["listeners"][0]["ready"] is False
         polling.set()
-        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready once every container has its assignment")
-        body = get(url + "/readyz")[1]
+
+        def ready_with(partitions: list[int]) -> bool:
+            status, body = get(url + "/readyz")
+            return status == 200 and sorted(c["partitions"] for c in body["listeners"][0]["containers"]) == partitions
+
         # Three containers, two partitions: the one without a partition is ready too (or a rollout never ends).
-        assert sorted(c["partitions"] for c in body["listeners"][0]["containers"]) == [0, 1, 1]
+        wait_for(lambda: ready_with([0, 1, 1]), 60, message="ready once every container has its assignment")
         status, metrics = get(url + "/metrics")
         assert status == 200 and "kafkatx_" in metrics
     assert app.health_server is None, "the endpoint stays open after the App stopped"

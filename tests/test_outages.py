@@ -6,6 +6,8 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from kafkatx import App, OutageTooLongError, Record
 from kafkatx.events import HandlerFailed, OutageEnded, OutageStarted, RecordRecovered
 from kafkatx.metrics import instrument
@@ -122,7 +124,8 @@ def test_an_outage_longer_than_max_outage_stops_the_app_with_a_clear_message(kaf
     assert kafka.committed(app.group_id, src) in ({}, {0: 0}), "nothing committed past the waiting record"
 
 
-def test_an_outage_under_retry_in_place_costs_no_attempt_either(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_an_outage_under_retry_in_place_costs_no_attempt_either(kafka: KafkaTestKit, in_flight: int) -> None:
     """retry="in_place" retries a failed record inside the batch's transaction; an outage is not the record's
     failure there either: the listener pauses, no attempt is counted, nothing is dead-lettered."""
     src, out = kafka.topic(), kafka.topic()
@@ -137,7 +140,7 @@ def test_an_outage_under_retry_in_place_costs_no_attempt_either(kafka: KafkaTest
     app.on(RecordRecovered)(recovered.append)
     app.on(OutageStarted)(started.append)
 
-    @app.listener(src, output=out, retry="in_place", max_attempts=2, dlq=True)
+    @app.listener(src, output=out, retry="in_place", max_attempts=2, dlq=True, in_flight=in_flight)
     def handle(record: Record) -> bytes:
         calls.append((record.value or b"", record.attempt, down.is_set()))
         if down.is_set():

@@ -141,10 +141,9 @@ def test_a_handler_that_fails_midway_leaves_nothing_of_its_attempt_committed(kaf
     [
         ("header-name", "header names must be str"),
         ("header-pair-name", "header names must be str"),
-        ("header-value", "cannot encode the header 'h'"),
         ("triple", "tuple must be (key, value)"),
-        ("key-type", "cannot encode the key of type int"),
-        ("generator-item", "cannot encode the value of type set"),
+        # A value, key or header of a type kafkatx cannot encode stops the container instead:
+        # tests/test_unproducible_results.py
     ],
 )
 def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(
@@ -161,14 +160,8 @@ def test_bad_outputs_on_the_direct_paths_fail_their_record_with_a_clear_error(
             return Output(b"x", headers={1: b"x"})  # type: ignore[dict-item]
         if value == b"header-pair-name":
             return Output(b"x", headers=[(1, b"x")])  # type: ignore[list-item]
-        if value == b"header-value":
-            return Output(b"x", headers={"h": 1.5})  # type: ignore[dict-item]
         if value == b"triple":
             return (b"k", b"v", b"extra")
-        if value == b"key-type":
-            return (7, b"v")
-        if value == b"generator-item":
-            return (x for x in [b"partial", {1, 2}])
         return value
 
     with running(app):

@@ -142,3 +142,29 @@ def test_a_record_that_kills_its_worker_is_dead_lettered_after_max_attempts_rest
     assert [d.value for d in dead] == [b"poison"]
     info = parse_dead_letter_headers(dead[0].headers)
     assert info.exception_fqcn == "kafkatx.errors.ProcessCrashedError" and info.attempts == 3
+
+
+def test_under_workers_each_text_log_line_names_its_worker(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    name = unique_name("sup-log")
+    env = {"APP_NAME": name, "SRC": src, "OUT": out}
+    proc = supervisor(
+        tmp_path, env, "--workers", "2", "--instance-id", "wlog", "--bootstrap-servers", kafka.bootstrap_servers
+    )
+    started: set[str] = set()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while started != {"wlog-0", "wlog-1"} and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            m = re.search(r" \[(wlog-\d)\] INFO +kafkatx\.app: app .* started", line)
+            if m:
+                started.add(m.group(1))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    assert started == {"wlog-0", "wlog-1"}, "".join(lines)
+    worker_lines = [line for line in lines + rest.splitlines(True) if "kafkatx.container" in line]
+    assert worker_lines and all(re.search(r" \[wlog-\d\] ", line) for line in worker_lines), "".join(worker_lines)

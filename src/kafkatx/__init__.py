@@ -15,6 +15,7 @@ from kafkatx.errors import (
     ClusterUnreachableError,
     ContainerError,
     DeadLetterPublishError,
+    DecodeError,
     DependencyUnavailable,
     DeserializationError,
     FencedTooOftenError,
@@ -34,6 +35,7 @@ from kafkatx.errors import (
     StuckCallError,
     TransactionAbortableError,
     UnknownTopicError,
+    UnproducibleTypeError,
 )
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.health import HealthServer, serve_health
@@ -54,6 +56,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadLetterPublishError",
     "DeadLetterPublishingRecoverer",
+    "DecodeError",
     "DefaultAfterRollbackProcessor",
     "DependencyUnavailable",
     "DeserializationError",
@@ -85,6 +88,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionUnit",
     "UnknownTopicError",
+    "UnproducibleTypeError",
     "__version__",
     "classify",
     "db",

@@ -74,7 +74,9 @@ def _coordinates(record: logging.LogRecord) -> str:
 class TextFormatter(logging.Formatter):
     """The usual one-line format, plus ``[listener topic/partition@offset attempt=N]`` when known."""
 
-    def __init__(self, fmt: str | None = None, datefmt: str | None = None) -> None:
+    def __init__(self, fmt: str | None = None, datefmt: str | None = None, *, instance: str | None = None) -> None:
+        if fmt is None and instance is not None:  # a worker of `kafkatx run --workers`: say which one wrote it
+            fmt = _TEXT_FORMAT.replace(" %(levelname)", f" [{instance.replace('%', '%%')}] %(levelname)", 1)
         super().__init__(fmt or _TEXT_FORMAT, datefmt)
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
@@ -93,6 +95,10 @@ class JsonFormatter(logging.Formatter):
     ``str(value)``.
     """
 
+    def __init__(self, *, instance: str | None = None) -> None:
+        super().__init__()
+        self.instance = instance
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "timestamp": _dt.datetime.fromtimestamp(record.created, _dt.UTC).isoformat(timespec="milliseconds"),
@@ -100,6 +106,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.instance is not None:
+            out["instance"] = self.instance
         listener = _listener(record)
         if listener is not None:
             out["listener"] = listener
@@ -127,6 +135,7 @@ def configure(
     json: bool = False,
     *,
     stream: TextIO | None = None,
+    instance: str | None = None,
 ) -> logging.Handler:
     """Log everything at ``level`` and above to ``stream`` (stderr) with kafkatx's formatter.
 
@@ -135,7 +144,10 @@ def configure(
     line twice. Python warnings (``warnings.warn``, e.g. confluent-kafka's
     when a failed producer is closed) go through it too, as WARNING lines of
     the ``py.warnings`` logger, so that nothing reaches stderr past the
-    formatter (``--log-format json`` included). Returns the handler it installed.
+    formatter (``--log-format json`` included). ``instance`` names the
+    process in every line (``kafkatx run --workers`` gives each worker its
+    instance id, so that the workers' lines, all on one stderr, say which
+    worker wrote them). Returns the handler it installed.
     """
     if isinstance(level, str):
         resolved = logging.getLevelName(level.upper())
@@ -143,7 +155,7 @@ def configure(
             raise ValueError(f"unknown log level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
         level = resolved
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if json else TextFormatter())
+    handler.setFormatter(JsonFormatter(instance=instance) if json else TextFormatter(instance=instance))
     setattr(handler, _MARK, True)
     root = logging.getLogger()
     for old in list(root.handlers):

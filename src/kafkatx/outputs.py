@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException
 
-from kafkatx.errors import OutputError
+from kafkatx.errors import InvalidConfigurationError, OutputError, UnproducibleTypeError
 from kafkatx.record import Output
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "REFUSED_WITH_HEADERS",
     "ResultEmitters",
     "buffer_output",
+    "unproducible_stop",
 ]
 
 Serializer = Callable[[Any], bytes]
@@ -71,6 +72,13 @@ SERIALIZE = 5  # anything else, for the listener's serializer
 OTHER = 0  # the rest: collect_outputs() encodes it or names the problem
 
 
+#: How to make a value producible: what an UnproducibleTypeError tells the user.
+_FIX = (
+    "bytes, str, a (key, value) tuple, an Output, or an iterable of those, "
+    "or give the listener serializer= (for example serializer=lambda v: json.dumps(v).encode())"
+)
+
+
 def result_kind(cls: type, serializer: Serializer | None) -> int:
     """How :func:`collect_outputs` treats a returned value of type ``cls`` (depends on the type only)."""
     if cls is bytes or issubclass(cls, str):
@@ -81,11 +89,18 @@ def result_kind(cls: type, serializer: Serializer | None) -> int:
         return OUTPUT
     if issubclass(cls, (bytes, bytearray, memoryview)):
         return OTHER
+    if _is_model(cls):  # a pydantic model iterates over its fields, yet is one value
+        return SERIALIZE if serializer is not None else OTHER
     if issubclass(cls, Iterable) and not issubclass(cls, Mapping):
         return MANY
     if serializer is not None:
         return SERIALIZE
     return OTHER
+
+
+def _is_model(cls: type) -> bool:
+    """A pydantic model: iterable (over its fields), yet one value for the serializer."""
+    return hasattr(cls, "model_dump_json")
 
 
 def encode(obj: Any, what: str, serializer: Serializer | None = None) -> bytes | None:
@@ -98,9 +113,9 @@ def encode(obj: Any, what: str, serializer: Serializer | None = None) -> bytes |
         return bytes(obj)
     if serializer is not None:
         return serialize(obj, what, serializer)
-    raise OutputError(
-        f"cannot encode the {what} of type {type(obj).__name__} to bytes: return bytes or str, "
-        "or give the listener a serializer (for example serializer=lambda v: json.dumps(v).encode())"
+    fix = "header values must be bytes or str" if what.startswith("header") else f"return {_FIX}"
+    raise UnproducibleTypeError(
+        f"cannot encode the {what} of type {type(obj).__name__} to bytes: {fix}", type(obj).__name__
     )
 
 
@@ -212,7 +227,7 @@ def collect_outputs(
     if isinstance(result, (bytes, str, tuple, Output, bytearray, memoryview)):
         into.append(to_pending(result, default_topic, serializer, listener))
         return
-    if isinstance(result, Iterable) and not isinstance(result, Mapping):
+    if isinstance(result, Iterable) and not isinstance(result, Mapping) and not _is_model(type(result)):
         for item in result:
             if item is not None:
                 into.append(to_pending(item, default_topic, serializer, listener))
@@ -220,9 +235,26 @@ def collect_outputs(
     if serializer is not None:
         into.append(to_pending(result, default_topic, serializer, listener))
         return
-    raise OutputError(
-        f"listener {listener!r} returned an unsupported {type(result).__name__}: return None, bytes, str, "
-        "a (key, value) tuple, an Output, or an iterable of those (or give the listener a serializer)"
+    raise UnproducibleTypeError(
+        f"listener {listener!r} returned an unsupported {type(result).__name__}: return None, {_FIX}",
+        type(result).__name__,
+    )
+
+
+def unproducible_stop(listener: str, exc: BaseException) -> InvalidConfigurationError | None:
+    """The error that stops ``listener``'s container when ``exc`` says its handler returned an unencodable type.
+
+    Such a result is a programming error: every record would fail alike, so
+    rather than dead-letter them all the container stops, committing nothing
+    for the record (a restart after the fix handles it). Called only once a
+    record failed, so the check costs the hot path nothing.
+    """
+    if not isinstance(exc, UnproducibleTypeError):
+        return None
+    where = "" if str(exc).startswith("listener") else f"listener {listener!r}: "
+    return InvalidConfigurationError(
+        f"{where}{exc}. A programming error, not the record's: the container stopped before committing the "
+        "record and dead-lettered nothing; restart after the fix"
     )
 
 

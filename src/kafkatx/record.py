@@ -40,6 +40,13 @@ class Record:
     failures (see the after-rollback processor). ``timestamp`` is milliseconds
     since the epoch, and ``timestamp_type`` is ``"CreateTime"``,
     ``"LogAppendTime"`` or ``"NoTimestampType"``.
+
+    ``raw_key`` and ``raw_value`` are the bytes as consumed. On a typed
+    listener (``value_type=``, ``deserializer=``...) ``key`` and ``value``
+    are the decoded objects and these keep the bytes (dead letters carry
+    them, byte for byte); otherwise they are the same bytes as ``key`` and
+    ``value``. A Record built by hand takes them from its bytes ``key`` and
+    ``value`` unless given.
     """
 
     topic: str
@@ -51,6 +58,14 @@ class Record:
     timestamp: int = -1
     timestamp_type: str = "CreateTime"
     attempt: int = 1
+    raw_key: bytes | None = field(default=None, repr=False, compare=False)
+    raw_value: bytes | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.raw_key is None and type(self.key) is bytes:
+            self.raw_key = self.key
+        if self.raw_value is None and type(self.value) is bytes:
+            self.raw_value = self.value
 
     def header(self, name: str, default: bytes | None = None) -> bytes | None:
         """The last value of header ``name``, or ``default``."""
@@ -77,7 +92,8 @@ class _MessageRecord(Record):
     are stored when the record is built (almost every handler reads them,
     and a slot reads several times faster than a property); like a plain
     ``Record``'s fields they can be reassigned. Headers and timestamp are
-    read-only views of the Message. It compares, prints, pickles and
+    read-only views of the Message, and so are ``raw_key`` and ``raw_value``
+    (what a typed listener decodes from). It compares, prints, pickles and
     ``dataclasses.replace()`` calls as a plain ``Record``. The record runner
     refills one for the next message when nothing but the runner holds it
     (see ``UNSHARED_REFCOUNT``): a record a handler keeps is never changed.
@@ -99,6 +115,14 @@ class _MessageRecord(Record):
         return self._msg.timestamp()[1]
 
     @property
+    def raw_key(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
+        return self._msg.key()
+
+    @property
+    def raw_value(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
+        return self._msg.value()
+
+    @property
     def timestamp_type(self) -> str:  # type: ignore[override]  # read-only view of the field
         ts_type = self._msg.timestamp()[0]
         return _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime"
@@ -109,7 +133,7 @@ class _MessageRecord(Record):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
             return NotImplemented
-        return self._fields() == tuple(getattr(other, f.name) for f in fields(Record))
+        return all(getattr(self, name) == getattr(other, name) for name in _COMPARED)
 
     __hash__ = None  # type: ignore[assignment]  # as Record's: mutable dataclass, not hashable
 
@@ -124,6 +148,8 @@ class _MessageRecord(Record):
 
 
 _new_message_record = object.__new__
+#: The fields a Record's equality compares (not the raw bytes: a decoded record equals one built with its objects).
+_COMPARED = tuple(f.name for f in fields(Record) if f.compare)
 
 
 def _unshared_refcount() -> int:

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Message
 from fakes import FakeHost, listener
 
-from kafkatx import InvalidConfigurationError, Record, send
+from kafkatx import InvalidConfigurationError, OutputError, Record, send
 from kafkatx.events import TransactionCommitted
 from kafkatx.listener.concurrent import LaneSchedule, lanes_of
 from kafkatx.record import ConsumedMessage
@@ -358,3 +358,22 @@ def test_a_transaction_whose_time_is_up_from_the_start_still_handles_a_record() 
     finally:
         runner.close()
     assert host.producer.committed_values == [b"a:0"] and host.seeks == [(("in", 0), 1)]
+
+
+def test_an_output_the_client_refuses_fails_its_own_record_only() -> None:
+    recovered: list[int] = []
+
+    async def enrich(record: Record) -> bytes:
+        await asyncio.sleep(0.001 * (record.offset % 3))
+        return record.value or b""
+
+    host = FakeHost(listener(enrich, in_flight=4, max_attempts=1, dlq=lambda r, e: recovered.append(r.offset)))
+    host.producer.fail_on("produce", OutputError("record too large"))  # the first output produced: record 0's
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(b"a", b"b", b"c", b"d")))
+    finally:
+        runner.close()
+    assert recovered == [0]
+    assert host.producer.committed_values == [b"b:1", b"c:2", b"d:3"]
+    assert host.producer.committed_offsets == {("in", 0): 4}

@@ -54,6 +54,18 @@ def test_a_client_call_is_tolerated_until_well_past_its_deadline() -> None:
     assert "blocked in commit for 51s" in verdict.body["listeners"][0]["containers"][0]["reason"]
 
 
+def test_a_bounded_call_in_progress_carries_its_deadline() -> None:
+    from kafkatx.client.bounded import BoundedCaller
+
+    caller = BoundedCaller("p")
+    seen: list[CallInProgress | None] = []
+    caller.call("commit_transaction", lambda: seen.append(caller.current), 7.5)
+    call = seen[0]
+    assert call is not None and (call.operation, call.deadline) == ("commit_transaction", 7.5)
+    assert caller.current is None, "a call that returned is still reported"
+    caller.close()
+
+
 def test_a_slow_handler_never_makes_a_container_not_live() -> None:
     slow = ContainerState("orders", "running", opened=True, assignment_received=True, handling_for=3600.0)
     assert liveness(_one(slow)).ok
@@ -249,6 +261,17 @@ def test_the_endpoint_answers_200_or_503_with_the_json_body() -> None:
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(server.url + "/nope", timeout=5)
         assert missing.value.code == 404
+
+
+def test_an_ipv6_address_is_served_too() -> None:
+    try:
+        server = HealthServer({"/livez": lambda: (200, "text/plain", b"ok")}, 0, "::1")
+    except InvalidConfigurationError:
+        pytest.skip("no IPv6 loopback here")
+    with server:
+        assert server.url.startswith("http://[::1]:")
+        with urllib.request.urlopen(server.url + "/livez", timeout=5) as response:
+            assert response.read() == b"ok"
 
 
 def test_a_port_in_use_is_a_configuration_error_naming_it() -> None:

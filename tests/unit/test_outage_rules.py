@@ -62,7 +62,8 @@ def test_the_options_are_checked_when_the_listener_is_declared() -> None:
 
 def test_the_first_wait_is_the_listeners_back_off_or_half_a_second() -> None:
     assert first_delay(listener(lambda r: None, backoff=2.0).policy) == 2.0
-    assert first_delay(listener(lambda r: None).policy) == 0.5
+    assert first_delay(listener(lambda r: None).policy) == 1.0, "the default back-off, 1 s"
+    assert first_delay(listener(lambda r: None, backoff=0).policy) == 0.5
 
 
 # -- a handler whose dependency is down -----------------------------------------------------------------------------

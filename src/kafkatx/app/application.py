@@ -168,12 +168,52 @@ class App:
 
     # -- declaring listeners ------------------------------------------------------
     def listener(self, *topics: str, **options: Unpack[ListenerOptions]) -> Callable[[F], F]:
-        """Declare a handler for ``topics``; see the README for the options.
+        """Declare a handler for ``topics``: ``@app.listener("orders", output="enriched", dlq=True)``.
 
-        ``@app.listener("orders", output="orders-enriched", max_attempts=3, dlq=True)``
+        The handler (a function, or an ``async def``) takes a :class:`~kafkatx.Record` and returns None, bytes,
+        str, a ``(key, value)`` tuple, an :class:`~kafkatx.Output`, or an
+        iterable of those (other objects with ``serializer=``). Each poll's
+        records are handled in one Kafka transaction with their offsets.
 
-        The options are checked now: an unknown or invalid one raises
-        :class:`~kafkatx.InvalidConfigurationError` naming it.
+        Options (keyword-only; default in brackets):
+
+        - ``output`` [None]: the topic a returned value goes to.
+        - ``sends_to`` [()]: topics the handler sends to with ``send()``, checked (or created) at start.
+        - ``name`` [the handler's qualified name]: the listener's name in logs, metrics and ids.
+        - ``max_attempts`` [3]: deliveries of a failing record, the first included, before it is recovered.
+        - ``backoff`` [1.0]: seconds (or a tenacity wait) between attempts; the partition is paused, not
+          the consumer. 0 retries at once (Spring's default back-off).
+        - ``dlq`` [False]: True for ``<topic>-dlt``, a topic name, a recoverer or a function; False logs and skips.
+        - ``not_retryable`` [()]: exception types recovered at their first failure.
+        - ``retryable`` [()]: exception types retried although not-retryable by default.
+        - ``default_not_retryable`` [True]: keep the built-in not-retryable types (TypeError, decoding errors...).
+        - ``max_recovery_failures`` [None]: failed recoveries of one record before the container stops (None: never).
+        - ``recovery_backoff`` [None: 0.5 s doubling to 30 s]: wait between recovery attempts.
+        - ``after_rollback`` [None]: a custom AfterRollbackProcessor instead of the default one.
+        - ``retry`` ["rollback"]: "in_place" retries inside the open transaction instead of aborting it.
+        - ``count_crashes`` [True]: count a record that kills the process as a failed attempt.
+        - ``outages`` [(ConnectionError,)]: exception types meaning a dependency is down: pause, count nothing.
+        - ``max_outage`` [None]: seconds of outage before the App stops (None: wait as long as it takes).
+        - ``database`` [None]: a SQLAlchemy engine (or URL) committed in the same unit of work.
+        - ``serializer`` [None]: turns returned objects into bytes (e.g. ``lambda v: json.dumps(v).encode()``).
+        - ``max_batch_records`` [5000]: records per poll, so per transaction at most.
+        - ``max_batch_ms`` [100]: how long a poll waits for records.
+        - ``max_transaction_ms`` [None: a third of the smaller of transaction_timeout_ms and
+          max.poll.interval.ms]: handling time after which a transaction commits what it has.
+        - ``fencing`` ["auto"]: "group" (KIP-447) or "partition" transactional ids; auto picks by broker.
+        - ``concurrency`` [1]: containers (threads, each with its own consumer) for this listener.
+        - ``in_flight`` [1]: records of a container handled at once (an ``async def`` handler is awaited,
+          a plain one runs on a pool of that many threads); outputs still go out in input order.
+        - ``ordering`` [None: "key"]: which records wait for each other when ``in_flight`` > 1: "key",
+          "partition" or "none".
+        - ``group_id`` [the App's]: the consumer group.
+        - ``consumer_config`` / ``producer_config`` [{}]: librdkafka properties for this listener's clients.
+        - ``max_abortable_retries`` [5]: abortable errors in a row before the producer is recreated.
+        - ``idle_event_interval`` [None]: seconds without records after which a ListenerIdle event is published.
+
+        Every option is checked now: an unknown or invalid one raises
+        :class:`~kafkatx.InvalidConfigurationError` naming it (and the
+        closest name, for a misspelt one).
         """
         if len(topics) == 1 and callable(topics[0]) and not isinstance(topics[0], str):
             raise InvalidConfigurationError("use @app.listener('topic', ...) with at least one topic name")

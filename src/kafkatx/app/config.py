@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kafkatx._validate import is_int
 from kafkatx.client.brokers import ENV_BOOTSTRAP, bootstrap_from_env
 from kafkatx.client.log import client_log
+from kafkatx.client.properties import check_property_names
 from kafkatx.errors import InvalidConfigurationError
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class ClientConfig:
         self.max_producer_recreations = max_producer_recreations
         self.static_membership = static_membership
         self.rebalance = rebalance
+        check_property_names("App config", self.config)
+        check_property_names("App consumer_config", self.consumer_config_overrides)
+        check_property_names("App producer_config", self.producer_config_overrides)
         for key in _FORBIDDEN_PRODUCER:
             if key in self.config or key in self.producer_config_overrides:
                 raise InvalidConfigurationError(f"do not set {key!r}: {_FORBIDDEN_PRODUCER[key]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ def prepare_topics(
     client: ClientConfig, listeners: Sequence[ListenerSpec], *, create_topics: bool, topic_partitions: int
 ) -> str | None:
     """Fail fast, before any consumer starts, on missing topics (or create them if allowed); the cluster id."""
+    check_resolvable(client.resolved_bootstrap_servers())
     admin = _admin(client)
     try:
         meta = admin.list_topics(timeout=15)
@@ -81,6 +83,39 @@ def prepare_topics(
         spec.recoverer.setup(setup)
     cluster_id: str | None = meta.cluster_id
     return cluster_id
+
+
+def check_resolvable(servers: str) -> None:
+    """Raise ClusterUnreachableError at once when no bootstrap host name resolves.
+
+    librdkafka would retry the lookup until list_topics timed out, and then
+    say only that nothing answered within 15 s.
+    """
+    hosts = [_host_of(server) for server in servers.split(",") if server.strip()]
+    unresolved = []
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror as exc:
+            unresolved.append((host, str(exc.strerror)))
+        except UnicodeError as exc:
+            unresolved.append((host, str(exc)))
+    if unresolved and len(unresolved) == len(hosts):
+        host, reason = unresolved[0]
+        raise ClusterUnreachableError(
+            f"cannot resolve host {host!r} of the bootstrap servers {servers} ({reason}): is the name right, "
+            "and is DNS reachable from here?",
+            operation="resolve bootstrap servers",
+        )
+    for host, _ in unresolved:
+        log.warning("bootstrap server host %r does not resolve; trying the others of %s", host, servers)
+
+
+def _host_of(server: str) -> str:
+    """The host of ``[PROTOCOL://]host:port`` (an IPv6 address may be in brackets)."""
+    address = server.strip().rpartition("://")[2]
+    host = address.rpartition(":")[0] if ":" in address else address
+    return host.strip("[]")
 
 
 def resolve_fencing(client: ClientConfig, listeners: Sequence[ListenerSpec], cluster_id: str | None) -> None:

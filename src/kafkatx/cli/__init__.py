@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -121,10 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     args.verbosity = args.verbose + getattr(args, "sub_verbose", 0)
+    from kafkatx.cli.supervisor import WORKER_ENV
     from kafkatx.logging import configure as configure_logging
 
     configure_logging(
-        logging.DEBUG if args.verbosity > 1 else logging.INFO, json=getattr(args, "log_format", "text") == "json"
+        logging.DEBUG if args.verbosity > 1 else logging.INFO,
+        json=getattr(args, "log_format", "text") == "json",
+        instance=os.environ.get(WORKER_ENV),  # set by the supervisor of `kafkatx run --workers`
     )
     if args.verbosity:  # -v: kafkatx's own DEBUG lines; -vv: everything's, librdkafka's included
         logging.getLogger("kafkatx").setLevel(logging.DEBUG)

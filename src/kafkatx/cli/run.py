@@ -265,7 +265,7 @@ def _no_servers(app: Any) -> str:
     )
 
 
-def _unreachable(app: Any, args: argparse.Namespace) -> str:
+def _unreachable(app: Any, args: argparse.Namespace, reason: str) -> str:
     servers = app.resolved_bootstrap_servers()
     source = (
         "--bootstrap-servers"
@@ -274,6 +274,8 @@ def _unreachable(app: Any, args: argparse.Namespace) -> str:
         if app.bootstrap_servers or app.config.get("bootstrap.servers")
         else "$KAFKATX_BOOTSTRAP_SERVERS"
     )
+    if reason.startswith("cannot resolve host"):
+        return f"{reason.partition(': is the name')[0]}, from {source}: is the name right? Pass --bootstrap-servers HOST:PORT"
     return (
         f"cannot reach Kafka at {servers} (from {source}; no answer within 15 s): is the broker running, "
         "and is that its address? Pass --bootstrap-servers HOST:PORT, or add --local for an embedded broker"
@@ -388,7 +390,7 @@ def _failed(exc: BaseException, app: Any, args: argparse.Namespace) -> int:
         print(f"kafkatx run: configuration error: {_cli_words(str(exc))}", file=sys.stderr)
         return EX_CONFIG
     if isinstance(exc, ClusterUnreachableError):
-        print(f"kafkatx run: {_unreachable(app, args)}", file=sys.stderr)
+        print(f"kafkatx run: {_unreachable(app, args, str(exc))}", file=sys.stderr)
     elif isinstance(exc, KafkaTxError):  # kafkatx's messages say what happened and what to check
         print(f"kafkatx run: {_cli_words(str(exc))}", file=sys.stderr)
     else:

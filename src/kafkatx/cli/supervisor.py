@@ -8,8 +8,10 @@ its predecessor's open transaction is aborted by the restart's
 init_transactions, and its consumers take their partitions back without a
 rebalance.
 
-The supervisor forwards SIGINT/SIGTERM to every worker and waits for them; a
-second signal kills them. A worker that exits non-zero is restarted after a
+The supervisor forwards SIGINT/SIGTERM to every worker and waits for them
+(exit 0 once they stopped gracefully); a second signal kills them, and the
+run exits 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM),
+as one process forced out by a second signal does. A worker that exits non-zero is restarted after a
 back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
 60 s) ends the whole run with exit code 1, and a configuration error (exit
 78) ends it at once with 78: restarting cannot fix either. A crash after
@@ -44,11 +46,13 @@ from kafkatx.health.workers import (
     workers_readiness,
 )
 
-__all__ = ["Supervisor", "worker_ids"]
+__all__ = ["Supervisor", "WORKER_ENV", "worker_ids"]
 
 log = logging.getLogger("kafkatx.supervisor")
 
 EX_CONFIG = 78
+#: The environment variable that tells a worker its instance id, for its log lines (kafkatx.logging.configure).
+WORKER_ENV = "KAFKATX_WORKER_ID"
 _CRASH_WINDOW_S = 60.0
 _MAX_CRASHES = 5
 _MAX_BACKOFF_S = 30.0
@@ -89,6 +93,7 @@ class Supervisor:
         self.env = env
         self.shutdown_timeout = shutdown_timeout
         self._signals = 0
+        self._first_signal = 0
         self.exit_code = 0
         #: (address, port) of the one health endpoint that reports every worker (``--health-port``), if any.
         self.health = health
@@ -96,7 +101,11 @@ class Supervisor:
 
     def _spawn(self, worker: _Worker) -> None:
         worker.progress.reset()
-        env = {**(os.environ if self.env is None else self.env), ENV_PROGRESS_FILE: worker.progress.path}
+        env = {
+            **(os.environ if self.env is None else self.env),
+            ENV_PROGRESS_FILE: worker.progress.path,
+            WORKER_ENV: worker.instance_id,
+        }
         if self.health is not None:
             port_file = self._health_port_file(worker)
             if os.path.exists(port_file):
@@ -108,6 +117,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
+        self._first_signal = self._first_signal or signum
         for worker in self.workers:
             if worker.proc is not None and worker.proc.poll() is None:
                 try:
@@ -236,7 +246,9 @@ class Supervisor:
                 worker.proc.kill()
                 exit_code = worker.proc.wait()
             code = code or (exit_code if exit_code not in (-signal.SIGTERM, -signal.SIGINT) else 0)
-        return code
+        if self._signals > 1:  # forced: the workers were killed, as the user asked
+            return 128 + self._first_signal
+        return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + its number
 
     def _stop_all(self) -> None:
         for worker in self.workers:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.errors.dbapi import is_connection_error
 
-__all__ = ["Backend", "ManagedConnection", "backend_for", "is_connection_error", "permanent_database_error_class"]
+__all__ = ["Backend", "ManagedConnection", "backend_for", "is_connection_error"]
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -377,27 +378,3 @@ def _check_not_in_memory(engine: Any) -> None:
             "connection (kafkatx's, yours) gets its own, and it is gone at exit together with the positions "
             "kafkatx keeps for exactly once; use a file (sqlite:///app.db)"
         )
-
-
-_CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
-_PERMANENT_ERRORS = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError")
-
-
-def _database_base(cls: type, names: tuple[str, ...]) -> type | None:
-    """The base of ``cls`` named like one of the DB-API exceptions ``names``, in a database driver or SQLAlchemy."""
-    for base in cls.__mro__:
-        if base.__name__ in names:
-            root = base.__module__.split(".")[0]
-            if root == "sqlalchemy" or hasattr(sys.modules.get(root), "paramstyle"):
-                return base
-    return None
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """A DB-API/SQLAlchemy error about the connection or the server (retry later), not the statement."""
-    return _database_base(type(exc), _CONNECTION_ERRORS) is not None
-
-
-def permanent_database_error_class(cls: type) -> type | None:
-    """For a constraint violation, bad data or bad SQL (it fails again on every attempt): its DB-API base class."""
-    return _database_base(cls, _PERMANENT_ERRORS)

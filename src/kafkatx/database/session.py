@@ -142,7 +142,6 @@ class DatabaseSession:
         self._previous_handle: Any = None
         self.commits = 0
         self._crash_after = _crash_after()
-        self.unavailable = 0  # consecutive outages, for the back-off
         self._logs: dict[str, LogIdentity] = {}  # per input topic: the Kafka log this container reads
 
     def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -345,7 +344,6 @@ class DatabaseSession:
         self._open, self._txn = False, None
         self._release()
         self.commits += 1
-        self.unavailable = 0
         if self._crash_after is not None and self.commits >= self._crash_after:
             log.warning(
                 "test hook %s: killing this process between the database and the Kafka commit",

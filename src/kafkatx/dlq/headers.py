@@ -54,7 +54,7 @@ _LONG = struct.Struct(">q")
 def _message(exc: BaseException) -> str:
     msg = str(exc)
     root = root_cause(exc)
-    if root is not exc and str(root) and str(root) != msg:
+    if root is not exc and str(root) and str(root) not in msg:  # not when the message already quotes it
         msg = f"{msg}; {root}"
     return msg
 

@@ -157,7 +157,10 @@ class DeadLetterPublishingRecoverer(Recoverer):
         trace = dead_letter_trace_headers(ctx.group_id, record)
         if trace is not None:  # tracing on: the dead letter continues the trace of the record's last attempt
             headers = with_trace(headers, trace)
-        error = ctx.deliver(PendingOutput(topic, record.value, record.key, encode_headers(headers), partition))
+        # The bytes as consumed: a typed listener's record carries decoded objects in key and value.
+        value = record.value if record.raw_value is None else record.raw_value
+        key = record.key if record.raw_key is None else record.raw_key
+        error = ctx.deliver(PendingOutput(topic, value, key, encode_headers(headers), partition))
         if error is not None:
             raise DeadLetterPublishError(
                 f"dead-letter publication of {record.coordinates} to {topic!r} failed: {error}"

@@ -17,9 +17,11 @@
     │   ├── FencedTooOftenError           the transactional.id is used elsewhere too
     │   └── OutageTooLongError            a dependency was down longer than max_outage
     ├── OutputError (TypeError)           a handler returned or sent something unproducible
+    │   ├── UnproducibleTypeError         ... of a type it cannot encode: the container stops
     │   ├── UnknownTopicError             ... to a topic that does not exist
     │   └── RecordRejectedError           ... that the client refused (too large)
     ├── DeserializationError (ValueError) raise it when a record's bytes cannot be decoded
+    │   └── DecodeError                   a typed listener could not decode a record: it goes to the recoverer
     ├── RecoveryError                     a recoverer failed; the record is kept
     ├── DeadLetterPublishError            the dead-letter record could not be written
     ├── ProcessCrashedError               a record killed the process max_attempts times (dead letters name it)
@@ -68,9 +70,11 @@ __all__ = [
     "OutageTooLongError",
     "DependencyUnavailable",
     "OutputError",
+    "UnproducibleTypeError",
     "UnknownTopicError",
     "RecordRejectedError",
     "DeserializationError",
+    "DecodeError",
     "RecoveryError",
     "DeadLetterPublishError",
     "ProcessCrashedError",
@@ -329,6 +333,23 @@ class OutputError(KafkaTxError, TypeError):
     """
 
 
+class UnproducibleTypeError(OutputError):
+    """A handler returned or sent a value of a type kafkatx cannot encode, and its listener has no serializer.
+
+    A programming error, not the record's: every record would fail the same
+    way, so the container stops (one line naming the listener, the type and
+    the fix) instead of dead-lettering them all; the record is not committed,
+    and a restart after the fix handles it. ``type_name`` is the type's name.
+    """
+
+    def __init__(self, message: str, type_name: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.type_name))
+
+
 class UnknownTopicError(OutputError):
     """A record was sent to a topic that does not exist."""
 
@@ -342,6 +363,29 @@ class DeserializationError(KafkaTxError, ValueError):
 
     It is not retryable by default: the same bytes will not decode next time.
     """
+
+
+class DecodeError(DeserializationError):
+    """A typed listener (``value_type=``, ``deserializer=``...) could not decode a record's key or value.
+
+    Never retried: the record goes to the listener's recoverer at its first
+    delivery, its bytes untouched, and the handler is not called for it.
+    ``part`` is ``"key"`` or ``"value"``; ``field`` the path of the field
+    that failed validation when the validator names one (``"items.0.sku"``),
+    else None. The decoder's own exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, part: str = "value", field: str | None = None) -> None:
+        super().__init__(message)
+        self.part = part
+        self.field = field
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_decode_error, (str(self), self.part, self.field))
+
+
+def _decode_error(message: str, part: str, field: str | None) -> DecodeError:
+    return DecodeError(message, part=part, field=field)
 
 
 class RecoveryError(KafkaTxError):

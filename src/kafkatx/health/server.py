@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,7 +60,8 @@ class HealthServer:
         self.addr = addr
         handler = _handler_for(self.routes)
         try:
-            self._server: ThreadingHTTPServer | None = ThreadingHTTPServer((addr, port), handler)
+            server_class = _IPv6Server if ":" in addr else ThreadingHTTPServer  # "::" for every interface, IPv6 too
+            self._server: ThreadingHTTPServer | None = server_class((addr, port), handler)
         except OSError as exc:
             raise InvalidConfigurationError(
                 f"cannot serve health probes on {addr}:{port}: {exc.strerror or exc}. "
@@ -92,6 +94,10 @@ class HealthServer:
 
     def __repr__(self) -> str:
         return f"HealthServer({self.url})"
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 def _handler_for(routes: Mapping[str, Callable[[], Response]]) -> type[BaseHTTPRequestHandler]:

@@ -26,7 +26,7 @@ from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
 from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
 from kafkatx.listener.host import HandlerFailure, Unit
-from kafkatx.outputs import PendingOutput
+from kafkatx.outputs import PendingOutput, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.recoverers import Recoverer
 from kafkatx.rollback.processor import AfterRollbackProcessor
@@ -67,6 +67,9 @@ def after_rollback(
     unit is rewound and the whole listener waits (:mod:`kafkatx.listener.outage`).
     """
     while True:
+        stop = unproducible_stop(unit.listener, failure.exc)
+        if stop is not None:  # a programming error, not the record's: the container stops, dead-letters nothing
+            raise stop
         if unit.outage.matches(failure.exc):
             unit.rewind(msgs)
             unit.outage.report(unit.worker, failure.exc, failure.record)

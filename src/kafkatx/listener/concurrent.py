@@ -52,7 +52,7 @@ from kafkatx.context import bind_sink
 from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.listener.host import HandlerFailure
-from kafkatx.outputs import PendingOutput, collect_outputs
+from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.policy import Action
 
@@ -235,7 +235,11 @@ class ConcurrentDispatch:
             pool.shutdown(wait=True, cancel_futures=True)
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.close()
+            try:  # what handlers left on the loop: async generators, the default executor's threads
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
     # -- one record ---------------------------------------------------------------------
     def call(self, record: Record) -> list[PendingOutput]:
@@ -296,6 +300,11 @@ class ConcurrentDispatch:
                 error = exc
             if isinstance(error, KafkaClientError) and not isinstance(error, OutputError):
                 raise error  # the client or a declaration error: no record's failure
+            stop = unproducible_stop(unit.listener, error)
+            if stop is not None:  # a programming error: the container stops, the transaction is not committed
+                raise stop
+            if unit.outage.matches(error):  # a dependency is down: the batch aborts and the listener pauses
+                raise error
             state = tracker.record_failure(record, error)
             unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
             verdict = policy.decide(state.failures, error, unit.stop_event)

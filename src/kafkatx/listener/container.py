@@ -235,13 +235,14 @@ class ListenerContainer:
             list(spec.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         log.info(
-            "listener %s consuming %s as group %r (fencing=%s, batch<=%d records/%d ms)",
+            "listener %s consuming %s as group %r (fencing=%s, batch<=%d records/%d ms%s)",
             self.name,
             ",".join(spec.topics),
             self.group_id,
             spec.fencing,
             spec.max_batch_records,
             spec.max_batch_ms,
+            f", in_flight={spec.in_flight} ordering={spec.ordering}" if spec.in_flight > 1 else "",
         )
 
     def _close(self) -> None:

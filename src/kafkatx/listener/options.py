@@ -73,6 +73,10 @@ class ListenerOptions(_SharedOptions, total=False):
     max_outage: float | None
     in_flight: int
     ordering: Ordering | None
+    value_type: Any
+    key_type: Any
+    deserializer: Callable[..., Any] | None
+    key_deserializer: Callable[..., Any] | None
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -92,7 +96,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "fencing": "auto",
     "concurrency": 1,
     "max_attempts": 3,
-    "backoff": None,
+    "backoff": 1.0,
     "dlq": False,
     "not_retryable": (),
     "retryable": (),
@@ -113,6 +117,10 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "max_outage": None,
     "in_flight": 1,
     "ordering": None,
+    "value_type": None,
+    "key_type": None,
+    "deserializer": None,
+    "key_deserializer": None,
 }
 
 

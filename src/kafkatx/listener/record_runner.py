@@ -43,7 +43,7 @@ from kafkatx.listener.concurrent import (
     refuse_awaitable,
 )
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs
+from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs, unproducible_stop
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
 from kafkatx.rollback.policy import Action
 
@@ -287,6 +287,9 @@ class RecordRunner:
             raise exc
         while True:
             buf.clear()
+            stop = unproducible_stop(unit.listener, exc)
+            if stop is not None:  # a programming error: the container stops, the transaction is not committed
+                raise stop
             state = tracker.record_failure(record, exc)
             unit.publish(HandlerFailed(unit.listener, unit.worker, record, exc, state.failures))
             verdict = policy.decide(state.failures, exc, unit.stop_event)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kafkatx.client.properties import check_property_names
 from kafkatx.database._backend import Backend, backend_for
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, Ordering, RetryMode, check_option_names
@@ -20,6 +21,7 @@ from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor
+from kafkatx.serde import TypedDecoding, output_serializer, typed_decoding, typed_handler
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory
@@ -103,6 +105,9 @@ class ListenerSpec:
     ordering: Ordering = "key"
     #: The handler is an ``async def``: awaited on the container's event loop.
     is_async: bool = False
+    #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
+    #: user's handler: kafkatx.serde.typed_handler); None for bytes.
+    decoding: TypedDecoding | None = None
 
     @property
     def recoverer(self) -> Recoverer:
@@ -133,9 +138,12 @@ def build_spec(
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner)
     database = _database_of(opts.get("database"), kind, runner, retry)
+    name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
+    decoding = _decoding_of(opts, kind, runner)
+    serializer = output_serializer(serializer, decoding is not None, output)
     return ListenerSpec(
-        name=opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__,
-        handler=handler,
+        name=name,
+        handler=handler if decoding is None else typed_handler(handler, decoding),
         topics=topics,
         policy=policy,
         processor=processor,
@@ -167,6 +175,7 @@ def build_spec(
         in_flight=in_flight,
         ordering=ordering,
         is_async=is_async,
+        decoding=decoding,
     )
 
 
@@ -199,6 +208,17 @@ def _concurrency_of(
             f"records than a batch holds can be in flight at once; raise max_batch_records to at least {in_flight}"
         )
     return in_flight, ordering, is_async
+
+
+def _decoding_of(opts: Mapping[str, Any], kind: str, runner: RunnerFactory | None) -> TypedDecoding | None:
+    """``value_type=``, ``key_type=``, ``deserializer=``, ``key_deserializer=``: record listeners only."""
+    given = {k: opts.get(k) for k in ("value_type", "key_type", "deserializer", "key_deserializer")}
+    if all(v is None for v in given.values()):
+        return None
+    if kind != "record" or runner is not None:
+        named = ", ".join(f"{k}=" for k, v in given.items() if v is not None)
+        raise InvalidConfigurationError(f"{named} is available on record listeners (@app.listener) only")
+    return typed_decoding(**given)
 
 
 def _exception_types(value: Any, name: str) -> tuple[type[BaseException], ...]:
@@ -275,6 +295,7 @@ def _check_modes_and_limits(
     for key in ("consumer_config", "producer_config"):
         if opts[key] is not None and not isinstance(opts[key], Mapping):
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
+        check_property_names(f"listener {key}", opts[key] or {})
     return fencing, retry, float(idle) if idle is not None else None, serializer, max_batch_ms
 
 

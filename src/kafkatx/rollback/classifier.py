@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from tenacity import RetryCallState
 from tenacity.retry import retry_base
 
-from kafkatx.database._backend import permanent_database_error_class
-from kafkatx.errors import DeserializationError, OutputError
+from kafkatx.errors import DecodeError, DeserializationError, OutputError
+from kafkatx.errors.dbapi import permanent_database_error_class
 
 __all__ = [
     "DEFAULT_NOT_RETRYABLE",
@@ -91,7 +91,13 @@ class ExceptionClassifier:
         self.database_defaults = include_defaults
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """True unless ``exc`` or anything on its cause chain is classified not retryable."""
+        """True unless ``exc`` or anything on its cause chain is classified not retryable.
+
+        A typed listener's :class:`~kafkatx.DecodeError` is never retryable, whatever the lists say:
+        the same bytes cannot decode next time, and its record never reached the handler.
+        """
+        if isinstance(exc, DecodeError):
+            return False
         for link in cause_chain(exc):
             nr = _closest(type(link), self.not_retryable)
             if nr is None and self.database_defaults:

@@ -73,6 +73,12 @@ _NOT_FOR_SPARK = {
     "database": "a Spark job's database writes are its own (database= is for record listeners)",
     "in_flight": "a Spark job runs a whole batch at once, on the cluster (in_flight= is for record listeners)",
     "ordering": "a Spark job runs a whole batch at once, on the cluster (ordering= is for record listeners)",
+    **dict.fromkeys(
+        ("value_type", "key_type", "deserializer", "key_deserializer"),
+        "a Spark job gets key and value as binary columns and decodes them itself (from_json, from_avro), "
+        "so a record that fails to decode fails the job, and the job's poison isolation dead-letters it; "
+        "typed payloads are for record listeners (@app.listener)",
+    ),
 }
 _leases: weakref.WeakKeyDictionary[Any, SessionLease] = weakref.WeakKeyDictionary()
 

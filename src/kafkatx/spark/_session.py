@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -132,6 +133,11 @@ def default_conf(master: str) -> dict[str, str]:
     }
     if not master.startswith("sc://"):  # static settings: a Connect client cannot set them
         conf.update({"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+    if not _is_local(master) and not master.startswith("sc://"):
+        # A task that fails in the handler's code fails its job at once: kafkatx retries the batch by the
+        # listener's max_attempts and bisects it to find a poison record, so Spark's own 4 tries per task
+        # would only multiply the cost of every failing job (local masters never retry a task).
+        conf["spark.task.maxFailures"] = "1"
     return conf
 
 
@@ -148,6 +154,8 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
     from pyspark.sql import SparkSession
 
     master = settings.resolved_master()
+    if master.startswith("sc://"):
+        check_connect_client(master)
     _set_environment(master)
     builder = SparkSession.builder
     builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
@@ -162,7 +170,7 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
     previous_sigint = signal.getsignal(signal.SIGINT) if main else None
     try:
         session = builder.getOrCreate()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # some of pyspark's import paths exit when a Connect module is missing
         hint = (
             "is a Spark Connect server listening there?"
             if master.startswith("sc://")
@@ -177,6 +185,48 @@ def _build(settings: SparkSettings, default_name: str) -> Any:
     _set_log_level(session, settings.log_level)
     log.info("SparkSession started (master %s) in %.1fs", master, time.perf_counter() - started)
     return session
+
+
+def check_connect_client(master: str) -> None:
+    """Raise InvalidConfigurationError naming what to install when Spark Connect's client packages are missing.
+
+    pyspark's Connect client needs packages of its own (``pyspark[connect]``:
+    grpcio, grpcio-status, googleapis-common-protos, zstandard...). Checked
+    before the session is built: pyspark's own error for them names one
+    package at a time, and some of its import paths end the process instead.
+    """
+    from importlib import metadata
+
+    try:
+        wanted = [r for r in metadata.requires("pyspark") or [] if 'extra == "connect"' in r]
+    except metadata.PackageNotFoundError:  # pragma: no cover - pyspark is imported before this is called
+        return
+    missing = []
+    for requirement in wanted:
+        spec = requirement.split(";")[0].strip()
+        name = re.split(r"[<>=!~ \[]", spec, maxsplit=1)[0]
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(spec)
+            continue
+        if not _satisfies(spec, installed):
+            missing.append(f"{spec} (installed: {installed})")
+    if missing:
+        raise InvalidConfigurationError(
+            f"master {master!r} is Spark Connect, whose client needs packages that are not installed: "
+            f"{', '.join(missing)}. Install them with: pip install 'kafkatx[spark-connect]' "
+            "(or pip install 'pyspark[connect]' of the installed pyspark's version)"
+        )
+
+
+def _satisfies(requirement: str, version: str) -> bool:
+    """Whether ``version`` meets ``requirement`` (True when ``packaging`` is not there to tell)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - packaging comes with pip and pytest
+        return True
+    return Requirement(requirement).specifier.contains(version, prereleases=True)
 
 
 def _set_log_level(session: Any, level: str) -> None:

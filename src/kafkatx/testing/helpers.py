@@ -277,12 +277,18 @@ class KafkaTestKit:
 
 
 @contextlib.contextmanager
-def running(app: Any, *, timeout: float = 30.0) -> Iterator[Any]:
+def running(app: Any, kafka: KafkaTestKit | str | None = None, *, timeout: float = 30.0) -> Iterator[Any]:
     """Run ``app`` in the background for the duration of a ``with`` block.
 
-    On exit the App is stopped gracefully; if a container failed, its error
-    is raised (unless the block itself raised).
+    ``kafka`` (the ``kafka`` fixture, or a bootstrap address) points the App
+    at that broker first: an App made at module level, for
+    ``kafkatx run``, needs no environment variable to run against the
+    test's broker (``with running(app, kafka): ...``). On exit the App is
+    stopped gracefully; if a container failed, its error is raised (unless
+    the block itself raised).
     """
+    if kafka is not None:
+        app.bootstrap_servers = kafka if isinstance(kafka, str) else kafka.bootstrap_servers
     app.start()
     try:
         yield app
