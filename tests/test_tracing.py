@@ -227,3 +227,30 @@ def test_kafkatx_run_tracing_passes_the_records_trace_on() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_typed_listeners_model_output_and_undecodable_dead_letter_carry_the_trace(kafka: KafkaTestKit) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):  # type: ignore[misc, name-defined]
+        id: int
+
+    src, out = kafka.topic(), kafka.topic()
+    dlt = kafka.topic(name=src + "-dlt")
+    traced = [("traceparent", TRACEPARENT)]
+    kafka.produce(src, [{"value": b'{"id": 7}', "headers": traced}, {"value": b"not json", "headers": traced}])
+    provider, _ = _provider()
+    app = make_app(kafka, tracing=provider)
+
+    @app.listener(src, output=out, value_type=Order, dlq=True)
+    def handle(record: Record) -> Any:
+        return Order(id=record.value.id + 1)
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
+    (output,) = kafka.read(out)
+    assert json.loads(output.value or b"") == {"id": 8}
+    assert _trace_id(output.headers) == TRACE_ID
+    (dead,) = kafka.read(dlt)
+    assert dead.value == b"not json", "the dead letter holds the bytes as consumed"
+    assert _trace_id(dead.headers) == TRACE_ID
