@@ -53,6 +53,7 @@ __all__ = [
     "HeaderGetter",
     "HeaderSetter",
     "TracedListener",
+    "check_tracing_option",
     "Tracing",
     "dead_letter_trace_headers",
     "extract_context",
@@ -76,6 +77,17 @@ def require_opentelemetry() -> None:
             "App(tracing=...) needs OpenTelemetry: pip install 'kafkatx[otel]' (opentelemetry-api), "
             "and an OpenTelemetry SDK configured by your application"
         ) from exc
+
+
+def check_tracing_option(tracing: object) -> None:
+    """``App(tracing=...)``: False, True, or an OpenTelemetry ``TracerProvider``; the API installed unless False."""
+    if tracing is False:
+        return
+    if tracing is not True and not callable(getattr(tracing, "get_tracer", None)):
+        raise InvalidConfigurationError(
+            f"tracing= takes True, False or an OpenTelemetry TracerProvider, got {type(tracing).__name__} {tracing!r}"
+        )
+    require_opentelemetry()
 
 
 class HeaderGetter:

@@ -191,3 +191,13 @@ def test_a_record_recovered_by_any_recoverer_ends_its_links() -> None:
     assert len(tracing.attempts) == 1
     bus.publish(RecordRecovered("l#1", 1, _record(PARENT), ValueError("no"), "log"))
     assert len(tracing.attempts) == 0
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, object()])
+def test_app_tracing_takes_a_bool_or_a_tracer_provider(bad: Any) -> None:
+    from kafkatx import App
+
+    with pytest.raises(InvalidConfigurationError, match="tracing= takes True, False or an OpenTelemetry"):
+        App("t", bootstrap_servers="127.0.0.1:9", tracing=bad)
+    App("t", bootstrap_servers="127.0.0.1:9", tracing=TracerProvider())
+    App("t", bootstrap_servers="127.0.0.1:9", tracing=True)

@@ -40,7 +40,7 @@ from kafkatx.listener.options import (
 )
 from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
-from kafkatx.tracing import Tracing, require_opentelemetry
+from kafkatx.tracing import Tracing, check_tracing_option
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -142,8 +142,7 @@ class App:
         self.health_addr = health_addr
         #: Seconds a listener may be stuck on a batch, or paused, before /readyz says it is not ready.
         self.not_ready_after = not_ready_after
-        if tracing is not False:
-            require_opentelemetry()
+        check_tracing_option(tracing)
         #: OpenTelemetry tracing (docs/OBSERVABILITY.md): False, True (the global tracer provider) or a provider.
         self.tracing = tracing
         self._tracing: Tracing | None = None
