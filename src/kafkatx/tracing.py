@@ -146,7 +146,7 @@ class AttemptLinks:
     """The span contexts of each failing record's earlier attempts, in order, so that its next attempt links to them.
 
     Kept in memory, keyed by consumer group and record coordinates; a record's entry ends when it succeeds or is
-    dead-lettered. At most ``max_records`` records are remembered (the oldest is dropped first), so records of
+    recovered. At most ``max_records`` records are remembered (the oldest is dropped first), so records of
     a revoked partition that never come back cannot grow it without bound.
     """
 
