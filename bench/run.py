@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,14 @@ RUNS: dict[str, dict[str, Any]] = {
         "options": K,
         "input": "main",
         "twin": "1",
+    },
+    "2t": {
+        "label": "kafkatx defaults with tracing on (OpenTelemetry SDK, batch span processor, spans dropped)",
+        "kind": "kafkatx",
+        "options": G,
+        "input": "main",
+        "twin": "2",
+        "tracing": True,
     },
     "1k": {
         "label": "hand-written, produce(out, value.upper(), key)",
@@ -164,7 +173,7 @@ RUNS: dict[str, dict[str, Any]] = {
         "twin": "1k",
     },
 }
-ORDER = ["1", "2", "2b", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j", "3", "3b", "4", "4b", "5"]
+ORDER = ["1", "2", "2b", "2t", "1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j", "3", "3b", "4", "4b", "5"]
 SHAPE_RUNS = ["1k", "2k", "1h", "2h", "1g", "2g", "1s", "2s", "1j", "2j"]
 
 
@@ -371,10 +380,12 @@ def verify(
                 shape, make_key(i), make_value(i, args.size, loaded, parts), i // parts
             ):
                 expected[(key, value, tuple(headers or ()))] += 1
-    got: Counter[tuple[Any, ...]] = Counter(
-        (r.key, r.value, tuple(r.headers or ()))
-        for r in read_topic(bootstrap, out_topic, timeout=120, config=LocalBroker.client_config)
-    )
+    outputs = read_topic(bootstrap, out_topic, timeout=120, config=LocalBroker.client_config)
+    untraced = 0
+    if run.get("tracing"):  # each output carries its record's trace: checked, then set aside for the comparison
+        untraced = sum(1 for r in outputs if not any(k == "traceparent" for k, _ in r.headers or ()))
+        outputs = [replace(r, headers=[(k, v) for k, v in r.headers or () if k != "traceparent"]) for r in outputs]
+    got: Counter[tuple[Any, ...]] = Counter((r.key, r.value, tuple(r.headers or ())) for r in outputs)
     check: dict[str, Any] = {
         "outputs": sum(got.values()),
         "outputs_expected": sum(expected.values()),
@@ -382,6 +393,9 @@ def verify(
         "outputs_ok": got == expected,
     }
     ok = check["outputs_ok"]
+    if run.get("tracing"):
+        check["untraced_outputs"] = untraced
+        ok = ok and untraced == 0
     if dlt_topic is not None:
         poison = {make_value(i, args.size, loaded, parts) for i in range(n) if is_poison(i, poison_every, parts)}
         dlt = [r.value for r in read_topic(bootstrap, dlt_topic, timeout=60, config=LocalBroker.client_config)]
@@ -586,6 +600,7 @@ def derive(summary: dict[str, dict[str, Any]], poisons: int) -> tuple[dict[str, 
             0.95,
             f"{RUNS[k]['label']} >= 0.95 x its hand-written twin",
         )
+    target("run 2t / run 2", derived.get("2t", {}).get("ratio_vs_twin"), 0.85, "tracing on costs <= 15% of run 2")
     target(
         "run 3 / run 3b", derived.get("3", {}).get("ratio_vs_3b"), 0.9, "kafkatx per-record txn >= 0.9 x hand-written"
     )
@@ -718,7 +733,7 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
 
 
 # -- main ---------------------------------------------------------------------------
-SHORT_RUNS = {"1", "2", "2b", "4b", "5", *SHAPE_RUNS}
+SHORT_RUNS = {"1", "2", "2b", "2t", "4b", "5", *SHAPE_RUNS}
 
 
 def reps_of(run: str, args: argparse.Namespace) -> int:
@@ -904,6 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                     "batch": run.get("batch", 1000),
                     "options": dict(run.get("options", {})),
                     "poison": bool(run.get("poison")),
+                    "tracing": bool(run.get("tracing")),
                     "poison_every": args.poison_every,
                     "shape": run.get("shape", "bytes"),
                     # every runner's consumers (workers.py does not import kafkatx for the hand-written loop)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
@@ -39,8 +40,11 @@ from kafkatx.listener.options import (
 )
 from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
+from kafkatx.tracing import Tracing, check_tracing_option
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from kafkatx.health.server import HealthServer
 
 __all__ = ["App", "Transaction"]
@@ -115,6 +119,7 @@ class App:
         health_port: int | None = None,
         health_addr: str = "127.0.0.1",
         not_ready_after: float = DEFAULT_NOT_READY_AFTER,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         self.client_config = ClientConfig(
             name,
@@ -137,6 +142,10 @@ class App:
         self.health_addr = health_addr
         #: Seconds a listener may be stuck on a batch, or paused, before /readyz says it is not ready.
         self.not_ready_after = not_ready_after
+        check_tracing_option(tracing)
+        #: OpenTelemetry tracing (docs/OBSERVABILITY.md): False, True (the global tracer provider) or a provider.
+        self.tracing = tracing
+        self._tracing: Tracing | None = None
         #: The health endpoint start() opened (``health_port``), if any.
         self.health_server: HealthServer | None = None
         self.topic_partitions = topic_partitions
@@ -334,7 +343,7 @@ class App:
             for outage in self._outages.values():
                 outage.reset()
             self.containers = [
-                ListenerContainer(spec, self, worker, index, self._outages[spec.name])
+                ListenerContainer(self._traced(spec), self, worker, index, self._outages[spec.name])
                 for index, (spec, worker) in enumerate(workers)
             ]
             if self.health_port is not None and self.health_server is None:
@@ -348,6 +357,15 @@ class App:
                 self.client_config.base_config(), self.resolved_bootstrap_servers(), self.cluster_id, self.containers
             )
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
+
+    def _traced(self, spec: ListenerSpec) -> ListenerSpec:
+        """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
+        if self.tracing is False:
+            return spec
+        if self._tracing is None:
+            self._tracing = Tracing(None if self.tracing is True else self.tracing)
+            self._tracing.subscribe(self.events.subscribe)
+        return replace(spec, handler=self._tracing.wrap(spec, spec.group_id or self.client_config.group_id))
 
     def pause(self, listener: str) -> None:
         """Hold every partition of ``listener`` (by name) until :meth:`resume`. Thread-safe.

@@ -17,6 +17,7 @@ from typing import Any
 
 from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
+from kafkatx.tracing import require_opentelemetry
 
 __all__ = ["add_parser", "load_app"]
 
@@ -214,6 +215,8 @@ def _supervise(args: argparse.Namespace) -> int:
     command += ["-v"] * min(getattr(args, "verbosity", 0), 2)
     if args.create_topics:
         command.append("--create-topics")
+    if args.tracing:
+        command.append("--tracing")
     health = None
     if args.health_port is not None:  # the supervisor serves the port; each worker a free one it reports
         health = (args.health_addr, args.health_port)
@@ -294,6 +297,13 @@ def _run(args: argparse.Namespace) -> int:
         app.bootstrap_servers = args.bootstrap_servers
     if args.create_topics:
         app.create_topics = True
+    if args.tracing and app.tracing is False:  # the App's own provider, if it names one, is kept
+        try:
+            require_opentelemetry()
+        except InvalidConfigurationError as exc:
+            print(f"kafkatx run: --tracing: {exc}", file=sys.stderr)
+            return EX_CONFIG
+        app.tracing = True
     broker = None
     try:
         if args.local:
@@ -425,6 +435,12 @@ def add_parser(sub: Any) -> None:
         "with --workers, the supervisor's port reports every worker",
     )
     r.add_argument("--health-addr", default="127.0.0.1", help="address to serve health probes on (default 127.0.0.1)")
+    r.add_argument(
+        "--tracing",
+        action="store_true",
+        help="trace each record's processing with OpenTelemetry (the kafkatx[otel] extra; the SDK and exporter "
+        "are configured by the application or the environment, e.g. opentelemetry-instrument)",
+    )
     r.add_argument(
         "--log-format",
         choices=("text", "json"),

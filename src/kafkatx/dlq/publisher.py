@@ -17,6 +17,7 @@ from kafkatx.errors import DeadLetterPublishError, InvalidConfigurationError
 from kafkatx.outputs import PendingOutput, encode_headers
 from kafkatx.record import Headers, Record
 from kafkatx.recoverers import Recoverer, current_recovery
+from kafkatx.tracing import dead_letter_trace_headers, with_trace
 
 __all__ = ["DeadLetterPublishingRecoverer", "DeadLetterPublishError", "DEFAULT_SUFFIX"]
 
@@ -153,6 +154,9 @@ class DeadLetterPublishingRecoverer(Recoverer):
         if extra:
             items = extra.items() if isinstance(extra, Mapping) else extra
             headers += [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
+        trace = dead_letter_trace_headers(ctx.group_id, record)
+        if trace is not None:  # tracing on: the dead letter continues the trace of the record's last attempt
+            headers = with_trace(headers, trace)
         # The bytes as consumed: a typed listener's record carries decoded objects in key and value.
         value = record.value if record.raw_value is None else record.raw_value
         key = record.key if record.raw_key is None else record.raw_key

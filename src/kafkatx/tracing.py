@@ -1,0 +1,436 @@
+"""OpenTelemetry tracing of record processing: ``App(tracing=True)``; off by default, and then nothing is added.
+
+With tracing on, ``App.start`` gives its containers a copy of each listener
+whose handler is wrapped once (:meth:`Tracing.wrap`): the record runner's hot
+path is the same code with tracing on or off, so the untraced path pays
+nothing, not even a branch per record. The wrapper, per record attempt:
+
+- extracts the W3C ``traceparent`` (``tracestate``, ``baggage``) of the
+  record's headers: the parent of its ``process`` span (OpenTelemetry's
+  messaging semantic conventions), a root span when it has none;
+- links the span to the spans of the record's earlier attempts (kept in
+  memory per record by :class:`AttemptLinks` until the record succeeds or is
+  recovered: across a restart the links are lost, the trace is not, as its
+  parent comes from the record's header);
+- collects what the handler returns and ``send()``\\ s and writes the span's
+  context into each output's headers, so outputs carry the record's trace.
+
+A dead-letter record gets the context of the record's last attempt
+(:func:`dead_letter_trace_headers`, called by the DLQ publisher), so the
+dead letter, and a later ``kafkatx dlq replay`` of it (which keeps headers),
+stay in the same trace. A span per transaction (records, outcome: committed,
+aborted or recovered) is made from the container's events.
+
+The span context is carried by ``contextvars`` (OpenTelemetry's context),
+never a thread-local: concurrent handlers (``in_flight > 1``, ``async def``)
+each see their own record's span.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kafkatx.context import bind_sink
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
+from kafkatx.outputs import PendingOutput, collect_outputs
+from kafkatx.record import Output, Record
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanContext, Tracer, TracerProvider
+
+__all__ = [
+    "TRACE_HEADERS",
+    "AttemptLinks",
+    "HeaderGetter",
+    "HeaderSetter",
+    "TracedListener",
+    "check_tracing_option",
+    "Tracing",
+    "dead_letter_trace_headers",
+    "extract_context",
+    "require_opentelemetry",
+    "trace_headers",
+    "with_trace",
+]
+
+#: The headers of W3C trace context and baggage: replaced, never duplicated, on an output that carries a trace.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
+
+Headers = Sequence[tuple[str, Any]]
+
+
+def require_opentelemetry() -> None:
+    """Raise a clear error naming the extra when ``opentelemetry-api`` is not installed."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError as exc:
+        raise InvalidConfigurationError(
+            "App(tracing=...) needs OpenTelemetry: pip install 'kafkatx[otel]' (opentelemetry-api), "
+            "and an OpenTelemetry SDK configured by your application"
+        ) from exc
+
+
+def check_tracing_option(tracing: object) -> None:
+    """``App(tracing=...)``: False, True, or an OpenTelemetry ``TracerProvider``; the API installed unless False."""
+    if tracing is False:
+        return
+    if tracing is not True and not callable(getattr(tracing, "get_tracer", None)):
+        raise InvalidConfigurationError(
+            f"tracing= takes True, False or an OpenTelemetry TracerProvider, got {type(tracing).__name__} {tracing!r}"
+        )
+    require_opentelemetry()
+
+
+class HeaderGetter:
+    """OpenTelemetry's ``Getter`` over Kafka headers: ``(name, bytes)`` pairs, the last value of a name wins."""
+
+    def get(self, carrier: Headers | None, key: str) -> list[str] | None:
+        if not carrier:
+            return None
+        for name, value in reversed(carrier):
+            if name == key and value is not None:
+                return [value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)]
+        return None
+
+    def keys(self, carrier: Headers | None) -> list[str]:
+        return [name for name, _ in carrier or ()]
+
+
+class HeaderSetter:
+    """OpenTelemetry's ``Setter`` into a list of Kafka headers, replacing an earlier value of the name."""
+
+    def set(self, carrier: list[tuple[str, bytes]], key: str, value: str) -> None:
+        carrier[:] = [(name, v) for name, v in carrier if name != key]
+        carrier.append((key, value.encode()))
+
+
+#: What a plain handler returns when it is an ``async def`` in disguise: handed on as it is, for the runner to refuse.
+_AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
+
+_GETTER = HeaderGetter()
+_SETTER = HeaderSetter()
+
+
+def extract_context(headers: Headers | None) -> Context:
+    """The trace context (and baggage) a record's headers carry; an empty context when they carry none."""
+    from opentelemetry import propagate
+
+    return propagate.extract(headers or [], getter=_GETTER)  # type: ignore[arg-type]
+
+
+def trace_headers(context: Context | None = None) -> list[tuple[str, bytes]]:
+    """The W3C headers of ``context`` (the current one by default), ready for a Kafka record."""
+    from opentelemetry import propagate
+
+    carrier: list[tuple[str, bytes]] = []
+    propagate.inject(carrier, context=context, setter=_SETTER)  # type: ignore[arg-type]
+    return carrier
+
+
+def with_trace(headers: Iterable[tuple[str, Any]] | None, trace: list[tuple[str, bytes]]) -> list[tuple[str, Any]]:
+    """``headers`` without any earlier trace headers, plus ``trace``."""
+    kept = [(k, v) for k, v in headers or () if k not in TRACE_HEADERS]
+    return kept + trace
+
+
+class AttemptLinks:
+    """The span contexts of each failing record's earlier attempts, in order, so that its next attempt links to them.
+
+    Kept in memory, keyed by consumer group and record coordinates; a record's entry ends when it succeeds or is
+    recovered. At most ``max_records`` records are remembered (the oldest is dropped first), so records of
+    a revoked partition that never come back cannot grow it without bound.
+    """
+
+    def __init__(self, max_records: int = 10_000) -> None:
+        self._earlier: OrderedDict[tuple[str, str, int, int], list[SpanContext]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_records = max_records
+
+    def earlier(self, key: tuple[str, str, int, int]) -> list[SpanContext]:
+        """The contexts of the record's earlier attempts, oldest first (a copy)."""
+        with self._lock:
+            return list(self._earlier.get(key, ()))
+
+    def failed(self, key: tuple[str, str, int, int], context: SpanContext) -> None:
+        """An attempt of the record failed: its span is linked from the record's next attempts."""
+        with self._lock:
+            contexts = self._earlier.pop(key, [])
+            contexts.append(context)
+            self._earlier[key] = contexts
+            while len(self._earlier) > self.max_records:
+                self._earlier.popitem(last=False)
+
+    def last(self, key: tuple[str, str, int, int]) -> SpanContext | None:
+        """The context of the record's last failed attempt, if any is remembered."""
+        with self._lock:
+            contexts = self._earlier.get(key)
+            return contexts[-1] if contexts else None
+
+    def done(self, key: tuple[str, str, int, int]) -> None:
+        """The record succeeded or was dead-lettered: nothing more links to its attempts."""
+        with self._lock:
+            self._earlier.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._earlier)
+
+
+class TracedListener(Protocol):
+    """What the wrapper needs of a listener's declaration (a ``ListenerSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def handler(self) -> Callable[..., Any]: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def serializer(self) -> Any: ...
+    @property
+    def is_async(self) -> bool: ...
+
+
+class _Sink(list[PendingOutput]):
+    """Where ``send()`` puts a traced record's outputs until the wrapper adds the trace to them."""
+
+    __slots__ = ("serializer",)
+
+    def __init__(self, serializer: Any) -> None:
+        super().__init__()
+        self.serializer = serializer
+
+    add = list.append
+
+
+class Tracing:
+    """The tracer of one App, its attempt links, and the spans it makes from the containers' events."""
+
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        require_opentelemetry()
+        from opentelemetry import trace
+
+        from kafkatx._version import __version__
+
+        self.tracer: Tracer = trace.get_tracer("kafkatx", __version__, tracer_provider=provider)
+        self.attempts = AttemptLinks()
+        #: (listener, worker) whose last after-rollback transaction recovered a record: its commit is "recovered".
+        self._recovered: set[tuple[str, int]] = set()
+        #: The consumer group of each traced listener, by name (to end a recovered record's links).
+        self._groups: dict[str, str] = {}
+        _active.add(self)
+
+    # -- record attempts ----------------------------------------------------------------------
+    def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
+        """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
+        self._groups[spec.name] = group_id
+        spans = _RecordSpans(self.tracer, self.attempts, spec.name, group_id)
+        return _traced_async(spec, spans) if spec.is_async else _traced(spec, spans)
+
+    def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
+        """The trace headers of ``record``'s last attempt (for its dead letter); None if this tracer has none."""
+        key = (group_id, record.topic, record.partition, record.offset)
+        last = self.attempts.last(key)
+        if last is None:
+            return None
+        from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+        parent = extract_context(record.headers)  # keeps the record's baggage
+        # The links end with the RecordRecovered event, not here: a dead letter whose publication fails is tried again.
+        return trace_headers(set_span_in_context(NonRecordingSpan(last), parent))
+
+    # -- transactions -------------------------------------------------------------------------
+    def subscribe(self, subscribe: Callable[[type[Any], Callable[[Any], None]], None]) -> None:
+        """Make a span of each transaction from the containers' events (``app.events.subscribe``)."""
+        subscribe(RecordRecovered, self._on_recovered)
+        subscribe(TransactionCommitted, self._on_committed)
+        subscribe(TransactionAborted, self._on_aborted)
+
+    def _on_recovered(self, event: RecordRecovered) -> None:
+        self._recovered.add((event.listener, event.worker))
+        record = event.record
+        # A container of a listener with concurrency > 1 is named "<listener>#<worker>".
+        group = self._groups.get(event.listener) or self._groups.get(event.listener.rpartition("#")[0])
+        if record is not None and group is not None:  # whatever the recoverer was, nothing links to it any more
+            self.attempts.done((group, record.topic, record.partition, record.offset))
+
+    def _on_committed(self, event: TransactionCommitted) -> None:
+        key = (event.listener, event.worker)
+        outcome = "committed"
+        if key in self._recovered:
+            self._recovered.discard(key)
+            outcome = "recovered"
+        self._transaction_span(event, outcome, event.records, event.seconds, kind=event.kind)
+
+    def _on_aborted(self, event: TransactionAborted) -> None:
+        self._transaction_span(event, "aborted", event.records, 0.0, reason=event.reason)
+
+    def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
+        end = time.time_ns()
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.batch.message_count": records,
+            "kafkatx.listener": event.listener,
+            "kafkatx.worker": event.worker,
+            "kafkatx.transaction.outcome": outcome,
+        }
+        attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
+        from opentelemetry.trace import Link
+
+        recent = _recent.get()  # the spans of the records this thread handled since its last transaction ended
+        links = [Link(c) for c in recent] if recent else None
+        if recent:
+            recent.clear()
+        span = self.tracer.start_span(
+            "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
+        )
+        span.end(end_time=end)
+
+
+class _RecordSpans:
+    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it."""
+
+    def __init__(self, tracer: Tracer, attempts: AttemptLinks, listener: str, group_id: str) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
+
+        self.tracer, self.attempts, self.group_id = tracer, attempts, group_id
+        self._link, self._status, self._error, self._in_context = Link, Status, StatusCode.ERROR, set_span_in_context
+        self._attach, self._detach, self._empty = otel_context.attach, otel_context.detach, otel_context.Context()
+        self._consumer = SpanKind.CONSUMER
+        self._fixed = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.consumer.group.name": group_id,
+            "kafkatx.listener": listener,
+        }
+
+    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
+        """Begin the attempt's span and make it the current one; return it, the record's key and the context token."""
+        key = (self.group_id, record.topic, record.partition, record.offset)
+        headers = record.headers
+        parent = extract_context(headers) if headers else self._empty  # never the worker thread's own context
+        attempts = self.attempts
+        earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
+        span = self.tracer.start_span(
+            f"process {record.topic}",
+            context=parent,
+            kind=self._consumer,
+            links=[self._link(c) for c in earlier] if earlier else None,
+            attributes={
+                **self._fixed,
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+                "kafkatx.attempt": record.attempt,
+            },
+        )
+        # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
+        return span, key, self._attach(self._in_context(span, parent))
+
+    def finish(
+        self, span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
+    ) -> Any:
+        """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
+        recent = _recent.get()
+        if recent is None:
+            recent = []
+            _recent.set(recent)
+        if len(recent) < MAX_TRANSACTION_LINKS:
+            recent.append(span.get_span_context())
+        try:
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(self._status(self._error, f"{type(error).__name__}: {error}"))
+                self.attempts.failed(key, span.get_span_context())
+                return None
+            if self.attempts:
+                self.attempts.done(key)
+            if not sink:
+                return None
+            trace = trace_headers()  # the span's context, with the record's baggage
+            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+        finally:
+            self._detach(token)
+            span.end()
+
+
+def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
+    """A plain handler in its record's span: what it returns and sends comes back as outputs with the trace."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+    start, finish = spans.start, spans.finish
+
+    def traced(record: Record) -> Any:
+        span, key, token = start(record)
+        sink = _Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            result = handler(record)
+            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                return result
+            collect_outputs(result, output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = finish(span, key, token, sink, error)
+        return outputs
+
+    return traced
+
+
+def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
+    """An ``async def`` handler in its record's span (the span is the current one in the record's own task)."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+    start, finish = spans.start, spans.finish
+
+    async def traced_async(record: Record) -> Any:
+        span, key, token = start(record)
+        sink = _Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            result = await handler(record)
+            collect_outputs(result, output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = finish(span, key, token, sink, error)
+        return outputs
+
+    return traced_async
+
+
+#: At most this many record spans are linked from a transaction's span (OpenTelemetry's default limit of links).
+MAX_TRANSACTION_LINKS = 128
+
+#: The record spans made in this context (the container's thread) since its last transaction ended: the
+#: transaction span links to them. A handler run elsewhere (a pool thread, an asyncio task) is not linked.
+_recent: ContextVar[list[SpanContext] | None] = ContextVar("kafkatx_recent_spans", default=None)
+
+#: The Tracing of every App started with tracing on (weakly: a stopped, dropped App leaves).
+_active: weakref.WeakSet[Tracing] = weakref.WeakSet()
+
+
+def dead_letter_trace_headers(group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
+    """The trace headers for ``record``'s dead letter: its last attempt's span context; None with tracing off."""
+    if not _active:
+        return None
+    for tracing in list(_active):
+        headers = tracing.dead_letter_headers(group_id, record)
+        if headers is not None:
+            return headers
+    return None
