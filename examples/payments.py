@@ -36,4 +36,4 @@ def make_entry(raw: bytes | None) -> bytes:
 def book(record: Record) -> bytes:
     entry = make_entry(record.value)  # raise to roll back
     send("audit", entry, key=record.key)  # joins the same transaction
-    return entry  # goes to "ledger" (without a key: see "Keys")
+    return entry  # goes to "ledger", without a key (docs/HANDLERS.md, "Keys")
