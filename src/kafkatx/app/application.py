@@ -209,6 +209,9 @@ class App:
         - ``consumer_config`` / ``producer_config`` [{}]: librdkafka properties for this listener's clients.
         - ``max_abortable_retries`` [5]: abortable errors in a row before the producer is recreated.
         - ``idle_event_interval`` [None]: seconds without records after which a ListenerIdle event is published.
+        - ``value_type`` / ``key_type`` [None]: a pydantic model, dataclass or other type the value (key) is decoded
+          to, from JSON unless a deserializer is given (docs/TYPED.md); undecodable records are dead-lettered at once.
+        - ``deserializer`` / ``key_deserializer`` [None]: bytes -> object, e.g. confluent-kafka's AvroDeserializer.
 
         Every option is checked now: an unknown or invalid one raises
         :class:`~kafkatx.InvalidConfigurationError` naming it (and the
