@@ -607,7 +607,7 @@ def test_bounced_copiers_copy_exactly_once_small(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.bounce
 @pytest.mark.timeout(240)
 def test_bounced_copiers_handling_50_records_at_once_copy_exactly_once(tmp_path: Path) -> None:
     """Issue 30: records handled concurrently inside each transaction keep every guarantee through bounces."""

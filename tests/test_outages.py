@@ -38,7 +38,7 @@ def test_an_outage_costs_no_attempt_dead_letters_nothing_and_pauses_every_contai
         sample = metrics.registry.get_sample_value(name, {"app": app.name, "listener": "payments"})
         return None if sample is None else float(sample)
 
-    @app.listener(src, output=out, concurrency=2, max_attempts=3, dlq=True, name="payments")
+    @app.listener(src, output=out, concurrency=2, max_attempts=3, dlq=True, name="payments", backoff=0)
     def handle(record: Record) -> bytes:
         is_down = down.is_set()
         calls.append((record.partition, record.value or b"", record.attempt, is_down))
@@ -107,7 +107,7 @@ def test_an_outage_longer_than_max_outage_stops_the_app_with_a_clear_message(kaf
     recovered: list[RecordRecovered] = []
     app.on(RecordRecovered)(recovered.append)
 
-    @app.listener(src, max_attempts=1, dlq=True, max_outage=2.0, name="cache")
+    @app.listener(src, max_attempts=1, dlq=True, max_outage=2.0, name="cache", backoff=0)
     def handle(record: Record) -> None:
         raise ConnectionError("cache cluster unreachable")
 
@@ -140,7 +140,7 @@ def test_an_outage_under_retry_in_place_costs_no_attempt_either(kafka: KafkaTest
     app.on(RecordRecovered)(recovered.append)
     app.on(OutageStarted)(started.append)
 
-    @app.listener(src, output=out, retry="in_place", max_attempts=2, dlq=True, in_flight=in_flight)
+    @app.listener(src, output=out, retry="in_place", max_attempts=2, dlq=True, in_flight=in_flight, backoff=0)
     def handle(record: Record) -> bytes:
         calls.append((record.value or b"", record.attempt, down.is_set()))
         if down.is_set():
