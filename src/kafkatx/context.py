@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kafkatx.errors import NotInTransactionError
 from kafkatx.outputs import REFUSED, PendingOutput, buffer_output, encode, encode_headers, new_pending
+from kafkatx.serde import RegistrySerializer
 
 __all__ = [
     "OutputSink",
@@ -137,12 +138,15 @@ def send(
             return
         sink.add(new_pending(PendingOutput, (topic, value, key, None, None)))
         return
-    serializer = sink.serializer
+    serializer = key_serializer = sink.serializer
+    registry = serializer
+    if isinstance(registry, RegistrySerializer):  # its subject names come from the topic sent to, and the part
+        serializer, key_serializer = registry.to(topic, "value"), registry.to(topic, "key")
     sink.add(
         PendingOutput(
             topic,
             encode(value, "value", serializer),
-            encode(key, "key", serializer),
+            encode(key, "key", key_serializer),
             encode_headers(headers),
             partition,
         )

@@ -28,20 +28,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from confluent_kafka.serialization import Deserializer, MessageField, SerializationContext
 from confluent_kafka.serialization import Serializer as ConfluentSerializer
 
 from kafkatx.errors import DecodeError, DependencyUnavailable, InvalidConfigurationError
-from kafkatx.record import Record
+from kafkatx.outputs import serialize
+from kafkatx.record import Output, Record
 
 __all__ = [
     "TypedDecoding",
     "typed_decoding",
     "typed_handler",
     "output_serializer",
+    "RegistrySerializer",
+    "registry_handler",
     "json_serializer",
     "is_about_the_record",
 ]
@@ -273,24 +277,113 @@ def output_serializer(serializer: Any, typed: bool, topic: str | None) -> Callab
     """The listener's serializer: ``serializer=`` as given, confluent-kafka's with a context, or JSON if typed.
 
     confluent-kafka's serializers need the topic (their subject names come
-    from it): the listener's output topic is used.
+    from it): it becomes a :class:`RegistrySerializer`, which gives them the
+    topic each record is produced to.
     """
     if isinstance(serializer, ConfluentSerializer):
-        if topic is None:
-            raise InvalidConfigurationError(
-                f"serializer={type(serializer).__name__} needs a topic for its subject name: declare output= "
-                "on the listener (or serialize in the handler and return bytes)"
-            )
-        confluent = serializer
-        context = SerializationContext(topic, MessageField.VALUE)
-
-        def serialize(obj: Any) -> bytes:
-            data = confluent(_as_dict(obj), context)
-            if data is None:
-                raise ValueError(f"{type(confluent).__name__} encoded a {type(obj).__name__} as no bytes")
-            return data
-
-        return serialize
+        return RegistrySerializer(serializer, topic)
     if serializer is None and typed:
         return json_serializer
     return serializer  # type: ignore[no-any-return]
+
+
+class RegistrySerializer:
+    """confluent-kafka's serializer, told the topic and part (key or value) of each record it encodes.
+
+    A Schema Registry serializer names its subject after both (with the
+    default TopicNameStrategy, ``<topic>-value`` / ``<topic>-key``), so an
+    object sent to another topic than the listener's ``output``, or used as
+    a key, must be encoded for that topic and part: :meth:`encode_result`
+    encodes what a handler returns, :meth:`to` what ``send()`` produces.
+    Called as a plain serializer, it encodes a value for the output topic.
+    """
+
+    __slots__ = ("_confluent", "_output")
+
+    def __init__(self, confluent: ConfluentSerializer, output: str | None) -> None:
+        self._confluent, self._output = confluent, output
+
+    def __call__(self, obj: Any) -> bytes:
+        return self.encode(obj, self._output, "value")
+
+    def encode(self, obj: Any, topic: str | None, part: Part) -> bytes:
+        """``obj`` as the ``part`` of a record produced to ``topic``."""
+        if topic is None:
+            raise InvalidConfigurationError(
+                f"serializer={type(self._confluent).__name__} needs a topic for its subject name: declare output= "
+                "on the listener, return Output(..., topic=...) or call send()"
+            )
+        field = MessageField.KEY if part == "key" else MessageField.VALUE
+        data = self._confluent(_as_dict(obj), SerializationContext(topic, field))
+        if data is None:
+            raise ValueError(f"{type(self._confluent).__name__} encoded a {type(obj).__name__} as no bytes")
+        return data
+
+    def to(self, topic: str, part: Part) -> Callable[[Any], bytes]:
+        """A serializer for the ``part`` of records produced to ``topic`` (what ``send()`` encodes with)."""
+        return functools.partial(self._bound, topic=topic, part=part)
+
+    def _bound(self, obj: Any, *, topic: str, part: Part) -> bytes:
+        return self.encode(obj, topic, part)
+
+    def encode_result(self, result: Any) -> Any:
+        """A handler's return value with every object in it encoded for its destination (shapes kept)."""
+        if result is None or isinstance(result, (bytes, str, bytearray, memoryview)) or inspect.isawaitable(result):
+            return result  # nothing to encode; an awaitable from a plain def: the runner refuses it
+        if isinstance(result, (Output, tuple)) or _is_one_value(result):
+            return self._encode_item(result)
+        if isinstance(result, list):
+            return [self._encode_item(item) for item in result]
+        return (self._encode_item(item) for item in result)  # a generator's items are produced as they come
+
+    def _encode_item(self, item: Any) -> Any:
+        """One output (not an iterable of them), as outputs.to_pending reads it, with bytes for objects."""
+        if isinstance(item, Output):
+            topic = item.topic or self._output
+            if topic is None:
+                return item  # outputs.py says what is missing
+            return Output(
+                value=self._part(item.value, topic, "value"),
+                key=self._part(item.key, topic, "key"),
+                topic=item.topic,
+                headers=item.headers,
+                partition=item.partition,
+            )
+        if self._output is None:
+            return item
+        if isinstance(item, tuple):
+            if len(item) != 2:
+                return item  # outputs.py says what is wrong with it
+            key, value = item
+            return self._part(key, self._output, "key"), self._part(value, self._output, "value")
+        return self._part(item, self._output, "value")
+
+    def _part(self, obj: Any, topic: str, part: Part) -> Any:
+        if obj is None or isinstance(obj, (bytes, str, bytearray, memoryview)):
+            return obj
+        return serialize(obj, part, self.to(topic, part))  # its failure: the OutputError of any serializer
+
+
+def _is_one_value(result: Any) -> bool:
+    """A returned object that is one value, not an iterable of outputs (as outputs.collect_outputs decides)."""
+    return not isinstance(result, Iterable) or isinstance(result, Mapping) or hasattr(result, "model_dump_json")
+
+
+def registry_handler(handler: Callable[[Any], Any], serializer: RegistrySerializer, is_async: bool) -> Any:
+    """``handler``, returning its outputs encoded for the topic each goes to (see :class:`RegistrySerializer`)."""
+    encode_result = serializer.encode_result
+    wrapped: Callable[[Any], Any]
+    if is_async:
+
+        async def handle_async(arg: Any) -> Any:
+            return encode_result(await handler(arg))
+
+        wrapped = handle_async
+    else:
+
+        def handle(arg: Any) -> Any:
+            return encode_result(handler(arg))
+
+        wrapped = handle
+    functools.update_wrapper(wrapped, handler)
+    return wrapped

@@ -21,7 +21,14 @@ from kafkatx.recoverers import LoggingRecoverer, Recoverer, as_recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.processor import AfterRollbackProcessor, DefaultAfterRollbackProcessor
-from kafkatx.serde import TypedDecoding, output_serializer, typed_decoding, typed_handler
+from kafkatx.serde import (
+    RegistrySerializer,
+    TypedDecoding,
+    output_serializer,
+    registry_handler,
+    typed_decoding,
+    typed_handler,
+)
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory
@@ -141,9 +148,12 @@ def build_spec(
     name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
     decoding = _decoding_of(opts, kind, runner)
     serializer = output_serializer(serializer, decoding is not None, output)
+    handler_called = handler if decoding is None else typed_handler(handler, decoding)
+    if isinstance(serializer, RegistrySerializer) and runner is None:  # a Spark job's result is not encoded here
+        handler_called = registry_handler(handler_called, serializer, is_async)
     return ListenerSpec(
         name=name,
-        handler=handler if decoding is None else typed_handler(handler, decoding),
+        handler=handler_called,
         topics=topics,
         policy=policy,
         processor=processor,
