@@ -184,8 +184,8 @@ def test_a_misspelt_listener_librdkafka_property_names_the_listener_line(tmp_pat
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 78, out
     assert out.strip() == (
-        "kafkatx run: configuration error: typo_lcfg.py:3: listener consumer_config: no such librdkafka property "
-        "'sesion.timeout.ms'; did you mean 'session.timeout.ms'?"
+        "kafkatx run: configuration error: typo_lcfg.py:3: listener 'handle' (topic orders) consumer_config: "
+        "no such librdkafka property 'sesion.timeout.ms'; did you mean 'session.timeout.ms'?"
     ), out
 
 

@@ -141,11 +141,12 @@ def build_spec(
     if kind == "record":
         _check_takes_one_argument(handler)
     topics, output, sends_to = _topics_of(topics, opts)
-    fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts)
+    name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
+    on_topics = f"topic{'s' if len(topics) > 1 else ''} {', '.join(topics)}"
+    fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts, f"{where} {name!r} ({on_topics})")
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner)
     database = _database_of(opts.get("database"), kind, runner, retry)
-    name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
     decoding = _decoding_of(opts, kind, runner)
     serializer = output_serializer(serializer, decoding is not None, output)
     handler_called = handler if decoding is None else typed_handler(handler, decoding)
@@ -280,9 +281,11 @@ def _topics_of(topics: Iterable[str], opts: Mapping[str, Any]) -> tuple[tuple[st
 
 
 def _check_modes_and_limits(
-    opts: Mapping[str, Any],
+    opts: Mapping[str, Any], listener: str
 ) -> tuple[Fencing, RetryMode, float | None, Serializer | None, int]:
     """Check the fencing and retry modes, the time limits, the serializer and the client configs.
+
+    ``listener`` names the listener in a client config's error (``listener 'bill' (topic orders)``).
 
     Returns ``(fencing, retry, idle_event_interval, serializer, max_batch_ms)``.
     """
@@ -305,7 +308,7 @@ def _check_modes_and_limits(
     for key in ("consumer_config", "producer_config"):
         if opts[key] is not None and not isinstance(opts[key], Mapping):
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
-        check_property_names(f"listener {key}", opts[key] or {})
+        check_property_names(f"{listener} {key}", opts[key] or {})
     return fencing, retry, float(idle) if idle is not None else None, serializer, max_batch_ms
 
 
