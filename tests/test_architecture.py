@@ -252,3 +252,16 @@ def test_no_function_is_longer_than_80_lines() -> None:
                 if lines > 80:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], long
+
+
+def test_the_runner_interface_is_public_under_the_name_the_docs_use() -> None:
+    # docs/ARCHITECTURE.md types a custom runner on `kafkatx.Unit`; TransactionUnit is what a container passes.
+    import kafkatx
+    from kafkatx.listener.host import Unit
+
+    assert kafkatx.Unit is Unit and "Unit" in kafkatx.__all__
+    members = [
+        name for name, v in vars(Unit).items() if not name.startswith("_") and (callable(v) or isinstance(v, property))
+    ]
+    assert members, "the protocol names the unit's methods"
+    assert [name for name in members if not hasattr(kafkatx.TransactionUnit, name)] == []

@@ -39,6 +39,7 @@ from kafkatx.errors import (
 )
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.health import HealthServer, serve_health
+from kafkatx.listener.host import Unit
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer
@@ -87,6 +88,7 @@ __all__ = [
     "Transaction",
     "TransactionAbortableError",
     "TransactionUnit",
+    "Unit",
     "UnknownTopicError",
     "UnproducibleTypeError",
     "__version__",
