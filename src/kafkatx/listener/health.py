@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 from kafkatx.client.offsets import TP
 from kafkatx.listener.host import ContainerHost
 
-__all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "unassigned_grace"]
+__all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "no_partition_hint", "unassigned_grace"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -105,12 +105,54 @@ class UnassignedWatch:
             return
         self._warn_at = now + 300.0  # then every five minutes
         c = self._c
+        topics = c.spec.topics
         log.warning(
-            "listener %s has had no partition of %s for %.0fs (group %r). Likely causes: more consumers than "
-            "partitions; another live process using the same instance id; or, on the embedded broker, its group "
-            "coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id).",
+            "listener %s has had no partition of %s for %.0fs (group %r). %s",
             c.name,
-            ",".join(c.spec.topics),
+            ",".join(topics),
             now - self._since,
             c.group_id,
+            no_partition_hint(self._partition_counts(topics), c.spec.concurrency),
         )
+
+    def _partition_counts(self, topics: tuple[str, ...]) -> dict[str, int | None]:
+        """Each topic's partition count from the cluster's metadata, None where it cannot be had."""
+        consumer = self._c.consumer
+        counts: dict[str, int | None] = dict.fromkeys(topics)
+        if consumer is None:
+            return counts
+        for topic in topics:
+            try:
+                meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+            except Exception:  # noqa: BLE001 - the warning goes out without the number
+                continue
+            if meta is not None and meta.error is None and meta.partitions:
+                counts[topic] = len(meta.partitions)
+        return counts
+
+
+def no_partition_hint(partitions: Mapping[str, int | None], consumers_here: int) -> str:
+    """Why a consumer gets no partition, the usual cause first, with the numbers known.
+
+    ``partitions``: each topic's partition count (None: unknown);
+    ``consumers_here``: this process's consumers for the listener (its concurrency).
+    """
+    here = f"this process alone runs {consumers_here} consumer{'s' if consumers_here != 1 else ''} for the listener"
+    known = {topic: n for topic, n in partitions.items() if n is not None}
+    if known and len(known) == len(partitions):
+        total = sum(known.values())
+        counted = ", ".join(f"{topic} has {n} partition{'s' if n != 1 else ''}" for topic, n in known.items())
+        usual = f"Most likely the group has more consumers than partitions: {counted}, and {here}"
+        if consumers_here > total:
+            usual += f" (concurrency={consumers_here} > {total} partition{'s' if total != 1 else ''})"
+        else:
+            usual += "; members of the group in other processes count too"
+    else:
+        usual = (
+            f"Most likely the group has more consumers than the topic has partitions ({here}; "
+            "members of the group in other processes count too)"
+        )
+    return (
+        f"{usual}. Less often: another live process using the same instance id; or, on the embedded broker, its "
+        "group coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id)."
+    )
