@@ -64,6 +64,7 @@ class FakeProducer(TransactionalProducer):
 
     def __init__(self, *, fast: bool = False) -> None:  # no super().__init__(): nothing of librdkafka
         self.transactional_id = "fake-txn"
+        self.retry_timeout = 0.0  # a Kafka call that fails retriably fails at once
         self.recorder: list[PendingOutput] | None = None
         self.in_transaction = False
         self.calls: list[str] = []

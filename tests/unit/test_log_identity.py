@@ -3,9 +3,19 @@ so it is pinned here; tests/test_database_identity.py runs the cluster-id path o
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from fakes import FakeHost, FakeProducer, listener, messages
+
+from kafkatx import DatabaseUnavailableError, KafkaClientError, Record, TransactionAbortableError
 from kafkatx.client.identity import LogIdentity
 from kafkatx.database._store import StoredPosition, reset_statements
-from kafkatx.database.session import log_mismatch
+from kafkatx.database.session import DatabaseSession, log_mismatch
+from kafkatx.errors.classification import ErrorClass, classify
+from kafkatx.events import KafkaErrorHandled, OutageStarted, ProducerRecreated
 
 
 def test_a_position_of_another_cluster_or_an_earlier_topic_is_a_mismatch() -> None:
@@ -27,3 +37,44 @@ def test_the_reset_statements_quote_the_names() -> None:
         "DELETE FROM kafkatx_offsets WHERE group_id = 'o''brien' AND topic = 'in'; "
         "DELETE FROM kafkatx_outbox WHERE group_id = 'o''brien' AND topic = 'in';"
     )
+
+
+class _UnansweredClient:
+    """A confluent-kafka client whose broker does not answer."""
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Local: Broker transport failure"))
+
+
+class _KafkaDownProducer(FakeProducer):
+    def ensure(self) -> Any:
+        return _UnansweredClient()
+
+    @property
+    def client_config(self) -> dict[str, Any]:
+        return {"bootstrap.servers": "127.0.0.1:9"}
+
+
+def test_a_cluster_id_kafka_does_not_give_is_a_kafka_error_not_a_database_outage(tmp_path: Path) -> None:
+    session = DatabaseSession(f"sqlite:///{tmp_path / 'app.db'}", "group", "handle")
+    with pytest.raises(KafkaClientError) as caught:
+        session.begin(_KafkaDownProducer(), messages(b"a"))
+    error = caught.value
+    assert not isinstance(error, DatabaseUnavailableError)
+    assert isinstance(error, TransactionAbortableError), "inside the transaction just begun: abort and reprocess"
+    assert classify(error) is ErrorClass.ABORTABLE
+    assert (
+        "list_topics('in')" in str(error) and "_TRANSPORT" in str(error) and "Check broker availability" in str(error)
+    )
+
+
+def test_a_listener_reacts_to_it_as_to_any_kafka_error_of_its_transaction(tmp_path: Path) -> None:
+    handled: list[Record] = []
+    spec = listener(handled.append, database=f"sqlite:///{tmp_path / 'app.db'}")
+    host = FakeHost(spec, _KafkaDownProducer())
+    host.database = DatabaseSession(spec.database, "group", spec.name)
+    host.runner()(host.unit(messages(b"a")))
+    assert handled == [] and host.producer.committed_offsets == {}
+    assert host.events_of(OutageStarted) == [], "no database outage"
+    assert {e.error_class for e in host.events_of(KafkaErrorHandled)} == {ErrorClass.ABORTABLE.name}
+    assert host.events_of(ProducerRecreated), "aborted and retried, then the producer replaced, as KIP-1050 says"

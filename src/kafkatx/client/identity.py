@@ -8,6 +8,7 @@ for an earlier topic of the same name is recognised instead of trusted.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient
+
+from kafkatx.client.retry import retry_call
 
 __all__ = ["LogIdentity", "cluster_id_of", "log_identity"]
 
@@ -34,16 +37,32 @@ class LogIdentity:
     topic_id: str | None
 
 
-def log_identity(client: Any, config: Mapping[str, Any], topic: str, timeout: float = 10.0) -> LogIdentity:
+def log_identity(
+    client: Any, config: Mapping[str, Any], topic: str, timeout: float = 10.0, *, retry_timeout: float = 0.0
+) -> LogIdentity:
     """The identity of ``topic``: its cluster's id from ``client``'s metadata, its topic id from an AdminClient.
 
     ``client`` is a live confluent-kafka client of the cluster (its metadata
     carries the cluster id); ``config`` its settings, for the AdminClient that
     asks for the topic id (KIP-516; a broker without topic ids, or an answer
     that does not come, leaves it None: the cluster id is still checked).
+
+    It is asked inside a Kafka transaction just begun, so a broker that does
+    not answer is a Kafka error of the transaction path, as a producer call's
+    would be: retried for up to ``retry_timeout`` seconds, then a
+    :class:`~kafkatx.TransactionAbortableError` (abort and reprocess); an
+    error retrying cannot help raises its own :class:`~kafkatx.KafkaClientError`.
     """
-    cluster_id = client.list_topics(topic, timeout=timeout).cluster_id or None
+    cluster_id = retry_call(
+        functools.partial(_cluster_id, client, topic, timeout),
+        operation=f"list_topics({topic!r}) (the cluster id database= checks its stored positions against)",
+        timeout=retry_timeout,
+    )
     return LogIdentity(cluster_id, _topic_id(config, topic, timeout))
+
+
+def _cluster_id(client: Any, topic: str, timeout: float) -> str | None:
+    return client.list_topics(topic, timeout=timeout).cluster_id or None
 
 
 def cluster_id_of(client: Any, timeout: float = 10.0) -> str | None:

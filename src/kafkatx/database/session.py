@@ -19,8 +19,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaException
-
 from kafkatx.client.identity import LogIdentity, log_identity
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
@@ -258,14 +256,9 @@ class DatabaseSession:
     def _log_of(self, producer: TransactionalProducer, topic: str) -> LogIdentity:
         """The identity of ``topic``'s Kafka log (asked once per topic, before any database lock is taken)."""
         identity = self._logs.get(topic)
-        if identity is None:
-            try:
-                identity = log_identity(producer.ensure(), producer.client_config, topic)
-            except KafkaException as exc:  # (the transaction has just begun: rare, and worth a retry)
-                raise DatabaseUnavailableError(
-                    f"listener {self.listener!r}: kafkatx could not ask Kafka which cluster {topic!r} is on, to "
-                    f"check the database's positions against it: {exc}"
-                ) from exc
+        if identity is None:  # Kafka not answering is a Kafka error (retried, then abortable), not the database's
+            client = producer.ensure()
+            identity = log_identity(client, producer.client_config, topic, retry_timeout=producer.retry_timeout)
             self._logs[topic] = identity
         return identity
 
