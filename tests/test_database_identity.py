@@ -166,3 +166,56 @@ def test_a_producer_transactions_database_from_a_previous_local_broker_publishes
             send(out, b"new")
     assert new.values(out) == [], "nothing of the old broker's published on the new one"
     engine.dispose()
+
+
+def test_a_kept_data_dir_with_the_shared_cluster_id_gets_its_own_once_and_its_database_positions_stay(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--local-data-dir made by an earlier kafkatx: noida-db's shared cluster id in its snapshot, and the same id in
+    the database's rows. On start it gets an id of its own (said in the log); the rows are kept, not refused as
+    another cluster's, nothing is handled twice or skipped, and the rows are tied to the new id."""
+    import json
+    import logging
+
+    from confluent_kafka import Producer
+
+    from kafkatx.client.brokers import EMBEDDED_CLUSTER_ID, REIDENTIFIED_CLUSTER_ID_PREFIX
+
+    data_dir = tmp_path / "broker"
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    engine = sa.create_engine(url)
+    table = new_table(engine)
+    group, src, out = unique_name("g"), unique_name("in"), unique_name("out")
+
+    def cluster_id(broker: LocalBroker) -> str | None:
+        return Producer({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).cluster_id
+
+    with LocalBroker(port=None, data_dir=data_dir) as broker:
+        kit = KafkaTestKit(broker.bootstrap_servers)
+        kit.topic(name=src)
+        kit.topic(name=out)
+        kit.produce(src, [f"a{i}".encode() for i in range(3)])
+        with running(_saving_app(broker.bootstrap_servers, group, src, out, url, table)):
+            wait_for(lambda: kit.caught_up(group, src), 30, message="the first run's records handled")
+    snapshot = data_dir / "kafka.json"  # as an earlier kafkatx left both: the shared id in the broker and the rows
+    state = json.loads(snapshot.read_text())
+    state["cluster_id"] = EMBEDDED_CLUSTER_ID
+    snapshot.write_text(json.dumps(state))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE kafkatx_offsets SET cluster_id = :c"), {"c": EMBEDDED_CLUSTER_ID})
+
+    with caplog.at_level(logging.WARNING, logger="kafkatx.local"), LocalBroker(port=None, data_dir=data_dir) as broker:
+        new_id = cluster_id(broker)
+        assert new_id is not None and new_id.startswith(REIDENTIFIED_CLUSTER_ID_PREFIX), new_id
+        assert f"had noida-db's shared cluster id {EMBEDDED_CLUSTER_ID}" in caplog.text and new_id in caplog.text
+        kit = KafkaTestKit(broker.bootstrap_servers)
+        kit.produce(src, [f"b{i}".encode() for i in range(2)])
+        with running(_saving_app(broker.bootstrap_servers, group, src, out, url, table)):
+            wait_for(lambda: kit.caught_up(group, src), 30, message="the second run's records handled")
+        broker.restart()
+        assert cluster_id(broker) == new_id, "given once: a restart keeps it"
+    assert table_rows(engine, table) == {f"a{i}": 1 for i in range(3)} | {f"b{i}": 1 for i in range(2)}
+    with engine.connect() as conn:
+        stored = {r[0] for r in conn.execute(sa.text("SELECT cluster_id FROM kafkatx_offsets"))}
+    assert stored == {new_id}, "the rows are tied to the new id on their first use"
+    engine.dispose()

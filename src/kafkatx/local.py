@@ -29,7 +29,9 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 
 from kafkatx.client.brokers import (  # chained_listeners and warn_about_chained_listeners re-exported
+    EMBEDDED_CLUSTER_ID,
     EMBEDDED_CLUSTER_ID_PREFIX,
+    REIDENTIFIED_CLUSTER_ID_PREFIX,
     chained_listeners,
     live_brokers,
     port_in_use,
@@ -153,12 +155,14 @@ def _seed_cluster_id(data_dir: Path) -> None:
     temporary broker from the next, and would trust positions written for
     another broker's log. It restores the id from its snapshot file, so an
     empty snapshot carrying a fresh id gives every new broker its own; a data
-    dir that already has a snapshot keeps its id (the same broker, restarted).
+    dir that already has a snapshot keeps its id (the same broker, restarted),
+    unless that is still the shared one (:func:`_reidentify_shared_cluster_id`).
     """
     snapshot = data_dir / _SNAPSHOT
     if snapshot.exists():
+        _reidentify_shared_cluster_id(snapshot)
         return
-    cluster_id = EMBEDDED_CLUSTER_ID_PREFIX + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    cluster_id = EMBEDDED_CLUSTER_ID_PREFIX + _random_id()
     state = {
         "topics": [],
         "broker_id": 1,
@@ -171,6 +175,44 @@ def _seed_cluster_id(data_dir: Path) -> None:
         "broker_configs": {},
     }
     snapshot.write_text(json.dumps(state))
+
+
+def _random_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def _reidentify_shared_cluster_id(snapshot: Path) -> None:
+    """Give a kept data dir that still has noida-db's shared cluster id one of its own, once, and say so.
+
+    Such a data dir was made before kafkatx seeded ids (``--local-data-dir``
+    kept across upgrades). Its new id tells a database that the positions it
+    stored for the shared id belong to this broker
+    (:func:`kafkatx.client.identity.succeeds_shared_id`): they are kept, and
+    tied to the new id on their next use; another broker's are refused from
+    then on. A snapshot that cannot be read or written is left as it is.
+    """
+    try:
+        state = json.loads(snapshot.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(state, dict) or state.get("cluster_id") != EMBEDDED_CLUSTER_ID:
+        return
+    state["cluster_id"] = cluster_id = REIDENTIFIED_CLUSTER_ID_PREFIX + _random_id()
+    written = snapshot.with_name(snapshot.name + ".kafkatx-new")
+    try:
+        written.write_text(json.dumps(state))
+        os.replace(written, snapshot)
+    except OSError as exc:
+        log.warning("the broker data dir %s keeps noida-db's shared cluster id: %s", snapshot.parent, exc)
+        return
+    log.warning(
+        "the broker data dir %s had noida-db's shared cluster id %s (made by an earlier kafkatx); it now has one "
+        "of its own, %s. Positions a database= listener stored for the shared id are kept and tied to the new id "
+        "on their next use.",
+        snapshot.parent,
+        EMBEDDED_CLUSTER_ID,
+        cluster_id,
+    )
 
 
 class LocalBroker:

@@ -78,3 +78,18 @@ def test_a_listener_reacts_to_it_as_to_any_kafka_error_of_its_transaction(tmp_pa
     assert host.events_of(OutageStarted) == [], "no database outage"
     assert {e.error_class for e in host.events_of(KafkaErrorHandled)} == {ErrorClass.ABORTABLE.name}
     assert host.events_of(ProducerRecreated), "aborted and retried, then the producer replaced, as KIP-1050 says"
+
+
+def test_rows_of_noida_dbs_shared_cluster_id_belong_to_the_broker_kafkatx_gave_its_own_id() -> None:
+    """A kept --local-data-dir made before kafkatx seeded cluster ids is given one of its own, once (kafkatx.local)."""
+    from kafkatx.client.brokers import EMBEDDED_CLUSTER_ID, EMBEDDED_CLUSTER_ID_PREFIX, REIDENTIFIED_CLUSTER_ID_PREFIX
+    from kafkatx.database.session import adopts
+
+    shared = StoredPosition(5, EMBEDDED_CLUSTER_ID, None)
+    reidentified = LogIdentity(REIDENTIFIED_CLUSTER_ID_PREFIX + "abc", None)
+    assert log_mismatch(shared, reidentified) is None and adopts(shared, reidentified)
+    fresh = LogIdentity(EMBEDDED_CLUSTER_ID_PREFIX + "abc", None)  # a new temporary broker: another log
+    assert "another Kafka cluster" in str(log_mismatch(shared, fresh))
+    assigned = StoredPosition(5, reidentified.cluster_id, None)  # once tied to the new id, only it matches
+    assert "another Kafka cluster" in str(log_mismatch(assigned, LogIdentity(EMBEDDED_CLUSTER_ID, None)))
+    assert log_mismatch(assigned, reidentified) is None and not adopts(assigned, reidentified)

@@ -18,6 +18,8 @@ from typing import Protocol
 
 __all__ = [
     "EMBEDDED_CLUSTER_ID",
+    "EMBEDDED_CLUSTER_ID_PREFIX",
+    "REIDENTIFIED_CLUSTER_ID_PREFIX",
     "ENV_BOOTSTRAP",
     "bootstrap_from_env",
     "ListenerTopics",
@@ -114,6 +116,9 @@ class ListenerTopics(Protocol):
 EMBEDDED_CLUSTER_ID = "MkU3OEVBNTctOEUyRi00"
 #: How the cluster ids kafkatx gives the embedded brokers it starts begin (each start its own: kafkatx.local).
 EMBEDDED_CLUSTER_ID_PREFIX = "kafkatx-local-"
+#: How the id begins that kafkatx gives, once, a kept data dir still carrying EMBEDDED_CLUSTER_ID (made before
+#: kafkatx seeded ids of their own): the same broker, so positions a database stored for the shared id are its own.
+REIDENTIFIED_CLUSTER_ID_PREFIX = EMBEDDED_CLUSTER_ID_PREFIX + "was-shared-"
 
 
 def is_embedded_broker(bootstrap_servers: str, cluster_id: str | None = None) -> bool:

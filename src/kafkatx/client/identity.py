@@ -17,9 +17,10 @@ from typing import Any
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient
 
+from kafkatx.client.brokers import EMBEDDED_CLUSTER_ID, REIDENTIFIED_CLUSTER_ID_PREFIX
 from kafkatx.client.retry import retry_call
 
-__all__ = ["LogIdentity", "cluster_id_of", "log_identity"]
+__all__ = ["LogIdentity", "cluster_id_of", "log_identity", "succeeds_shared_id"]
 
 log = logging.getLogger("kafkatx.client")
 
@@ -59,6 +60,22 @@ def log_identity(
         timeout=retry_timeout,
     )
     return LogIdentity(cluster_id, _topic_id(config, topic, timeout))
+
+
+def succeeds_shared_id(stored_cluster_id: str | None, cluster_id: str | None) -> bool:
+    """True if ``cluster_id`` is the id kafkatx gave, once, the embedded broker that reported ``stored_cluster_id``.
+
+    noida-db reported one shared cluster id from every fresh start; a kept
+    data dir that still carries it gets an id of its own when kafkatx starts
+    it (:mod:`kafkatx.local`), recognisable by its prefix. A position stored
+    for the shared id is then that broker's (or, as before, any other broker
+    that carried the shared id: kafkatx cannot tell them apart).
+    """
+    return (
+        stored_cluster_id == EMBEDDED_CLUSTER_ID
+        and cluster_id is not None
+        and cluster_id.startswith(REIDENTIFIED_CLUSTER_ID_PREFIX)
+    )
 
 
 def _cluster_id(client: Any, topic: str, timeout: float) -> str | None:

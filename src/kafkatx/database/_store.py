@@ -15,6 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from kafkatx.client.brokers import EMBEDDED_CLUSTER_ID
+from kafkatx.client.identity import succeeds_shared_id
 from kafkatx.client.offsets import TP
 from kafkatx.database._backend import Backend
 from kafkatx.outputs import PendingOutput
@@ -28,6 +30,11 @@ OUTBOX_TABLE = "kafkatx_outbox"
 #: Columns added to kafkatx_offsets after its first release: the Kafka log a position belongs to.
 #: A table from an earlier version gets them on first use, empty: its rows adopt the cluster they are next used with.
 _ADDED_COLUMNS = ("cluster_id", "topic_id")
+
+
+def _shared(cluster_id: str | None) -> str | None:
+    """The stored cluster id a row gives up for ``cluster_id``: noida-db's shared one, to the id kafkatx gave it."""
+    return EMBEDDED_CLUSTER_ID if succeeds_shared_id(EMBEDDED_CLUSTER_ID, cluster_id) else None
 
 
 class StoredPosition(NamedTuple):
@@ -194,12 +201,16 @@ class Store:
         return _position(rows[0])
 
     def adopt(self, conn: Any, tp: TP, cluster_id: str | None, topic_id: str | None) -> None:
-        """Tie a row written without its Kafka log (an earlier kafkatx, a broker without topic ids) to this one."""
+        """Tie a row written without its Kafka log (an earlier kafkatx, a broker without topic ids) to this one.
+
+        A row of noida-db's shared cluster id takes the id kafkatx gave that
+        broker (kafkatx.client.identity.succeeds_shared_id).
+        """
         self.backend.execute(
             conn,
-            f"UPDATE {OFFSETS_TABLE} SET cluster_id = COALESCE(cluster_id, :c), topic_id = COALESCE(topic_id, :i) "
-            "WHERE group_id = :g AND topic = :t AND kpartition = :p",
-            {"g": self.group_id, "t": tp[0], "p": tp[1], "c": cluster_id, "i": topic_id},
+            f"UPDATE {OFFSETS_TABLE} SET cluster_id = COALESCE(NULLIF(cluster_id, :shared), :c), "
+            "topic_id = COALESCE(topic_id, :i) WHERE group_id = :g AND topic = :t AND kpartition = :p",
+            {"g": self.group_id, "t": tp[0], "p": tp[1], "c": cluster_id, "i": topic_id, "shared": _shared(cluster_id)},
         )
 
     def advance(self, conn: Any, tp: TP, next_offset: int, outputs: Sequence[PendingOutput]) -> None:

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 from kafkatx.client.identity import LogIdentity, cluster_id_of
 from kafkatx.database._backend import Backend
 from kafkatx.database._store import Store, reset_statements
-from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, bind_db, log_mismatch
+from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, adopts, bind_db, log_mismatch
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.outputs import PendingOutput
 
@@ -159,7 +159,7 @@ class ProducerOutbox:
                 "rather than publish the records stored for that other cluster. To start afresh here, delete its "
                 f"rows: {reset_statements(_GROUP, self.producer.transactional_id)}"
             )
-        if stored.cluster_id is None and kafka.cluster_id:
+        if adopts(stored, kafka):
             self.store.adopt(conn, self.key, kafka.cluster_id, None)
         return stored.next_offset
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kafkatx.client.identity import LogIdentity, log_identity
+from kafkatx.client.identity import LogIdentity, log_identity, succeeds_shared_id
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database._backend import Backend, backend_for, is_connection_error
 from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store, StoredPosition, reset_statements
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from kafkatx.client.producer import TransactionalProducer
     from kafkatx.record import ConsumedMessage
 
-__all__ = ["DatabaseSession", "DatabaseUnavailableError", "db", "bind_db", "log_mismatch"]
+__all__ = ["DatabaseSession", "DatabaseUnavailableError", "adopts", "db", "bind_db", "log_mismatch"]
 
 log = logging.getLogger("kafkatx.database")
 
@@ -56,7 +56,12 @@ def log_mismatch(stored: StoredPosition, kafka: LogIdentity) -> str | None:
     Unknown identities (a row of an earlier kafkatx, a broker without topic
     ids) are not a mismatch: such a row adopts this log on first use.
     """
-    if stored.cluster_id and kafka.cluster_id and stored.cluster_id != kafka.cluster_id:
+    if (
+        stored.cluster_id
+        and kafka.cluster_id
+        and stored.cluster_id != kafka.cluster_id
+        and not succeeds_shared_id(stored.cluster_id, kafka.cluster_id)
+    ):
         return (
             f"another Kafka cluster (cluster id {stored.cluster_id}; this one is {kafka.cluster_id}): a new "
             "temporary local broker, or the database of another environment"
@@ -67,6 +72,20 @@ def log_mismatch(stored: StoredPosition, kafka: LogIdentity) -> str | None:
             "the topic was deleted and created again"
         )
     return None
+
+
+def adopts(stored: StoredPosition, kafka: LogIdentity) -> bool:
+    """True if a position that is not a mismatch should be tied to ``kafka``'s log (see :func:`log_mismatch`).
+
+    A row written without its log (an earlier kafkatx, a broker without
+    topic ids) and a row written for noida-db's shared cluster id, now used
+    with the id kafkatx gave that broker (:func:`succeeds_shared_id`).
+    """
+    return bool(
+        (stored.cluster_id is None and kafka.cluster_id)
+        or (stored.topic_id is None and kafka.topic_id)
+        or succeeds_shared_id(stored.cluster_id, kafka.cluster_id)
+    )
 
 
 class _Bound(threading.local):
@@ -275,7 +294,7 @@ class DatabaseSession:
                 f"{reset_statements(self.store.group_id, tp[0])} Or use the database that goes with this cluster "
                 "(with --local: a database file per run, or keep the broker too with --local-data-dir DIR)"
             )
-        if (stored.cluster_id is None and kafka.cluster_id) or (stored.topic_id is None and kafka.topic_id):
+        if adopts(stored, kafka):
             self.store.adopt(conn, tp, kafka.cluster_id, kafka.topic_id)
         return stored.next_offset
 
