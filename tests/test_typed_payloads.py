@@ -156,6 +156,43 @@ def test_an_avro_listener_with_the_mock_registry_dead_letters_unknown_schema_ids
     assert message.endswith("SerializationError: Invalid magic byte"), "the cause, quoted once"
 
 
+def test_an_avro_serializer_registers_the_subject_of_the_topic_each_record_goes_to(kafka: KafkaTestKit) -> None:
+    """TopicNameStrategy: ``<topic>-value``. A send() to another topic than the listener's output, and an Output
+    with a topic of its own, are encoded for their topic; all of them decode with the registry's schema."""
+    avro = pytest.importorskip("confluent_kafka.schema_registry.avro")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafkatx import Output, send
+
+    registry = SchemaRegistryClient.new_client({"url": f"mock://{unique_name('registry')}"})
+    invoice_schema = json.dumps(
+        {
+            "type": "record",
+            "name": "Invoice",
+            "fields": [{"name": "order", "type": "int"}, {"name": "total", "type": "double"}],
+        }
+    )
+    src, out, audit, billing = kafka.topic(), kafka.topic(), kafka.topic(), kafka.topic()
+    kafka.produce(src, [_good(i) for i in range(5)])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, value_type=Order, serializer=avro.AvroSerializer(registry, invoice_schema))
+    def handle(record: Record) -> list[Any]:
+        invoice = Invoice(order=record.value.id, total=record.value.amount)
+        send(audit, invoice)
+        return [invoice, Output(invoice, topic=billing)]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all committed")
+
+    assert sorted(registry.get_subjects()) == sorted(f"{t}-value" for t in (out, audit, billing))
+    read = avro.AvroDeserializer(registry)
+    for topic in (out, audit, billing):
+        decoded = [read(v, SerializationContext(topic, MessageField.VALUE)) for v in kafka.values(topic)]
+        assert sorted(d["order"] for d in decoded) == list(range(5)), topic
+
+
 @pytest.mark.parametrize("retry", ["rollback", "in_place"])
 def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as_consumed(
     kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str], retry: str
