@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -324,8 +325,9 @@ def test_a_file_path_or_a_bare_module_gets_the_target_to_type(tmp_path: Path) ->
         (tmp_path / "elsewhere", "../myapp.py:app", f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
         (tmp_path / "elsewhere", str(tmp_path / "myapp.py"), f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
     ]
-    for cwd, target, hint in cases:
-        result = kafkatx("run", target, cwd=cwd)
+    with ThreadPoolExecutor(len(cases)) as pool:  # run together: each is mostly imports
+        results = list(pool.map(lambda case: kafkatx("run", case[1], cwd=case[0]), cases))
+    for (_, target, hint), result in zip(cases, results, strict=True):
         assert result.returncode == 64, result.stderr
         assert result.stderr.count("\n") == 1 and hint in result.stderr, (target, result.stderr)
 
