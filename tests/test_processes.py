@@ -44,7 +44,8 @@ APP = textwrap.dedent(
 
 class Worker:
     def __init__(self, workdir: Path, env: dict[str, str], instance: str, bootstrap: str) -> None:
-        self.log = open(workdir / f"{instance}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
+        self.path = workdir / f"{instance}-{time.monotonic_ns()}.log"
+        self.log = open(self.path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -63,6 +64,9 @@ class Worker:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+
+    def logged(self, text: str) -> bool:
+        return text in self.path.read_text(errors="replace")
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -121,6 +125,9 @@ def test_two_processes_one_stops_or_dies_mid_stream(
     wait_for(lambda: sum(kafka.committed(name, src).values()) > 100, 60, message="w2 busy")
     w1 = Worker(workdir, env, "w1", bs)
     try:
+        # w1 has partitions (and its signal handlers): on a loaded machine w2 alone could otherwise commit the
+        # next 600 records while w1 is still starting, and the SIGTERM would find it without its handler.
+        wait_for(lambda: w1.logged(" assigned "), 60, message="w1 has partitions")
         before = sum(kafka.committed(name, src).values())
         wait_for(lambda: sum(kafka.committed(name, src).values()) > before + 600, 60, message="both workers busy")
         if how == "sigterm":
