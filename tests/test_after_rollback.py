@@ -94,7 +94,7 @@ def test_fails_once_then_succeeds_with_attempt_two(kafka: KafkaTestKit) -> None:
     app = make_app(kafka)
     seen: list[tuple[bytes, int]] = []
 
-    @app.listener(src, output=out, dlq=True)
+    @app.listener(src, output=out, dlq=True, backoff=0)  # the retry at once, as before the 1 s default
     def handler(record: Record) -> bytes | None:
         seen.append((record.value or b"", record.attempt))
         if record.value == b"flaky" and record.attempt == 1:

@@ -8,7 +8,9 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,29 @@ from kafkatx.testing import produce, read_topic, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
+# `kafkatx` whose metadata requests give up after 2 s (the startup check waits 15 s): an address that refuses
+# connections fails the same check with the same librdkafka error, 13 s sooner. test_cli's other
+# unreachable-broker test shortens _METADATA_TIMEOUT for the same reason.
+SHORT_METADATA_WAIT = textwrap.dedent(
+    """
+    import sys
+    from confluent_kafka.admin import AdminClient
+    from kafkatx.cli import main
+
+    list_topics = AdminClient.list_topics
+    AdminClient.list_topics = lambda self, *args, **kwargs: list_topics(self, *args, **{**kwargs, "timeout": 2.0})
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def start(*args: str, cwd: Path = ROOT, launcher: str | None = None) -> subprocess.Popen[str]:
+    """`kafkatx run ARGS --no-status`; ``launcher``: Python code that runs the command instead of ``-m kafkatx``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
+    program = ["-m", "kafkatx"] if launcher is None else ["-c", launcher]
     return subprocess.Popen(
-        [sys.executable, "-m", "kafkatx", "run", *args, "--no-status"],
+        [sys.executable, *program, "run", *args, "--no-status"],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -89,15 +109,16 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
 
 
 def test_bad_targets_exit_64_with_a_clear_message() -> None:
-    for target, message in [
+    cases = [
         ("nosuchmodule:app", "cannot import module"),
         ("examples.orders:nope", "no attribute"),
         ("examples.orders", "expected module:attribute"),
         ("json:dumps", "not a kafkatx.App"),
         ("json:JSONDecoder", "not a kafkatx.App"),
-    ]:
-        proc = start(target)
-        out, _ = proc.communicate(timeout=30)
+    ]
+    procs = [(start(target), message) for target, message in cases]  # started together: each is mostly imports
+    for proc, message in procs:
+        out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 64, out
         assert message in out, out
 
@@ -192,7 +213,7 @@ def test_a_misspelt_listener_librdkafka_property_names_the_listener_line(tmp_pat
 @pytest.mark.slow
 def test_an_unreachable_broker_is_one_line_naming_the_address(tmp_path: Path) -> None:
     _one_line_app(tmp_path, "down", "bootstrap_servers='127.0.0.1:1'")
-    proc = start("down:app", cwd=tmp_path)
+    proc = start("down:app", cwd=tmp_path, launcher=SHORT_METADATA_WAIT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
@@ -304,8 +325,9 @@ def test_a_file_path_or_a_bare_module_gets_the_target_to_type(tmp_path: Path) ->
         (tmp_path / "elsewhere", "../myapp.py:app", f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
         (tmp_path / "elsewhere", str(tmp_path / "myapp.py"), f"try: cd {tmp_path.resolve()} && kafkatx run myapp:app"),
     ]
-    for cwd, target, hint in cases:
-        result = kafkatx("run", target, cwd=cwd)
+    with ThreadPoolExecutor(len(cases)) as pool:  # run together: each is mostly imports
+        results = list(pool.map(lambda case: kafkatx("run", case[1], cwd=case[0]), cases))
+    for (_, target, hint), result in zip(cases, results, strict=True):
         assert result.returncode == 64, result.stderr
         assert result.stderr.count("\n") == 1 and hint in result.stderr, (target, result.stderr)
 

@@ -42,7 +42,7 @@ def test_aborted_attempts_are_visible_only_to_read_uncommitted(kafka: KafkaTestK
     app = make_app(kafka)
     failed = threading.Event()
 
-    @app.listener(src, output=out, max_batch_records=10, max_batch_ms=500)
+    @app.listener(src, output=out, max_batch_records=10, max_batch_ms=500, backoff=0)
     def handler(record: Record) -> bytes | None:
         send(out, b"side-" + (record.value or b""))  # joins the transaction
         if record.value == b"boom" and not failed.is_set():

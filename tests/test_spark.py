@@ -117,7 +117,13 @@ def test_word_count_is_exact_and_committed_once(kafka: KafkaTestKit, spark_sessi
     calls = {"n": 0}
 
     @app.spark_listener(
-        lines_topic, output=counts_topic, fencing=fencing, max_batch_records=400, max_batch_ms=200, max_attempts=3
+        lines_topic,
+        output=counts_topic,
+        fencing=fencing,
+        max_batch_records=400,
+        max_batch_ms=200,
+        max_attempts=3,
+        backoff=0,
     )
     def count(df: DataFrame) -> DataFrame:
         calls["n"] += 1
@@ -145,12 +151,14 @@ def test_poison_records_are_isolated_and_the_rest_commits_once(kafka: KafkaTestK
     poison_at = {137, 1024, 1999}
     for i in poison_at:
         values[i] = f"poison-{i}"
-    kafka.produce(topic, values)  # all before the app starts: one batch
+    kafka.produce(topic, values)  # all before the app starts: one batch, closed as soon as it holds all 2000
 
     app = _app(kafka, spark_session)
     jobs = {"n": 0}
 
-    @app.spark_listener(topic, output=out_topic, dlq=True, max_attempts=2, max_batch_records=5000, max_batch_ms=2000)
+    @app.spark_listener(
+        topic, output=out_topic, dlq=True, max_attempts=2, backoff=0, max_batch_records=2000, max_batch_ms=2000
+    )
     def count(df: DataFrame) -> DataFrame:
         jobs["n"] += 1
         return checked_count(df)

@@ -260,6 +260,7 @@ def test_a_failed_record_on_one_partition_with_unprocessed_records_on_another(ka
         src,
         output=out,
         max_attempts=10,
+        backoff=0,  # Spring's default back-off: retries at once
         max_batch_ms=500,
         recovery_backoff=0.1,
         dlq=CompositeRecoverer(DeadLetterPublishingRecoverer(), fails_once),
@@ -506,7 +507,7 @@ def test_a_record_that_fails_once_commits_past_the_marker_and_nothing_else(kafka
     app = make_app(kafka)
     attempts: list[int] = []
 
-    @app.listener(src, output=out)
+    @app.listener(src, output=out, backoff=0)  # Spring's default back-off: the retry at once
     def handle(record: Record) -> bytes | None:
         attempts.append(record.attempt)
         if record.attempt == 1:
