@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 __all__ = ["check_client_config", "prepare_topics", "resolve_fencing"]
 
+
+#: How long the startup check waits for the cluster's metadata before it says the cluster is unreachable. A
+#: module attribute so that a test can shorten it (an address that refuses connections fails the same way sooner).
+STARTUP_METADATA_TIMEOUT_S = 15.0
+
 log = logging.getLogger("kafkatx.app")
 
 
@@ -55,7 +60,7 @@ def prepare_topics(
     check_resolvable(client.resolved_bootstrap_servers())
     admin = _admin(client)
     try:
-        meta = admin.list_topics(timeout=15)
+        meta = admin.list_topics(timeout=STARTUP_METADATA_TIMEOUT_S)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError) and error.code() in (
@@ -64,7 +69,8 @@ def prepare_topics(
             KafkaError._ALL_BROKERS_DOWN,
         ):
             raise ClusterUnreachableError(
-                f"cannot reach Kafka at {client.resolved_bootstrap_servers()} (no answer within 15 s): is the "
+                f"cannot reach Kafka at {client.resolved_bootstrap_servers()} "
+                f"(no answer within {STARTUP_METADATA_TIMEOUT_S:g} s): is the "
                 "broker running, and is that its address? Set bootstrap_servers or $KAFKATX_BOOTSTRAP_SERVERS, "
                 "or use `kafkatx run --local` for an embedded broker",
                 error=error,
@@ -89,7 +95,7 @@ def check_resolvable(servers: str) -> None:
     """Raise ClusterUnreachableError at once when no bootstrap host name resolves.
 
     librdkafka would retry the lookup until list_topics timed out, and then
-    say only that nothing answered within 15 s.
+    say only that nothing answered within the startup wait.
     """
     hosts = [_host_of(server) for server in servers.split(",") if server.strip()]
     unresolved = []

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kafkatx.app import startup
 from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
 from kafkatx.tracing import require_opentelemetry
@@ -277,7 +278,8 @@ def _unreachable(app: Any, args: argparse.Namespace, reason: str) -> str:
     if reason.startswith("cannot resolve host"):
         return f"{reason.partition(': is the name')[0]}, from {source}: is the name right? Pass --bootstrap-servers HOST:PORT"
     return (
-        f"cannot reach Kafka at {servers} (from {source}; no answer within 15 s): is the broker running, "
+        f"cannot reach Kafka at {servers} (from {source}; no answer within {startup.STARTUP_METADATA_TIMEOUT_S:g} s): "
+        "is the broker running, "
         "and is that its address? Pass --bootstrap-servers HOST:PORT, or add --local for an embedded broker"
     )
 
