@@ -42,6 +42,7 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import Output, Record
+from kafkatx.trace_sampling import HeadSampler, head_sampler
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -296,29 +297,52 @@ class Tracing:
 
 
 class _RecordSpans:
-    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it."""
+    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it.
+
+    Its per-record work is what the span needs and no more: the record's
+    headers are extracted only when they carry a trace, the attributes that
+    are the same for a partition are built once, links are looked up only
+    while some record is failing; and a record :attr:`head` samples out gets
+    no span at all (:mod:`kafkatx.trace_sampling`).
+    """
 
     def __init__(self, tracer: Tracer, attempts: AttemptLinks, listener: str, group_id: str) -> None:
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
 
-        self.tracer, self.attempts, self.group_id = tracer, attempts, group_id
+        self.tracer, self.attempts, self.group_id, self.listener = tracer, attempts, group_id, listener
         self._link, self._status, self._error, self._in_context = Link, Status, StatusCode.ERROR, set_span_in_context
         self._attach, self._detach, self._empty = otel_context.attach, otel_context.detach, otel_context.Context()
         self._consumer = SpanKind.CONSUMER
-        self._fixed = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.consumer.group.name": group_id,
-            "kafkatx.listener": listener,
-        }
+        self._by_partition: dict[tuple[str, int], dict[str, Any]] = {}
+        #: kafkatx's own sampling decision, when the tracer's sampler allows one; None: the SDK decides per record.
+        self.head: HeadSampler | None = head_sampler(tracer)
+        self._unpin = self.head.ids.unpin if self.head is not None else None
 
-    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
-        """Begin the attempt's span and make it the current one; return it, the record's key and the context token."""
+    def attributes(self, record: Record) -> dict[str, Any]:
+        """The span's attributes (messaging semantic conventions): those of its partition, built once, and its own."""
+        fixed = self._by_partition.get((record.topic, record.partition))
+        if fixed is None:
+            fixed = self._by_partition[(record.topic, record.partition)] = {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.consumer.group.name": self.group_id,
+                "kafkatx.listener": self.listener,
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+            }
+        attributes = fixed.copy()
+        attributes["messaging.kafka.offset"] = record.offset
+        attributes["kafkatx.attempt"] = record.attempt
+        return attributes
+
+    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any, Context]:
+        """Begin the attempt's span and make it the current one; return it, the record's key, the token, its context."""
         key = (self.group_id, record.topic, record.partition, record.offset)
         headers = record.headers
-        parent = extract_context(headers) if headers else self._empty  # never the worker thread's own context
+        # Never the worker thread's own context: a record without a trace starts one.
+        parent = extract_context(headers) if headers and _carries_trace(headers) else self._empty
         attempts = self.attempts
         earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
         span = self.tracer.start_span(
@@ -326,19 +350,23 @@ class _RecordSpans:
             context=parent,
             kind=self._consumer,
             links=[self._link(c) for c in earlier] if earlier else None,
-            attributes={
-                **self._fixed,
-                "messaging.destination.name": record.topic,
-                "messaging.destination.partition.id": str(record.partition),
-                "messaging.kafka.offset": record.offset,
-                "kafkatx.attempt": record.attempt,
-            },
+            attributes=self.attributes(record),
         )
+        if self._unpin is not None:
+            self._unpin()  # a trace id pinned for this span and not used (a disabled tracer) is not the next span's
+        context = self._in_context(span, parent)
         # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
-        return span, key, self._attach(self._in_context(span, parent))
+        return span, key, self._attach(context), context
 
     def finish(
-        self, span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
+        self,
+        span: Any,
+        key: tuple[str, str, int, int],
+        token: Any,
+        context: Context,
+        record: Record,
+        sink: _Sink,
+        error: BaseException | None,
     ) -> Any:
         """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
         recent = _recent.get()
@@ -357,26 +385,61 @@ class _RecordSpans:
                 self.attempts.done(key)
             if not sink:
                 return None
-            trace = trace_headers()  # the span's context, with the record's baggage
-            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+            head = self.head  # the span's context, with the record's baggage
+            trace = trace_headers(context) if head is None else head.headers_of(span, record.headers)
+            return _traced_outputs(sink, trace)
         finally:
             self._detach(token)
             span.end()
+
+
+def _carries_trace(headers: Headers) -> bool:
+    for name, _ in headers:
+        if name in TRACE_HEADERS:
+            return True
+    return False
+
+
+def _traced_outputs(sink: _Sink, trace: list[tuple[str, bytes]]) -> list[Output]:
+    """The outputs in ``sink``, each carrying ``trace`` instead of any trace headers of its own."""
+    return [
+        Output(o.value, o.key, o.topic, with_trace(o.headers, trace) if o.headers else trace, o.partition) for o in sink
+    ]
 
 
 def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
     """A plain handler in its record's span: what it returns and sends comes back as outputs with the trace."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
+    carried = spans.head.carried if spans.head is not None else None
+
+    def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
+        """No span: the outputs only carry the trace (and its decision) on."""
+        sink = _Sink(serializer)
+        previous = bind_sink(sink)
+        try:
+            result = handler(record)
+            if type(result) is bytes and output is not None and not sink:  # the common case, without the list
+                return Output(result, None, None, trace)
+            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                return result
+            collect_outputs(result, output, serializer, listener, sink)
+        finally:
+            bind_sink(previous)
+        return _traced_outputs(sink, trace) if sink else None
 
     def traced(record: Record) -> Any:
-        span, key, token = start(record)
+        if carried is not None:
+            trace = carried(record.headers)
+            if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
+                return sampled_out(record, trace) if trace else handler(record)
+        span, key, token, context = start(record)
         sink = _Sink(serializer)
         error: BaseException | None = None
         previous = bind_sink(sink)
         try:
             result = handler(record)
-            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+            if isinstance(result, _AWAITABLES):
                 return result
             collect_outputs(result, output, serializer, listener, sink)
         except BaseException as exc:
@@ -384,7 +447,7 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
             raise
         finally:
             bind_sink(previous)
-            outputs = finish(span, key, token, sink, error)
+            outputs = finish(span, key, token, context, record, sink, error)
         return outputs
 
     return traced
@@ -394,9 +457,23 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
     """An ``async def`` handler in its record's span (the span is the current one in the record's own task)."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
+    carried = spans.head.carried if spans.head is not None else None
+
+    async def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
+        sink = _Sink(serializer)
+        previous = bind_sink(sink)
+        try:
+            collect_outputs(await handler(record), output, serializer, listener, sink)
+        finally:
+            bind_sink(previous)
+        return _traced_outputs(sink, trace) if sink else None
 
     async def traced_async(record: Record) -> Any:
-        span, key, token = start(record)
+        if carried is not None:
+            trace = carried(record.headers)
+            if trace is not None:
+                return await (sampled_out(record, trace) if trace else handler(record))
+        span, key, token, context = start(record)
         sink = _Sink(serializer)
         error: BaseException | None = None
         previous = bind_sink(sink)
@@ -408,7 +485,7 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
             raise
         finally:
             bind_sink(previous)
-            outputs = finish(span, key, token, sink, error)
+            outputs = finish(span, key, token, context, record, sink, error)
         return outputs
 
     return traced_async
