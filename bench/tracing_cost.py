@@ -66,7 +66,7 @@ def main() -> None:
         sdk = provider.get_tracer("bench")
         sdk_cost = _per_record(lambda record: sdk.start_span("process in").end(), records)
         provider.force_flush()  # the span processor's thread is idle again before the next measure
-        spec = SimpleNamespace(name="l", handler=handler, output="out", serializer=None, is_async=False)
+        spec = SimpleNamespace(name="l", handler=handler, output="out", serializer=None, is_async=False, concurrency=1)
         traced = Tracing(provider).wrap(spec, "g")
         cost = _per_record(traced, records) - bare
         provider.shutdown()

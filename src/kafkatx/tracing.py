@@ -34,7 +34,6 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -198,6 +197,8 @@ class TracedListener(Protocol):
     def serializer(self) -> Any: ...
     @property
     def is_async(self) -> bool: ...
+    @property
+    def concurrency(self) -> int: ...
 
 
 class _Sink(list[PendingOutput]):
@@ -227,13 +228,17 @@ class Tracing:
         self._recovered: set[tuple[str, int]] = set()
         #: The consumer group of each traced listener, by name (to end a recovered record's links).
         self._groups: dict[str, str] = {}
+        #: The record spans of each container, by its name (for its transaction spans' links).
+        self._containers: dict[str, _RecordSpans] = {}
         _active.add(self)
 
     # -- record attempts ----------------------------------------------------------------------
-    def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
-        """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
+    def wrap(self, spec: TracedListener, group_id: str, worker: int = 0) -> Callable[[Record], Any]:
+        """``spec``'s handler as its container ``worker`` runs it, each call in a ``process`` span."""
         self._groups[spec.name] = group_id
         spans = _RecordSpans(self.tracer, self.attempts, spec.name, group_id)
+        # The container's name, as its events give it: its transactions link the spans of its records.
+        self._containers[spec.name if spec.concurrency == 1 else f"{spec.name}#{worker}"] = spans
         return _traced_async(spec, spans) if spec.is_async else _traced(spec, spans)
 
     def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
@@ -286,10 +291,9 @@ class Tracing:
         attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
         from opentelemetry.trace import Link
 
-        recent = _recent.get()  # the spans of the records this thread handled since its last transaction ended
+        spans = self._containers.get(event.listener)
+        recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
         links = [Link(c) for c in recent] if recent else None
-        if recent:
-            recent.clear()
         span = self.tracer.start_span(
             "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
         )
@@ -318,6 +322,15 @@ class _RecordSpans:
         #: kafkatx's own sampling decision, when the tracer's sampler allows one; None: the SDK decides per record.
         self.head: HeadSampler | None = head_sampler(tracer)
         self._unpin = self.head.ids.unpin if self.head is not None else None
+        #: The spans of the records handled since the container's last transaction ended, wherever they ran.
+        self._recent: list[SpanContext] = []
+        self._recent_lock = threading.Lock()
+
+    def take_recent(self) -> list[SpanContext]:
+        """The spans of the records handled since the last call (the container's transaction has ended)."""
+        with self._recent_lock:
+            recent, self._recent = self._recent, []
+        return recent
 
     def attributes(self, record: Record) -> dict[str, Any]:
         """The span's attributes (messaging semantic conventions): those of its partition, built once, and its own."""
@@ -369,12 +382,9 @@ class _RecordSpans:
         error: BaseException | None,
     ) -> Any:
         """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
-        recent = _recent.get()
-        if recent is None:
-            recent = []
-            _recent.set(recent)
-        if len(recent) < MAX_TRANSACTION_LINKS:
-            recent.append(span.get_span_context())
+        if len(self._recent) < MAX_TRANSACTION_LINKS:
+            with self._recent_lock:  # the container's thread, or one of its pool's, or its event loop's
+                self._recent.append(span.get_span_context())
         try:
             if error is not None:
                 span.record_exception(error)
@@ -493,10 +503,6 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
 
 #: At most this many record spans are linked from a transaction's span (OpenTelemetry's default limit of links).
 MAX_TRANSACTION_LINKS = 128
-
-#: The record spans made in this context (the container's thread) since its last transaction ended: the
-#: transaction span links to them. A handler run elsewhere (a pool thread, an asyncio task) is not linked.
-_recent: ContextVar[list[SpanContext] | None] = ContextVar("kafkatx_recent_spans", default=None)
 
 #: The Tracing of every App started with tracing on (weakly: a stopped, dropped App leaves).
 _active: weakref.WeakSet[Tracing] = weakref.WeakSet()

@@ -37,7 +37,7 @@ def _traced(sampler: Sampler, handler: Any = lambda r: r.value) -> tuple[Any, In
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    spec = SimpleNamespace(name="l", handler=handler, output="out", serializer=None, is_async=False)
+    spec = SimpleNamespace(name="l", handler=handler, output="out", serializer=None, is_async=False, concurrency=1)
     return Tracing(provider).wrap(spec, "g"), exporter
 
 
