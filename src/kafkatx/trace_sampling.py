@@ -149,6 +149,17 @@ class HeadSampler:
             return [(k, v) for k, v in headers if k == "baggage" and v is not None]
         return []
 
+    def sample_transaction(self, holds_sampled_records: bool) -> bool:
+        """Whether a transaction gets a span: always when every trace is sampled; at a ratio, when it holds a
+        sampled record (its trace id is then pinned under the bound, so the SDK samples it too); else never."""
+        bound = self.bound
+        if bound >= _ALWAYS:
+            return True
+        if not holds_sampled_records or not bound:
+            return False
+        self.ids.pin((getrandbits(64) << 64) | (getrandbits(64) % bound) or 1)
+        return True
+
     def headers_of(self, span: Any, headers: Sequence[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
         """What the W3C propagators write for ``span``'s context with a record's baggage (without their overhead)."""
         context = span.get_span_context()

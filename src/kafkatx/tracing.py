@@ -281,6 +281,11 @@ class Tracing:
 
     def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
         end = time.time_ns()
+        spans = self._containers.get(event.listener)
+        recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
+        head = spans.head if spans is not None else None
+        if head is not None and not head.sample_transaction(bool(recent)):
+            return  # sampled at a ratio and none of its records was: no span, no SDK call
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
             "messaging.batch.message_count": records,
@@ -291,12 +296,12 @@ class Tracing:
         attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
         from opentelemetry.trace import Link
 
-        spans = self._containers.get(event.listener)
-        recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
         links = [Link(c) for c in recent] if recent else None
         span = self.tracer.start_span(
             "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
         )
+        if head is not None:
+            head.ids.unpin()
         span.end(end_time=end)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kafkatx import Output, Record, send
+from kafkatx.events import TransactionCommitted
 from kafkatx.trace_sampling import head_sampler, parse_traceparent
 from kafkatx.tracing import Tracing
 
@@ -167,3 +168,26 @@ def test_the_sampled_path_writes_what_the_w3c_propagators_write() -> None:
         ("tracestate", b"k=v"),
         ("baggage", b"tenant=acme"),
     ]
+
+
+def test_at_a_ratio_a_transaction_gets_a_span_only_when_it_holds_a_sampled_record() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1e-9)))  # a root: as good as never
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    callbacks: dict[type, Any] = {}
+    tracing.subscribe(lambda kind, callback: callbacks.__setitem__(kind, callback))
+    spec = SimpleNamespace(
+        name="l", handler=lambda r: r.value, output="out", serializer=None, is_async=False, concurrency=1
+    )
+    traced = tracing.wrap(spec, "g")
+
+    traced(_record(0))  # a root record, sampled out
+    callbacks[TransactionCommitted](TransactionCommitted("l", 0, records=1))
+    assert exporter.get_finished_spans() == (), "no sampled record: no transaction span"
+
+    traced(_record(1, traceparent=SAMPLED))
+    callbacks[TransactionCommitted](TransactionCommitted("l", 0, records=1))
+    record_span, transaction = exporter.get_finished_spans()
+    assert transaction.name == "kafkatx transaction", "sampled, as the record it holds, whatever the ratio"
+    assert [link.context.span_id for link in transaction.links] == [record_span.context.span_id]
