@@ -35,11 +35,12 @@ from collections.abc import Sequence
 from random import getrandbits
 from typing import Any
 
-__all__ = ["TRACE_ID_LIMIT", "HeadSampler", "PinnedTraceIds", "head_sampler", "parse_traceparent"]
+__all__ = ["ALWAYS_SAMPLED", "TRACE_ID_LIMIT", "HeadSampler", "PinnedTraceIds", "head_sampler", "parse_traceparent"]
 
 #: The bits of a trace id that ``TraceIdRatioBased`` compares with its bound (the low 64).
 TRACE_ID_LIMIT = (1 << 64) - 1
-_ALWAYS = 1 << 64  # a bound every trace id is under
+#: A bound every trace id is under: every trace is sampled.
+ALWAYS_SAMPLED = _ALWAYS = 1 << 64
 
 # The W3C traceparent as OpenTelemetry's propagator reads it: version, trace id, parent id, flags.
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
@@ -149,13 +150,16 @@ class HeadSampler:
             return [(k, v) for k, v in headers if k == "baggage" and v is not None]
         return []
 
-    def sample_transaction(self, holds_sampled_records: bool) -> bool:
-        """Whether a transaction gets a span: always when every trace is sampled; at a ratio, when it holds a
-        sampled record (its trace id is then pinned under the bound, so the SDK samples it too); else never."""
+    def pin_sampled(self) -> bool:
+        """Fix the next root trace id of this thread to one the ratio samples; False if none is (a ratio of 0).
+
+        For a span kafkatx decided to record although no draw would: a transaction holding a traced record,
+        a record whose earlier attempt was traced (a record with a parent is decided by it, as before).
+        """
         bound = self.bound
         if bound >= _ALWAYS:
             return True
-        if not holds_sampled_records or not bound:
+        if not bound:
             return False
         self.ids.pin((getrandbits(64) << 64) | (getrandbits(64) % bound) or 1)
         return True

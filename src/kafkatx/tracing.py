@@ -21,6 +21,11 @@ dead letter, and a later ``kafkatx dlq replay`` of it (which keeps headers),
 stay in the same trace. A span per transaction (records, outcome: committed,
 aborted or recovered) is made from the container's events.
 
+With a sampler of the SDK's standard ones, kafkatx decides a record's
+sampling itself before any OpenTelemetry call (:mod:`kafkatx.trace_sampling`):
+a record sampled out costs next to nothing, which is what makes tracing
+affordable on a busy listener (``ParentBased(TraceIdRatioBased(0.01))``).
+
 The span context is carried by ``contextvars`` (OpenTelemetry's context),
 never a thread-local: concurrent handlers (``in_flight > 1``, ``async def``)
 each see their own record's span.
@@ -41,7 +46,7 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import Output, Record
-from kafkatx.trace_sampling import HeadSampler, head_sampler
+from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -175,6 +180,10 @@ class AttemptLinks:
             contexts = self._earlier.get(key)
             return contexts[-1] if contexts else None
 
+    def holds(self, key: tuple[str, str, int, int]) -> bool:
+        """Whether an earlier attempt of the record is remembered (lock-free: a dict lookup)."""
+        return key in self._earlier
+
     def done(self, key: tuple[str, str, int, int]) -> None:
         """The record succeeded or was dead-lettered: nothing more links to its attempts."""
         with self._lock:
@@ -284,7 +293,7 @@ class Tracing:
         spans = self._containers.get(event.listener)
         recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
         head = spans.head if spans is not None else None
-        if head is not None and not head.sample_transaction(bool(recent)):
+        if head is not None and head.bound < ALWAYS_SAMPLED and not (recent and head.pin_sampled()):
             return  # sampled at a ratio and none of its records was: no span, no SDK call
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
@@ -327,9 +336,24 @@ class _RecordSpans:
         #: kafkatx's own sampling decision, when the tracer's sampler allows one; None: the SDK decides per record.
         self.head: HeadSampler | None = head_sampler(tracer)
         self._unpin = self.head.ids.unpin if self.head is not None else None
+        self._carried: Callable[[Headers | None], list[tuple[str, Any]] | None] = (
+            self.head.carried if self.head is not None else _always_traced
+        )
         #: The spans of the records handled since the container's last transaction ended, wherever they ran.
         self._recent: list[SpanContext] = []
         self._recent_lock = threading.Lock()
+
+    def sampled_out(self, record: Record) -> list[tuple[str, Any]] | None:
+        """None if the record gets a span; else the trace headers its outputs carry on (maybe none).
+
+        A record with a traced earlier attempt is traced again, whatever the draw: its attempts stay linked.
+        """
+        attempts = self.attempts
+        if attempts and attempts.holds((self.group_id, record.topic, record.partition, record.offset)):
+            if self.head is not None:
+                self.head.pin_sampled()
+            return None
+        return self._carried(record.headers)
 
     def take_recent(self) -> list[SpanContext]:
         """The spans of the records handled since the last call (the container's transaction has ended)."""
@@ -408,6 +432,11 @@ class _RecordSpans:
             span.end()
 
 
+def _always_traced(headers: Headers | None) -> None:
+    """No sampling decision of kafkatx's own: the SDK decides (a sampler kafkatx does not know)."""
+    return None
+
+
 def _carries_trace(headers: Headers) -> bool:
     for name, _ in headers:
         if name in TRACE_HEADERS:
@@ -426,7 +455,7 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     """A plain handler in its record's span: what it returns and sends comes back as outputs with the trace."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
-    carried = spans.head.carried if spans.head is not None else None
+    carried = spans.sampled_out if spans.head is not None else None
 
     def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
         """No span: the outputs only carry the trace (and its decision) on."""
@@ -445,7 +474,7 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
 
     def traced(record: Record) -> Any:
         if carried is not None:
-            trace = carried(record.headers)
+            trace = carried(record)
             if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
                 return sampled_out(record, trace) if trace else handler(record)
         span, key, token, context = start(record)
@@ -472,7 +501,7 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
     """An ``async def`` handler in its record's span (the span is the current one in the record's own task)."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
-    carried = spans.head.carried if spans.head is not None else None
+    carried = spans.sampled_out if spans.head is not None else None
 
     async def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
         sink = _Sink(serializer)
@@ -485,7 +514,7 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
 
     async def traced_async(record: Record) -> Any:
         if carried is not None:
-            trace = carried(record.headers)
+            trace = carried(record)
             if trace is not None:
                 return await (sampled_out(record, trace) if trace else handler(record))
         span, key, token, context = start(record)

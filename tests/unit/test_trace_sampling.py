@@ -191,3 +191,23 @@ def test_at_a_ratio_a_transaction_gets_a_span_only_when_it_holds_a_sampled_recor
     record_span, transaction = exporter.get_finished_spans()
     assert transaction.name == "kafkatx transaction", "sampled, as the record it holds, whatever the ratio"
     assert [link.context.span_id for link in transaction.links] == [record_span.context.span_id]
+
+
+def test_a_record_with_a_traced_earlier_attempt_is_traced_whatever_the_draw() -> None:
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1e-9)))  # a root: as good as never
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    spec = SimpleNamespace(
+        name="l", handler=lambda r: r.value, output="out", serializer=None, is_async=False, concurrency=1
+    )
+    traced = tracing.wrap(spec, "g")
+    first = SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    tracing.attempts.failed(("g", "in", 0, 7), first)
+    assert traced(Record("in", 0, 6, None, b"v", attempt=2)) == b"v", "another record: sampled out"
+    (output,) = traced(Record("in", 0, 7, None, b"v", attempt=2))
+    (span,) = exporter.get_finished_spans()
+    assert [link.context.span_id for link in span.links] == [0x5678]
+    assert span.attributes is not None and span.attributes["kafkatx.attempt"] == 2
