@@ -115,7 +115,8 @@ class HeadSampler:
         self._baggage = "baggage" in fields
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-        self._random = type(ids.inner) is RandomIdGenerator
+        #: The ids are the SDK's random ones: a root's draw is ``getrandbits`` (what the record wrapper inlines).
+        self.random_ids = type(ids.inner) is RandomIdGenerator
 
     def carried(self, headers: Sequence[tuple[str, Any]] | None) -> list[tuple[str, Any]] | None:
         """None if the record is sampled in; else the trace headers its outputs carry on (maybe none)."""
@@ -136,7 +137,7 @@ class HeadSampler:
             return None
         if bound:
             # The SDK's RandomIdGenerator is getrandbits: its low 64 bits decide, drawn first (most records stop here).
-            if self._random:
+            if self.random_ids:
                 low = getrandbits(64)
                 if low < bound:
                     self.ids.pin((getrandbits(64) << 64) | low or 1)  # the SDK's span gets this id: its sampler agrees

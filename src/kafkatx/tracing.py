@@ -38,7 +38,8 @@ import time
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -157,6 +158,8 @@ class AttemptLinks:
 
     def __init__(self, max_records: int = 10_000) -> None:
         self._earlier: OrderedDict[tuple[str, str, int, int], list[SpanContext]] = OrderedDict()
+        #: The records with remembered attempts (read-only; its truth says whether any is failing, at C speed).
+        self.records: Mapping[tuple[str, str, int, int], list[SpanContext]] = self._earlier
         self._lock = threading.Lock()
         self.max_records = max_records
 
@@ -456,6 +459,7 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
     carried = spans.sampled_out if spans.head is not None else None
+    bound, pin, failing = _root_shortcut(spans)
 
     def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
         """No span: the outputs only carry the trace (and its decision) on."""
@@ -474,9 +478,15 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
 
     def traced(record: Record) -> Any:
         if carried is not None:
-            trace = carried(record)
-            if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
-                return sampled_out(record, trace) if trace else handler(record)
+            if bound is not None and not failing and not record.headers:  # a root record: HeadSampler.carried inlined
+                low = getrandbits(64)
+                if low >= bound:
+                    return handler(record)  # sampled out: tracing off for this record
+                pin((getrandbits(64) << 64) | low or 1)
+            else:
+                trace = carried(record)
+                if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
+                    return sampled_out(record, trace) if trace else handler(record)
         span, key, token, context = start(record)
         sink = _Sink(serializer)
         error: BaseException | None = None
@@ -495,6 +505,19 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
         return outputs
 
     return traced
+
+
+def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[int], None], Mapping[Any, Any]]:
+    """What the record wrapper needs to decide a root record itself: the ratio's bound (None: it cannot, e.g.
+    every trace is sampled or the ids are not the SDK's random ones), the pin of a trace id, the failing records."""
+    head = spans.head
+    if head is None or head.bound >= ALWAYS_SAMPLED or not head.random_ids:
+        return None, _no_pin, spans.attempts.records
+    return head.bound, head.ids.pin, spans.attempts.records
+
+
+def _no_pin(trace_id: int) -> None:
+    return None
 
 
 def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
