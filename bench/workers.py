@@ -375,16 +375,20 @@ class PoisonError(RuntimeError):
     """Raised by the handler for poison records (retryable, so max_attempts applies)."""
 
 
-def tracer_provider() -> Any:
-    """An OpenTelemetry SDK provider as a service would run it (batch span processor), its spans dropped, not sent."""
+def tracer_provider(ratio: float | bool = True) -> Any:
+    """An OpenTelemetry SDK provider as a service would run it (batch span processor), its spans dropped, not sent.
+
+    ``ratio``: True samples every trace; a number, that share of root traces (``ParentBased(TraceIdRatioBased)``).
+    """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Drop(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=None if ratio is True else ParentBased(TraceIdRatioBased(float(ratio))))
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     return provider
 
@@ -407,7 +411,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
         instance_id="bench",
         consumer_config={**cfg["client_config"], **EXTRA_CONSUMER_CONFIG},
         producer_config={"debug": debug} if debug else None,
-        tracing=tracer_provider() if cfg.get("tracing") else False,
+        tracing=tracer_provider(cfg["tracing"]) if cfg.get("tracing") else False,
     )
     options: dict[str, Any] = dict(cfg.get("options") or {})
     poison = bool(cfg.get("poison"))

@@ -144,13 +144,15 @@ def test_not_live_once_a_container_thread_died(kafka: KafkaTestKit) -> None:
 APP = textwrap.dedent(
     """
     import os
+    import time
     from kafkatx import App
 
     app = App(os.environ["APP_NAME"], consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
 
     @app.listener(os.environ["SRC"], name="orders")
     def handle(record):
-        pass
+        while record.value == b"stuck" and not os.path.exists(os.environ["RELEASE"]):
+            time.sleep(0.05)  # stuck on its batch until the test releases it
     """
 )
 
@@ -161,9 +163,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_command(kafka: KafkaTestKit, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def run_command(kafka: KafkaTestKit, tmp_path: Path, *args: str, src: str | None = None) -> subprocess.Popen[str]:
     (tmp_path / "health_app.py").write_text(APP)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "APP_NAME": unique_name("hrun"), "SRC": kafka.topic(partitions=2)}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "APP_NAME": unique_name("hrun"),
+        "SRC": src or kafka.topic(partitions=2),
+        "RELEASE": str(tmp_path / "release"),
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "kafkatx", "run", "health_app:app", "--no-status", *args],
         cwd=tmp_path,
@@ -191,6 +199,32 @@ def test_kafkatx_run_serves_the_probes_on_the_port_it_is_given(kafka: KafkaTestK
         out = stop(proc)
     assert proc.returncode == 0, out
     assert f"health probes at http://127.0.0.1:{port}" in out
+
+
+def test_kafkatx_run_not_ready_after_sets_the_bound_of_readyz(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    src = kafka.topic(partitions=2)
+    port = free_port()
+    args = ("--health-port", str(port), "--not-ready-after", "1.5", "--bootstrap-servers", kafka.bootstrap_servers)
+    proc = run_command(kafka, tmp_path, *args, src=src)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="the run's App ready")
+        kafka.produce(src, [b"stuck"])
+        body = wait_for(lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 30, message="503")
+        assert "longer than not_ready_after=1.5s" in json.dumps(body), body
+        assert get(url + "/livez")[0] == 200, "a handler taking long is not dead"
+        (tmp_path / "release").touch()
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 30, message="ready again once the batch is done")
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out
+
+
+def test_kafkatx_run_refuses_a_bad_not_ready_after(kafka: KafkaTestKit, tmp_path: Path) -> None:
+    proc = run_command(kafka, tmp_path, "--not-ready-after", "0", "--bootstrap-servers", kafka.bootstrap_servers)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 78, out
+    assert "--not-ready-after: not_ready_after must be a positive number of seconds, got 0.0" in out
 
 
 def test_a_health_port_in_use_ends_kafkatx_run_with_one_configuration_error(

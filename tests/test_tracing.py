@@ -154,7 +154,7 @@ def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTes
     src, out = kafka.topic(), kafka.topic()
     parents = {f"r{n}".encode(): f"00-{n + 1:032x}-{n + 1:016x}-01".encode() for n in range(8)}
     kafka.produce(src, [{"key": v, "value": v, "headers": [("traceparent", tp)]} for v, tp in parents.items()])
-    provider, _ = _provider()
+    provider, exporter = _provider()
     app = make_app(kafka, tracing=provider)
 
     if how == "in_flight":
@@ -176,6 +176,9 @@ def test_concurrently_handled_records_each_carry_their_own_trace(kafka: KafkaTes
     assert len(outputs) == len(parents)
     for output in outputs:
         assert _trace_id(output.headers) == int(parents[output.value or b""].split(b"-")[1], 16)
+    transactions = [s for s in exporter.get_finished_spans() if s.name == "kafkatx transaction"]
+    linked = {link.context.span_id for t in transactions for link in t.links}
+    assert {s.context.span_id for s in _process_spans(exporter)} == linked, "each record is linked by its transaction"
 
 
 def test_in_place_retries_are_linked_and_the_dead_letter_is_in_the_records_trace(kafka: KafkaTestKit) -> None:

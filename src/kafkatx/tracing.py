@@ -21,6 +21,11 @@ dead letter, and a later ``kafkatx dlq replay`` of it (which keeps headers),
 stay in the same trace. A span per transaction (records, outcome: committed,
 aborted or recovered) is made from the container's events.
 
+With a sampler of the SDK's standard ones, kafkatx decides a record's
+sampling itself before any OpenTelemetry call (:mod:`kafkatx.trace_sampling`):
+a record sampled out costs next to nothing, which is what makes tracing
+affordable on a busy listener (``ParentBased(TraceIdRatioBased(0.01))``).
+
 The span context is carried by ``contextvars`` (OpenTelemetry's context),
 never a thread-local: concurrent handlers (``in_flight > 1``, ``async def``)
 each see their own record's span.
@@ -33,8 +38,8 @@ import time
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -42,6 +47,7 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import Output, Record
+from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -152,6 +158,8 @@ class AttemptLinks:
 
     def __init__(self, max_records: int = 10_000) -> None:
         self._earlier: OrderedDict[tuple[str, str, int, int], list[SpanContext]] = OrderedDict()
+        #: The records with remembered attempts (read-only; its truth says whether any is failing, at C speed).
+        self.records: Mapping[tuple[str, str, int, int], list[SpanContext]] = self._earlier
         self._lock = threading.Lock()
         self.max_records = max_records
 
@@ -175,6 +183,10 @@ class AttemptLinks:
             contexts = self._earlier.get(key)
             return contexts[-1] if contexts else None
 
+    def holds(self, key: tuple[str, str, int, int]) -> bool:
+        """Whether an earlier attempt of the record is remembered (lock-free: a dict lookup)."""
+        return key in self._earlier
+
     def done(self, key: tuple[str, str, int, int]) -> None:
         """The record succeeded or was dead-lettered: nothing more links to its attempts."""
         with self._lock:
@@ -197,6 +209,8 @@ class TracedListener(Protocol):
     def serializer(self) -> Any: ...
     @property
     def is_async(self) -> bool: ...
+    @property
+    def concurrency(self) -> int: ...
 
 
 class _Sink(list[PendingOutput]):
@@ -226,13 +240,17 @@ class Tracing:
         self._recovered: set[tuple[str, int]] = set()
         #: The consumer group of each traced listener, by name (to end a recovered record's links).
         self._groups: dict[str, str] = {}
+        #: The record spans of each container, by its name (for its transaction spans' links).
+        self._containers: dict[str, _RecordSpans] = {}
         _active.add(self)
 
     # -- record attempts ----------------------------------------------------------------------
-    def wrap(self, spec: TracedListener, group_id: str) -> Callable[[Record], Any]:
-        """``spec``'s handler, each call in a ``process`` span whose context its outputs carry."""
+    def wrap(self, spec: TracedListener, group_id: str, worker: int = 0) -> Callable[[Record], Any]:
+        """``spec``'s handler as its container ``worker`` runs it, each call in a ``process`` span."""
         self._groups[spec.name] = group_id
         spans = _RecordSpans(self.tracer, self.attempts, spec.name, group_id)
+        # The container's name, as its events give it: its transactions link the spans of its records.
+        self._containers[spec.name if spec.concurrency == 1 else f"{spec.name}#{worker}"] = spans
         return _traced_async(spec, spans) if spec.is_async else _traced(spec, spans)
 
     def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
@@ -275,6 +293,11 @@ class Tracing:
 
     def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
         end = time.time_ns()
+        spans = self._containers.get(event.listener)
+        recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
+        head = spans.head if spans is not None else None
+        if head is not None and head.bound < ALWAYS_SAMPLED and not (recent and head.pin_sampled()):
+            return  # sampled at a ratio and none of its records was: no span, no SDK call
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
             "messaging.batch.message_count": records,
@@ -285,40 +308,86 @@ class Tracing:
         attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
         from opentelemetry.trace import Link
 
-        recent = _recent.get()  # the spans of the records this thread handled since its last transaction ended
         links = [Link(c) for c in recent] if recent else None
-        if recent:
-            recent.clear()
         span = self.tracer.start_span(
             "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
         )
+        if head is not None:
+            head.ids.unpin()
         span.end(end_time=end)
 
 
 class _RecordSpans:
-    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it."""
+    """The ``process`` spans of one listener's record attempts: begun before the handler, ended after it.
+
+    Its per-record work is what the span needs and no more: the record's
+    headers are extracted only when they carry a trace, the attributes that
+    are the same for a partition are built once, links are looked up only
+    while some record is failing; and a record :attr:`head` samples out gets
+    no span at all (:mod:`kafkatx.trace_sampling`).
+    """
 
     def __init__(self, tracer: Tracer, attempts: AttemptLinks, listener: str, group_id: str) -> None:
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode, set_span_in_context
 
-        self.tracer, self.attempts, self.group_id = tracer, attempts, group_id
+        self.tracer, self.attempts, self.group_id, self.listener = tracer, attempts, group_id, listener
         self._link, self._status, self._error, self._in_context = Link, Status, StatusCode.ERROR, set_span_in_context
         self._attach, self._detach, self._empty = otel_context.attach, otel_context.detach, otel_context.Context()
         self._consumer = SpanKind.CONSUMER
-        self._fixed = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.consumer.group.name": group_id,
-            "kafkatx.listener": listener,
-        }
+        self._by_partition: dict[tuple[str, int], dict[str, Any]] = {}
+        #: kafkatx's own sampling decision, when the tracer's sampler allows one; None: the SDK decides per record.
+        self.head: HeadSampler | None = head_sampler(tracer)
+        self._unpin = self.head.ids.unpin if self.head is not None else None
+        self._carried: Callable[[Headers | None], list[tuple[str, Any]] | None] = (
+            self.head.carried if self.head is not None else _always_traced
+        )
+        #: The spans of the records handled since the container's last transaction ended, wherever they ran.
+        self._recent: list[SpanContext] = []
+        self._recent_lock = threading.Lock()
 
-    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any]:
-        """Begin the attempt's span and make it the current one; return it, the record's key and the context token."""
+    def sampled_out(self, record: Record) -> list[tuple[str, Any]] | None:
+        """None if the record gets a span; else the trace headers its outputs carry on (maybe none).
+
+        A record with a traced earlier attempt is traced again, whatever the draw: its attempts stay linked.
+        """
+        attempts = self.attempts
+        if attempts and attempts.holds((self.group_id, record.topic, record.partition, record.offset)):
+            if self.head is not None:
+                self.head.pin_sampled()
+            return None
+        return self._carried(record.headers)
+
+    def take_recent(self) -> list[SpanContext]:
+        """The spans of the records handled since the last call (the container's transaction has ended)."""
+        with self._recent_lock:
+            recent, self._recent = self._recent, []
+        return recent
+
+    def attributes(self, record: Record) -> dict[str, Any]:
+        """The span's attributes (messaging semantic conventions): those of its partition, built once, and its own."""
+        fixed = self._by_partition.get((record.topic, record.partition))
+        if fixed is None:
+            fixed = self._by_partition[(record.topic, record.partition)] = {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.consumer.group.name": self.group_id,
+                "kafkatx.listener": self.listener,
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+            }
+        attributes = fixed.copy()
+        attributes["messaging.kafka.offset"] = record.offset
+        attributes["kafkatx.attempt"] = record.attempt
+        return attributes
+
+    def start(self, record: Record) -> tuple[Any, tuple[str, str, int, int], Any, Context]:
+        """Begin the attempt's span and make it the current one; return it, the record's key, the token, its context."""
         key = (self.group_id, record.topic, record.partition, record.offset)
         headers = record.headers
-        parent = extract_context(headers) if headers else self._empty  # never the worker thread's own context
+        # Never the worker thread's own context: a record without a trace starts one.
+        parent = extract_context(headers) if headers and _carries_trace(headers) else self._empty
         attempts = self.attempts
         earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
         span = self.tracer.start_span(
@@ -326,27 +395,28 @@ class _RecordSpans:
             context=parent,
             kind=self._consumer,
             links=[self._link(c) for c in earlier] if earlier else None,
-            attributes={
-                **self._fixed,
-                "messaging.destination.name": record.topic,
-                "messaging.destination.partition.id": str(record.partition),
-                "messaging.kafka.offset": record.offset,
-                "kafkatx.attempt": record.attempt,
-            },
+            attributes=self.attributes(record),
         )
+        if self._unpin is not None:
+            self._unpin()  # a trace id pinned for this span and not used (a disabled tracer) is not the next span's
+        context = self._in_context(span, parent)
         # The span is the current one while the handler runs (contextvars: per thread and per asyncio task).
-        return span, key, self._attach(self._in_context(span, parent))
+        return span, key, self._attach(context), context
 
     def finish(
-        self, span: Any, key: tuple[str, str, int, int], token: Any, sink: _Sink, error: BaseException | None
+        self,
+        span: Any,
+        key: tuple[str, str, int, int],
+        token: Any,
+        context: Context,
+        record: Record,
+        sink: _Sink,
+        error: BaseException | None,
     ) -> Any:
         """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
-        recent = _recent.get()
-        if recent is None:
-            recent = []
-            _recent.set(recent)
-        if len(recent) < MAX_TRANSACTION_LINKS:
-            recent.append(span.get_span_context())
+        if len(self._recent) < MAX_TRANSACTION_LINKS:
+            with self._recent_lock:  # the container's thread, or one of its pool's, or its event loop's
+                self._recent.append(span.get_span_context())
         try:
             if error is not None:
                 span.record_exception(error)
@@ -357,26 +427,73 @@ class _RecordSpans:
                 self.attempts.done(key)
             if not sink:
                 return None
-            trace = trace_headers()  # the span's context, with the record's baggage
-            return [Output(o.value, o.key, o.topic, with_trace(o.headers, trace), o.partition) for o in sink]
+            head = self.head  # the span's context, with the record's baggage
+            trace = trace_headers(context) if head is None else head.headers_of(span, record.headers)
+            return _traced_outputs(sink, trace)
         finally:
             self._detach(token)
             span.end()
+
+
+def _always_traced(headers: Headers | None) -> None:
+    """No sampling decision of kafkatx's own: the SDK decides (a sampler kafkatx does not know)."""
+    return None
+
+
+def _carries_trace(headers: Headers) -> bool:
+    for name, _ in headers:
+        if name in TRACE_HEADERS:
+            return True
+    return False
+
+
+def _traced_outputs(sink: _Sink, trace: list[tuple[str, bytes]]) -> list[Output]:
+    """The outputs in ``sink``, each carrying ``trace`` instead of any trace headers of its own."""
+    return [
+        Output(o.value, o.key, o.topic, with_trace(o.headers, trace) if o.headers else trace, o.partition) for o in sink
+    ]
 
 
 def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
     """A plain handler in its record's span: what it returns and sends comes back as outputs with the trace."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
+    carried = spans.sampled_out if spans.head is not None else None
+    bound, pin, failing = _root_shortcut(spans)
+
+    def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
+        """No span: the outputs only carry the trace (and its decision) on."""
+        sink = _Sink(serializer)
+        previous = bind_sink(sink)
+        try:
+            result = handler(record)
+            if type(result) is bytes and output is not None and not sink:  # the common case, without the list
+                return Output(result, None, None, trace)
+            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                return result
+            collect_outputs(result, output, serializer, listener, sink)
+        finally:
+            bind_sink(previous)
+        return _traced_outputs(sink, trace) if sink else None
 
     def traced(record: Record) -> Any:
-        span, key, token = start(record)
+        if carried is not None:
+            if bound is not None and not failing and not record.headers:  # a root record: HeadSampler.carried inlined
+                low = getrandbits(64)
+                if low >= bound:
+                    return handler(record)  # sampled out: tracing off for this record
+                pin((getrandbits(64) << 64) | low or 1)
+            else:
+                trace = carried(record)
+                if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
+                    return sampled_out(record, trace) if trace else handler(record)
+        span, key, token, context = start(record)
         sink = _Sink(serializer)
         error: BaseException | None = None
         previous = bind_sink(sink)
         try:
             result = handler(record)
-            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+            if isinstance(result, _AWAITABLES):
                 return result
             collect_outputs(result, output, serializer, listener, sink)
         except BaseException as exc:
@@ -384,19 +501,46 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
             raise
         finally:
             bind_sink(previous)
-            outputs = finish(span, key, token, sink, error)
+            outputs = finish(span, key, token, context, record, sink, error)
         return outputs
 
     return traced
+
+
+def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[int], None], Mapping[Any, Any]]:
+    """What the record wrapper needs to decide a root record itself: the ratio's bound (None: it cannot, e.g.
+    every trace is sampled or the ids are not the SDK's random ones), the pin of a trace id, the failing records."""
+    head = spans.head
+    if head is None or head.bound >= ALWAYS_SAMPLED or not head.random_ids:
+        return None, _no_pin, spans.attempts.records
+    return head.bound, head.ids.pin, spans.attempts.records
+
+
+def _no_pin(trace_id: int) -> None:
+    return None
 
 
 def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:
     """An ``async def`` handler in its record's span (the span is the current one in the record's own task)."""
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
+    carried = spans.sampled_out if spans.head is not None else None
+
+    async def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
+        sink = _Sink(serializer)
+        previous = bind_sink(sink)
+        try:
+            collect_outputs(await handler(record), output, serializer, listener, sink)
+        finally:
+            bind_sink(previous)
+        return _traced_outputs(sink, trace) if sink else None
 
     async def traced_async(record: Record) -> Any:
-        span, key, token = start(record)
+        if carried is not None:
+            trace = carried(record)
+            if trace is not None:
+                return await (sampled_out(record, trace) if trace else handler(record))
+        span, key, token, context = start(record)
         sink = _Sink(serializer)
         error: BaseException | None = None
         previous = bind_sink(sink)
@@ -408,7 +552,7 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
             raise
         finally:
             bind_sink(previous)
-            outputs = finish(span, key, token, sink, error)
+            outputs = finish(span, key, token, context, record, sink, error)
         return outputs
 
     return traced_async
@@ -416,10 +560,6 @@ def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record
 
 #: At most this many record spans are linked from a transaction's span (OpenTelemetry's default limit of links).
 MAX_TRANSACTION_LINKS = 128
-
-#: The record spans made in this context (the container's thread) since its last transaction ended: the
-#: transaction span links to them. A handler run elsewhere (a pool thread, an asyncio task) is not linked.
-_recent: ContextVar[list[SpanContext] | None] = ContextVar("kafkatx_recent_spans", default=None)
 
 #: The Tracing of every App started with tracing on (weakly: a stopped, dropped App leaves).
 _active: weakref.WeakSet[Tracing] = weakref.WeakSet()

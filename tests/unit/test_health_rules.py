@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -64,6 +65,32 @@ def test_a_bounded_call_in_progress_carries_its_deadline() -> None:
     assert call is not None and (call.operation, call.deadline) == ("commit_transaction", 7.5)
     assert caller.current is None, "a call that returned is still reported"
     caller.close()
+
+
+def test_a_consume_that_does_not_return_long_after_its_timeout_is_not_live() -> None:
+    polling = ContainerState("orders", "running", opened=True, since_poll=20.0, poll_deadline=0.6)
+    assert liveness(_one(polling), grace=30).ok, "within the grace"
+    stuck = ContainerState("orders", "running", opened=True, since_poll=31.0, poll_deadline=0.6)
+    verdict = liveness(_one(stuck), grace=30)
+    assert not verdict.ok
+    assert "has not returned from consume() for 31s" in verdict.body["listeners"][0]["containers"][0]["reason"]
+    bounded = ContainerState(
+        "orders", "running", opened=True, since_poll=31.0, blocked_call="commit", blocked_for=5, blocked_deadline=20
+    )
+    assert liveness(_one(bounded), grace=30).ok, "inside consume(), a bounded call within its deadline decides"
+
+
+def test_the_snapshot_times_consume_only_between_batches() -> None:
+    spec = _Spec("orders", max_batch_ms=2000)
+    c = _Container("orders", spec, thread=threading.current_thread(), polled_at=100.0)
+    c.started.set()
+    app = _App([spec], [c], {"orders": ListenerOutage("orders", lambda event: None)})
+    [state] = listener_states(app)[0].containers
+    assert state.since_poll is not None and state.since_poll > 0 and state.poll_deadline == 2.5
+    c.handling_since = time.monotonic()
+    assert listener_states(app)[0].containers[0].since_poll is None, "a handler taking long is not a stuck poll"
+    c.handling_since, c.started = None, threading.Event()
+    assert listener_states(app)[0].containers[0].since_poll is None, "not before the consumer is open"
 
 
 def test_a_slow_handler_never_makes_a_container_not_live() -> None:
@@ -147,6 +174,7 @@ def test_the_app_refuses_a_bad_bound_when_declared() -> None:
 @dataclass
 class _Spec:
     name: str
+    max_batch_ms: int = 100
 
 
 @dataclass
@@ -161,6 +189,7 @@ class _Container:
     handling_since: float | None = None
     stalled_partitions: frozenset[tuple[str, int]] = frozenset()
     call: CallInProgress | None = None
+    polled_at: float = field(default_factory=time.monotonic)
 
     @property
     def alive(self) -> bool:

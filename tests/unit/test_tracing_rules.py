@@ -43,7 +43,7 @@ def _tracing() -> tuple[Tracing, InMemorySpanExporter]:
 
 
 def _spec(handler: Any, *, is_async: bool = False, output: str | None = "out") -> Any:
-    return SimpleNamespace(name="l", handler=handler, output=output, serializer=None, is_async=is_async)
+    return SimpleNamespace(name="l", handler=handler, output=output, serializer=None, is_async=is_async, concurrency=1)
 
 
 def _record(traceparent: str | None = None, offset: int = 0, attempt: int = 1) -> Record:

@@ -346,7 +346,7 @@ class App:
             for outage in self._outages.values():
                 outage.reset()
             self.containers = [
-                ListenerContainer(self._traced(spec), self, worker, index, self._outages[spec.name])
+                ListenerContainer(self._traced(spec, worker), self, worker, index, self._outages[spec.name])
                 for index, (spec, worker) in enumerate(workers)
             ]
             if self.health_port is not None and self.health_server is None:
@@ -361,14 +361,14 @@ class App:
             )
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
 
-    def _traced(self, spec: ListenerSpec) -> ListenerSpec:
+    def _traced(self, spec: ListenerSpec, worker: int) -> ListenerSpec:
         """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
         if self.tracing is False:
             return spec
         if self._tracing is None:
             self._tracing = Tracing(None if self.tracing is True else self.tracing)
             self._tracing.subscribe(self.events.subscribe)
-        return replace(spec, handler=self._tracing.wrap(spec, spec.group_id or self.client_config.group_id))
+        return replace(spec, handler=self._tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker))
 
     def pause(self, listener: str) -> None:
         """Hold every partition of ``listener`` (by name) until :meth:`resume`. Thread-safe.

@@ -18,6 +18,7 @@ from typing import Any
 from kafkatx.app import startup
 from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
+from kafkatx.health.checks import check_health_options
 from kafkatx.tracing import require_opentelemetry
 
 __all__ = ["add_parser", "load_app"]
@@ -218,6 +219,8 @@ def _supervise(args: argparse.Namespace) -> int:
         command.append("--create-topics")
     if args.tracing:
         command.append("--tracing")
+    if args.not_ready_after is not None:
+        command += ["--not-ready-after", repr(args.not_ready_after)]
     health = None
     if args.health_port is not None:  # the supervisor serves the port; each worker a free one it reports
         health = (args.health_addr, args.health_port)
@@ -306,6 +309,13 @@ def _run(args: argparse.Namespace) -> int:
             print(f"kafkatx run: --tracing: {exc}", file=sys.stderr)
             return EX_CONFIG
         app.tracing = True
+    if args.not_ready_after is not None:  # replaces the App's not_ready_after
+        try:
+            check_health_options(None, "127.0.0.1", args.not_ready_after)
+        except InvalidConfigurationError as exc:
+            print(f"kafkatx run: --not-ready-after: {exc}", file=sys.stderr)
+            return EX_CONFIG
+        app.not_ready_after = args.not_ready_after
     broker = None
     try:
         if args.local:
@@ -437,6 +447,14 @@ def add_parser(sub: Any) -> None:
         "with --workers, the supervisor's port reports every worker",
     )
     r.add_argument("--health-addr", default="127.0.0.1", help="address to serve health probes on (default 127.0.0.1)")
+    r.add_argument(
+        "--not-ready-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="/readyz says not ready once a listener is stuck on one batch, or paused, for longer than this "
+        "(default: the App's not_ready_after, 60 s)",
+    )
     r.add_argument(
         "--tracing",
         action="store_true",

@@ -5,10 +5,13 @@ so each rule is tested without a broker; :mod:`kafkatx.health.snapshot` reads
 the states from a running App.
 
 Liveness answers "would restarting the process help?": a container thread
-that ended (an error stopped it) or is stuck in a client call well past the
-deadline at which kafkatx abandons such a call. A slow handler never makes a
+that ended (an error stopped it) or is stuck in a client call well past its
+deadline: a bounded producer call kafkatx should have abandoned, or, between
+batches, a ``consume()`` that has not returned long after its timeout (the
+poll of at most 0.5 s, plus the time a batch listener waits to fill its
+batch; rebalance callbacks run inside it). A slow handler never makes a
 container not live: a Spark job may legitimately run for minutes, and a
-restart would only run it again.
+restart would only run it again; readiness says so instead.
 
 Readiness answers "is this replica doing its share?": every container has
 started and received its assignment from the group (an empty one counts: a
@@ -88,6 +91,11 @@ class ContainerState:
     blocked_call: str | None = None
     blocked_for: float = 0.0
     blocked_deadline: float | None = None
+    #: Seconds since its thread last returned from ``consume()``, while it is between batches; None while it
+    #: handles one, or before it opened its consumer.
+    since_poll: float | None = None
+    #: The seconds ``consume()`` may take between batches (its timeout, and the filling of a batch).
+    poll_deadline: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,11 @@ def container_liveness(c: ContainerState, grace: float = STUCK_CALL_GRACE_S) -> 
         return (
             f"blocked in {c.blocked_call} for {c.blocked_for:.0f}s, past its {c.blocked_deadline:.3g}s deadline "
             "(the call was not abandoned)"
+        )
+    if c.blocked_call is None and c.since_poll is not None and c.since_poll > c.poll_deadline + grace:
+        return (
+            f"has not returned from consume() for {c.since_poll:.0f}s between batches, past its "
+            f"{c.poll_deadline:.3g}s timeout"
         )
     return None
 

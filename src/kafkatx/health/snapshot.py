@@ -16,12 +16,22 @@ from kafkatx.client.bounded import CallInProgress
 from kafkatx.client.offsets import TP
 from kafkatx.health.checks import ContainerState, ListenerState
 
-__all__ = ["ContainerView", "HealthSource", "container_state", "listener_states"]
+__all__ = ["POLL_TIMEOUT_S", "ContainerView", "HealthSource", "container_state", "listener_states"]
+
+#: The longest a container's ``consume()`` waits for records (its loop's poll timeout; a held listener's is shorter).
+POLL_TIMEOUT_S = 0.5
 
 
 class _Named(Protocol):
     @property
     def name(self) -> str: ...
+
+
+class _Polled(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_batch_ms(self) -> int: ...
 
 
 class _Held(Protocol):
@@ -34,9 +44,11 @@ class ContainerView(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def spec(self) -> _Named: ...
+    def spec(self) -> _Polled: ...
     @property
     def thread(self) -> threading.Thread | None: ...
+    @property
+    def polled_at(self) -> float: ...
     @property
     def alive(self) -> bool: ...
     @property
@@ -72,10 +84,13 @@ def container_state(c: ContainerView, now: float | None = None) -> ContainerStat
     failure = c.failure
     call = c.blocked_call()
     since = c.handling_since
+    opened = c.started.is_set()
+    state = "starting" if thread is None else "running" if thread.is_alive() else "stopped"
+    polling = opened and state == "running" and since is None  # between batches: in or around consume()
     return ContainerState(
         name=c.name,
-        thread="starting" if thread is None else "running" if thread.is_alive() else "stopped",
-        opened=c.started.is_set(),
+        thread=state,
+        opened=opened,
         failure=None if failure is None else f"{type(failure).__name__}: {failure}",
         assignment_received=c.assignment_received.is_set(),
         partitions=len(c.assignment),
@@ -84,6 +99,8 @@ def container_state(c: ContainerView, now: float | None = None) -> ContainerStat
         blocked_call=None if call is None else call.operation,
         blocked_for=0.0 if call is None else call.seconds,
         blocked_deadline=None if call is None else call.deadline,
+        since_poll=max(0.0, now - c.polled_at) if polling else None,
+        poll_deadline=POLL_TIMEOUT_S + c.spec.max_batch_ms / 1000.0,
     )
 
 

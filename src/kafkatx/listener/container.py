@@ -199,6 +199,7 @@ class ListenerContainer:
     def _main(self) -> None:
         try:
             self._open()
+            self.polled_at = time.monotonic()  # /livez times consume() from here, not from before _open()
             self.started.set()
             self.publish(ContainerStarted(self.name, self.worker, self.spec.topics))
             while not self.stop_event.is_set():

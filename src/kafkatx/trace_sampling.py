@@ -1,0 +1,228 @@
+"""The sampling decision of a record's span, made by kafkatx before any OpenTelemetry call when it can be.
+
+At the usual production setting, ``ParentBased(TraceIdRatioBased(0.01))``,
+99 records in 100 are sampled out, and the SDK still costs several
+microseconds for each of them (trace and span ids, the sampler, a
+non-recording span, the propagator), more than kafkatx's own work per record.
+When the tracer is the SDK's and its sampler one of the SDK's standard ones
+(``ALWAYS_ON``, ``ALWAYS_OFF``, ``TraceIdRatioBased``, or ``ParentBased`` of one
+of them with its default delegates) and the propagator writes only the W3C
+headers, :class:`HeadSampler` makes the same decision from the record's
+``traceparent`` and a trace id it draws itself:
+
+- a record whose ``traceparent`` says *sampled* is traced (parent-based); one
+  that says *not sampled* is not, and its outputs carry its trace headers on
+  unchanged, so that the services downstream drop it as well;
+- a record without one is a root: a trace id is drawn as the tracer's id
+  generator does and the ratio applied to it as ``TraceIdRatioBased`` does.
+  Sampled in, the SDK makes the span with that very trace id
+  (:class:`PinnedTraceIds`), so its sampler agrees. Sampled out, the handler
+  runs as with tracing off: no context, and no trace header on its outputs
+  (there is no recorded trace to continue; writing a fresh *not sampled*
+  ``traceparent``, as the SDK's non-recording span would, costs more than
+  kafkatx's whole per-record work). A downstream service decides for such a
+  record as for any record without a trace.
+
+Any other sampler or propagator: ``head_sampler`` returns None and every
+record goes through the SDK, as before.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from random import getrandbits
+from typing import Any
+
+__all__ = ["ALWAYS_SAMPLED", "TRACE_ID_LIMIT", "HeadSampler", "PinnedTraceIds", "head_sampler", "parse_traceparent"]
+
+#: The bits of a trace id that ``TraceIdRatioBased`` compares with its bound (the low 64).
+TRACE_ID_LIMIT = (1 << 64) - 1
+#: A bound every trace id is under: every trace is sampled.
+ALWAYS_SAMPLED = _ALWAYS = 1 << 64
+
+# The W3C traceparent as OpenTelemetry's propagator reads it: version, trace id, parent id, flags.
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
+_DEFAULT_DELEGATES = (
+    ",remoteParentSampled:AlwaysOnSampler,remoteParentNotSampled:AlwaysOffSampler,"
+    "localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}"
+)
+_W3C_FIELDS = frozenset({"traceparent", "tracestate", "baggage"})
+
+
+def parse_traceparent(value: Any) -> tuple[int, bool] | None:
+    """``(trace id, sampled)`` of a ``traceparent`` header value; None if it is not a valid one."""
+    if isinstance(value, bytes | bytearray):
+        value = value.decode("ascii", "replace")
+    elif not isinstance(value, str):
+        return None
+    match = _TRACEPARENT.match(value)
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return int(trace_id, 16), bool(int(flags, 16) & 1)
+
+
+class PinnedTraceIds:
+    """The tracer's id generator, except that the next trace id of this thread can be fixed in advance.
+
+    kafkatx draws a root record's trace id to decide its sampling; when the
+    record is sampled in, the SDK must make its span with that id.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._next = threading.local()
+
+    def pin(self, trace_id: int) -> None:
+        self._next.trace_id = trace_id
+
+    def unpin(self) -> None:
+        self._next.trace_id = 0
+
+    def generate_trace_id(self) -> int:
+        trace_id: int = getattr(self._next, "trace_id", 0)
+        if trace_id:
+            self._next.trace_id = 0
+            return trace_id
+        return int(self.inner.generate_trace_id())
+
+    def generate_span_id(self) -> int:
+        return int(self.inner.generate_span_id())
+
+    def is_trace_id_random(self) -> bool:
+        random = getattr(self.inner, "is_trace_id_random", None)
+        return bool(random()) if random is not None else False
+
+
+class HeadSampler:
+    """The tracer's sampling decision for a record, from its headers, without calling OpenTelemetry.
+
+    ``parent_based``: a valid ``traceparent`` decides by its sampled flag.
+    Otherwise the trace id (the parent's, or a new one) is sampled when its low
+    64 bits are under ``bound`` (0: never, ``1 << 64``: always).
+    """
+
+    def __init__(
+        self, parent_based: bool, bound: int, ids: PinnedTraceIds, fields: frozenset[str] = _W3C_FIELDS
+    ) -> None:
+        self.parent_based, self.bound, self.ids = parent_based, bound, ids
+        #: The headers the global propagator writes (all or some of the W3C ones).
+        self.fields = fields
+        self._baggage = "baggage" in fields
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        #: The ids are the SDK's random ones: a root's draw is ``getrandbits`` (what the record wrapper inlines).
+        self.random_ids = type(ids.inner) is RandomIdGenerator
+
+    def carried(self, headers: Sequence[tuple[str, Any]] | None) -> list[tuple[str, Any]] | None:
+        """None if the record is sampled in; else the trace headers its outputs carry on (maybe none)."""
+        parent = None
+        if headers:
+            for name, value in reversed(headers):
+                if name == "traceparent":
+                    parent = parse_traceparent(value)
+                    break
+        if parent is not None:
+            trace_id, sampled = parent
+            if sampled if self.parent_based else (trace_id & TRACE_ID_LIMIT) < self.bound:
+                return None
+            fields = self.fields
+            return [(k, v) for k, v in headers or () if k in fields and v is not None]
+        bound = self.bound
+        if bound >= _ALWAYS:
+            return None
+        if bound:
+            # The SDK's RandomIdGenerator is getrandbits: its low 64 bits decide, drawn first (most records stop here).
+            if self.random_ids:
+                low = getrandbits(64)
+                if low < bound:
+                    self.ids.pin((getrandbits(64) << 64) | low or 1)  # the SDK's span gets this id: its sampler agrees
+                    return None
+            else:
+                trace_id = self.ids.generate_trace_id()
+                if (trace_id & TRACE_ID_LIMIT) < bound:
+                    self.ids.pin(trace_id)
+                    return None
+        if headers and self._baggage:  # no trace to continue; the baggage still goes on
+            return [(k, v) for k, v in headers if k == "baggage" and v is not None]
+        return []
+
+    def pin_sampled(self) -> bool:
+        """Fix the next root trace id of this thread to one the ratio samples; False if none is (a ratio of 0).
+
+        For a span kafkatx decided to record although no draw would: a transaction holding a traced record,
+        a record whose earlier attempt was traced (a record with a parent is decided by it, as before).
+        """
+        bound = self.bound
+        if bound >= _ALWAYS:
+            return True
+        if not bound:
+            return False
+        self.ids.pin((getrandbits(64) << 64) | (getrandbits(64) % bound) or 1)
+        return True
+
+    def headers_of(self, span: Any, headers: Sequence[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
+        """What the W3C propagators write for ``span``'s context with a record's baggage (without their overhead)."""
+        context = span.get_span_context()
+        out = [("traceparent", b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags))]
+        state = context.trace_state
+        if state and "tracestate" in self.fields:
+            out.append(("tracestate", state.to_header().encode()))
+        if headers and self._baggage:
+            out += [(k, v) for k, v in headers if k == "baggage" and v is not None]
+        return out
+
+
+def head_sampler(tracer: Any) -> HeadSampler | None:
+    """The shortcut for ``tracer``'s sampler, or None if kafkatx cannot decide for it (then the SDK decides)."""
+    sampler, ids = getattr(tracer, "sampler", None), getattr(tracer, "id_generator", None)
+    if sampler is None or ids is None or type(tracer).__module__ != "opentelemetry.sdk.trace":
+        return None
+    from opentelemetry import propagate
+
+    fields = frozenset(propagate.get_global_textmap().fields)
+    if not fields <= _W3C_FIELDS or "traceparent" not in fields:
+        return None  # B3, Jaeger...: the shortcut writes the W3C headers only
+    rule = _sampler_rule(sampler)
+    if rule is None:
+        return None
+    if not isinstance(ids, PinnedTraceIds):
+        ids = PinnedTraceIds(ids)
+        tracer.id_generator = ids  # the tracer of kafkatx's instrumentation scope: no one else's spans
+    return HeadSampler(rule[0], rule[1], ids, fields)
+
+
+def _sampler_rule(sampler: Any) -> tuple[bool, int] | None:
+    """(parent-based, bound) of one of the SDK's standard samplers; None for any other."""
+    from opentelemetry.sdk.trace import sampling
+
+    description = sampler.get_description()
+    kind = type(sampler)
+    if kind is sampling.ParentBased:
+        if not description.startswith("ParentBased{root:") or not description.endswith(_DEFAULT_DELEGATES):
+            return None
+        root = _root_bound(description[len("ParentBased{root:") : -len(_DEFAULT_DELEGATES)])
+        return None if root is None else (True, root)
+    if kind in (sampling.StaticSampler, sampling.TraceIdRatioBased):
+        root = _root_bound(description)
+        return None if root is None else (False, root)
+    return None
+
+
+def _root_bound(description: str) -> int | None:
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    if description == "AlwaysOnSampler":
+        return _ALWAYS
+    if description == "AlwaysOffSampler":
+        return 0
+    if description.startswith("TraceIdRatioBased{") and description.endswith("}"):
+        try:
+            return int(TraceIdRatioBased.get_bound_for_rate(float(description[len("TraceIdRatioBased{") : -1])))
+        except ValueError:
+            return None
+    return None
