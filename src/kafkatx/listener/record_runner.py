@@ -151,6 +151,25 @@ class RecordRunner:
         if self._dispatch is not None:
             self._dispatch.close()
 
+    @property
+    def handles_one_at_a_time(self) -> bool:
+        """True unless records are handled concurrently (``in_flight > 1`` or an ``async def`` handler)."""
+        return self._dispatch is None
+
+    def handle_ahead(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
+        """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/overlap.py).
+
+        Returns how many were handled before the transaction's time budget ran out. Called while another
+        unit of this runner commits, so the state that unit reads afterwards is kept.
+        """
+        stopped_at = self._stopped_at
+        try:
+            self._stopped_at = -1
+            self._handle(unit, msgs)
+            return len(msgs) if self._stopped_at < 0 else self._stopped_at
+        finally:
+            self._stopped_at = stopped_at
+
     def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""
         assert self._dispatch is not None
