@@ -128,9 +128,19 @@ class BoundedCaller:
         return job.error is None
 
     def running_done(self) -> bool:
-        """True unless a call started with ``meanwhile`` is still running on the helper thread."""
+        """True unless a call started with ``meanwhile`` is still running on the helper thread within its deadline."""
         job = self.running
-        return job is None or not job.done.locked()
+        return job is None or not job.done.locked() or (job.deadline is not None and job.seconds >= job.deadline)
+
+    @property
+    def in_progress(self) -> CallInProgress | None:
+        """The call this caller is blocked in, or that runs while it does other work: until it returns."""
+        job = self.current
+        if job is None:
+            job = self.running
+            if job is not None and not job.done.locked():
+                return job
+        return job
 
     def close(self) -> None:
         jobs, self._jobs = self._jobs, None

@@ -267,6 +267,12 @@ class TransactionalProducer:
             return
         except KafkaException as exc:
             failure = exc
+        if self._producer is not producer:  # closed meanwhile (its partition revoked during an overlapped commit)
+            raise ApplicationRecoverableError(
+                f"the commit of {self.transactional_id} failed and its producer was closed meanwhile",
+                error=failure.args[0] if failure.args else None,
+                operation="commit_transaction",
+            ) from failure
         if pending:  # send_offsets_to_transaction failed
             offsets, group_metadata = pending[0]
             self._call(
@@ -383,8 +389,8 @@ class TransactionalProducer:
 
     @property
     def blocked_in(self) -> CallInProgress | None:
-        """The client call this producer is blocked in right now, if any."""
-        return self._caller.current
+        """The client call this producer is blocked in right now, if any (or that runs during an overlapped commit)."""
+        return self._caller.in_progress
 
     def _call(
         self,

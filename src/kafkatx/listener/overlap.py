@@ -111,7 +111,7 @@ class CommitOverlap:
     # -- during the commit (TransactionUnit.commit's ``meanwhile``) --------------------------------------
     def handle_next(self, committing: TransactionUnit) -> None:
         """Poll and handle the next batch, holding its outputs, while ``committing`` commits."""
-        if self.held or not self._may_handle_ahead():
+        if self.held or not self._may_handle_ahead() or _cut_short(committing):
             return
         self._committing, self._rebalanced = committing, False
         try:
@@ -146,14 +146,16 @@ class CommitOverlap:
     def _poll(self, producer: TransactionalProducer) -> list[ConsumedMessage]:
         """What the consumer has now, and what arrives until the commit returns (at most a batch).
 
-        The wait for a full batch ends when the commit returns: polling costs nothing while it runs.
+        The wait for a full batch ends when the commit returns (or passes its deadline, or a stop is asked for):
+        polling costs nothing while it runs.
         """
         host = self._host
         consumer = host.consumer
         assert consumer is not None
         want = host.spec.max_batch_records
         polled = consumer.consume(want, 0)
-        while len(polled) < want and not self._rebalanced and not producer.commit_returned():
+        stop = host.stop_event
+        while len(polled) < want and not self._rebalanced and not producer.commit_returned() and not stop.is_set():
             polled.extend(consumer.consume(want - len(polled), 0.002))
         host.polled_at = time.monotonic()
         if any(m.error() is not None for m in polled):
@@ -170,21 +172,26 @@ class CommitOverlap:
             for msg in msgs:
                 by_tp.setdefault((msg.topic(), msg.partition()), []).append(msg)
             parts = list(by_tp.values())
-        held = []
-        for part in parts:
+        held: list[HeldBatch] = []
+        for i, part in enumerate(parts):
             started = time.perf_counter()
             unit = _HoldingUnit(self._host, producer, part)
-            handled = -1
+            handled = 0
             try:
                 handled = self._handle_ahead(unit, part)
             except Exception as exc:  # noqa: BLE001 - handled again the ordinary way, where its failure counts
                 log.debug("listener %s: a record handled ahead of a commit failed (%r)", unit.listener, exc)
-            if handled != len(part) or self._host.stop_event.is_set():
+                unit.held.clear()
+            if self._host.stop_event.is_set():
                 self._rewind(msgs)
                 return
-            held.append(HeldBatch(part, unit.held, unit.held_offsets, time.perf_counter() - started))
+            if handled:  # the time budget may have ended it early: the rest is fetched again
+                held.append(HeldBatch(part[:handled], unit.held, unit.held_offsets, time.perf_counter() - started))
+            if handled < len(part):
+                self._rewind([*part[handled:], *(m for later in parts[i + 1 :] for m in later)])
+                break
         self.held = held
-        self.handled_ahead += 1
+        self.handled_ahead += bool(held)
 
     # -- what gives the held batch up -------------------------------------------------------------------
     def rebalancing(self) -> None:
@@ -263,6 +270,16 @@ def overlap_of(
     )
     handle = runner.handle_ahead if on and isinstance(runner, RecordRunner) else None
     return CommitOverlap(host, guard, reactions.consumer_error, handle)
+
+
+def _cut_short(unit: TransactionUnit) -> bool:
+    """True if ``unit`` commits only some of its records (its time budget ran out): the rest are fetched again
+    next, so what the consumer has now is not what comes after this commit."""
+    msgs = unit.messages
+    if not msgs:
+        return True
+    last = msgs[-1]
+    return unit.sent_offsets.get((last.topic(), last.partition())) != last.offset() + 1
 
 
 def _not_ahead(unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
