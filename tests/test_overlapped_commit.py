@@ -301,3 +301,20 @@ def test_overlap_commit_can_be_turned_off_and_is_refused_where_it_cannot_run(
     off.add_listener(lambda r: None, src, database=f"sqlite:///{tmp_path}/b.db")
     assert off.listeners[0].overlap_commit is False, "off by default with database="
     assert sum(e.records for e in events if isinstance(e, TransactionCommitted)) == 10
+
+
+def test_partitions_of_one_poll_are_handled_during_each_other_s_commits(kafka: KafkaTestKit) -> None:
+    """fencing="partition" (the embedded broker): a poll is one transaction per partition, each handled while the
+    one before it commits; every record is handled once and its output committed once."""
+    src, dst = kafka.topic(partitions=4), kafka.topic(partitions=1)
+    values = [b"p%03d" % i for i in range(400)]
+    kafka.produce(src, [{"value": v, "partition": i % 4} for i, v in enumerate(values)])
+    app = _app(kafka)
+    handled: list[bytes] = []
+    app.add_listener(lambda r: handled.append(r.value) or b"out-" + (r.value or b""), src, output=dst, name="h")
+    with running(app):
+        wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 400, 30, message="all committed")
+        overlap = app.containers[0]._overlap
+        assert app.listeners[0].fencing == "partition" and overlap.committed_ahead > 0
+    assert sorted(kafka.values(dst)) == sorted(b"out-" + v for v in values)
+    assert sorted(handled) == sorted(values), "each record handled once"

@@ -514,10 +514,7 @@ class ListenerContainer:
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
                 units.setdefault((record.topic(), record.partition()), []).append(record)
-            for i, (tp, unit) in enumerate(units.items(), 1):  # the last unit's commit handles the next batch
-                if tp in self.assigned:
-                    ahead = self._overlap.ahead if i == len(units) else None
-                    self._runner(TransactionUnit(self, self._producer_for(tp), unit, ahead=ahead))
+            self._overlap.run_partitions(list(units.values()), self._runner)  # one transaction each, in turn
         else:
             assert self._group_producer is not None
             self._runner(TransactionUnit(self, self._group_producer, batch, ahead=self._overlap.ahead))

@@ -101,6 +101,9 @@ class CommitOverlap:
         #: What was handled ahead, one entry per transaction to commit (empty: nothing is held).
         self.held: list[HeldBatch] = []
         self._per_partition = host.spec.fencing == "partition"
+        #: ``fencing="partition"``: the next partition's slice of the poll, handled during this one's commit.
+        self._next: list[ConsumedMessage] | None = None
+        self._taken: set[TP] = set()  # partitions whose slice of the poll was handled ahead (held, or given up)
         self._committing: TransactionUnit | None = None  # set while polling during a commit
         self._rebalanced = False
         self._errors: list[Message] = []  # consumer errors polled during a commit, reported at the next turn
@@ -112,6 +115,11 @@ class CommitOverlap:
     def handle_next(self, committing: TransactionUnit) -> None:
         """Poll and handle the next batch, holding its outputs, while ``committing`` commits."""
         if self.held or not self._may_handle_ahead() or _cut_short(committing):
+            return
+        following, self._next = self._next, None
+        if following is not None:  # the poll's next partition: its records are at hand
+            self._taken.add((following[0].topic(), following[0].partition()))
+            self._hold(committing.producer, following)
             return
         self._committing, self._rebalanced = committing, False
         try:
@@ -220,7 +228,30 @@ class CommitOverlap:
         for tp, offset in first_offsets(msgs).items():
             self._host.seek(tp, offset)
 
-    # -- the next turn of the loop ----------------------------------------------------------------------
+    # -- the container's turns -------------------------------------------------------------------------
+    def run_partitions(self, slices: list[list[ConsumedMessage]], runner: Callable[[TransactionUnit], None]) -> None:
+        """``fencing="partition"``: one transaction per partition's slice of the poll, one after the other.
+
+        Each commit handles the next slice meanwhile (the last one's, the next poll): it is then committed from
+        what was held, or, given up, skipped here (its partition was sought back to it).
+        """
+        host = self._host
+        self._taken.clear()
+        try:
+            for i, msgs in enumerate(slices):
+                tp = (msgs[0].topic(), msgs[0].partition())
+                if tp not in host.assigned:
+                    continue
+                self._next = slices[i + 1] if self.ahead is not None and i + 1 < len(slices) else None
+                if tp in self._taken:
+                    if self.held and tp in self.held[0].offsets:
+                        self.commit_held()
+                    continue  # given up: fetched again from its first record
+                runner(TransactionUnit(host, host.producer_for(tp), msgs, ahead=self.ahead))
+        finally:
+            self._next = None
+            self._taken.clear()
+
     def commit_held(self) -> bool:
         """Commit the held batch, if any (False: there is none). Consumer errors polled meanwhile come first."""
         if self._errors:
