@@ -307,7 +307,7 @@ class TransactionalProducer:
 
     def knows_topic(self, topic: str) -> bool:
         """True if ``topic`` exists (looked up once, as :meth:`produce` does)."""
-        return topic in self._known_topics or self.partition_count(topic) is not None
+        return self.partition_count(topic) is not None
 
     def abort(self) -> None:
         """Abort the open transaction. Never raises an abortable error (KIP-1050):
