@@ -402,6 +402,8 @@ class ListenerContainer:
 
     def committed(self, offsets: dict[TP, int]) -> None:
         """A transaction committed these next offsets."""
+        if not self.assigned.issuperset(offsets):  # revoked during an overlapped commit (its callback saw it commit)
+            offsets = {tp: offset for tp, offset in offsets.items() if tp in self.assigned}
         self._committed.update(offsets)
         self.guard.committed(offsets)
         if self.tracker.failing:
