@@ -36,7 +36,7 @@ def test_the_next_slice_is_handled_with_its_outputs_and_sends_held_not_produced(
     overlap.handle_next(committing)
     assert host.producer.calls == before, "nothing reaches the producer while its transaction commits"
     [held] = overlap.held
-    assert [(o.topic, o.value) for o in held.outputs] == [
+    assert [(o[0], o[1]) for o in held.outputs] == [
         ("side", b"sent-b0"),  # in the order the handler made them: send() during the call, then its result
         ("out", b"out-b0"),
         ("side", b"sent-b1"),

@@ -334,7 +334,7 @@ def _produce_held(unit: TransactionUnit, held: HeldBatch) -> None:
                 continue
             except REFUSED:
                 pass  # produce() waits for queue space, or classifies the error
-        unit.produce(out)
+        unit.produce(PendingOutput(*out))
     unit.outputs += produced
     unit.send_offsets(held.offsets)
 
@@ -366,6 +366,9 @@ class _Hold:
     def _held_produce(
         self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1, headers: Any = None
     ) -> None:
+        if headers is None and partition == -1:  # the usual record: a plain tuple of PendingOutput's fields is cheaper
+            self.outputs.append((topic, value, key, None, None))  # type: ignore[arg-type]
+            return
         encoded = None if headers is None else encode_headers(headers)
         self.outputs.append(PendingOutput(topic, value, key, encoded, None if partition == -1 else partition))
 
