@@ -9,6 +9,7 @@ from fakes import FakeHost, listener, messages
 
 import kafkatx
 from kafkatx import Record
+from kafkatx.listener.host import HandlerFailure
 from kafkatx.listener.overlap import CommitOverlap, overlap_of
 
 
@@ -45,7 +46,7 @@ def test_the_next_slice_is_handled_with_its_outputs_and_sends_held_not_produced(
     assert held.offsets == {("in", 0): 4}
 
 
-def test_a_handler_failure_ahead_of_the_commit_gives_the_slice_up_uncounted() -> None:
+def test_a_handler_failure_ahead_of_the_commit_is_held_for_the_runner_to_take_on() -> None:
     def handle(record: Record) -> bytes:
         if record.value == b"b1":
             raise ValueError("bad")
@@ -54,22 +55,25 @@ def test_a_handler_failure_ahead_of_the_commit_gives_the_slice_up_uncounted() ->
     host, overlap = _setup(handle)
     overlap._next = messages(b"b0", b"b1", start=2)
     overlap.handle_next(_committing(host))
-    assert overlap.held == []
-    assert host.seeks == [(("in", 0), 2)], "sought back to the slice's first record: handled again"
-    assert not host.tracker, "the failure counts when the record is handled the ordinary way"
+    [held] = overlap.held
+    assert isinstance(held.raised, HandlerFailure) and held.raised.index == 1, "as its transaction would raise it"
+    assert host.seeks == [] and not host.tracker, "counted when the runner takes it on, after the commit"
 
 
-def test_in_place_retries_are_not_run_ahead_of_a_commit() -> None:
+def test_in_place_retries_and_recoveries_run_ahead_with_the_dead_letter_held() -> None:
     calls: list[bytes] = []
 
     def handle(record: Record) -> bytes:
         calls.append(record.value or b"")
         raise ValueError("bad")
 
-    host, overlap = _setup(handle, retry="in_place", backoff=0)
+    host, overlap = _setup(handle, retry="in_place", backoff=0, max_attempts=2, dlq="in-dlt")
     overlap._next = messages(b"b0", start=2)
     overlap.handle_next(_committing(host))
-    assert calls == [b"b0"] and overlap.held == [] and host.seeks == [(("in", 0), 2)]
+    assert calls == [b"b0", b"b0"]
+    [held] = overlap.held
+    assert held.raised is None and held.offsets == {("in", 0): 3}
+    assert [o[0] for o in held.outputs] == ["in-dlt"], "the dead letter waits with the batch's outputs"
 
 
 def test_a_seek_of_a_held_partition_or_a_failed_commit_gives_the_held_work_up() -> None:

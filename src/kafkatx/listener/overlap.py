@@ -23,9 +23,12 @@ they are fetched again and handled anew, as after an abort) when:
   gives up what was handled meanwhile;
 - anything seeks or pauses one of its partitions (a time budget cut short the
   committing batch, a back-off), or the container stops;
-- a handler fails during it: the record is handled again the ordinary way, where
-  its failure counts and the failure policy decides (so a handler is never
-  retried or recovered ahead of a commit).
+
+A handler that fails while its batch is handled ahead is treated as in its own
+transaction: ``retry="in_place"`` retries and recovers it there (a dead letter is
+held like any output); otherwise the record runner takes the failure on at the
+next turn, once the commit before it returned, as if its transaction had failed
+(after-rollback: the failure counts, the policy decides).
 
 Records are handled ahead only when nothing else is going on: no record is
 failing, no partition is paused, no outage is on, and none of the records is
@@ -45,12 +48,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.errors import UnknownTopicError
-from kafkatx.events import TransactionCommitted
-from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate
+from kafkatx.events import TransactionAborted, TransactionCommitted
+from kafkatx.listener.concurrent import Abandoned, InPlaceRecoveryFailed
+from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.outputs import REFUSED, PendingOutput, encode_headers
-from kafkatx.record import ConsumedMessage, Record
+from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -66,20 +70,30 @@ log = logging.getLogger("kafkatx.container")
 
 #: ``runner.handle_ahead(unit, msgs)``: handles ``msgs`` into ``unit``; how many before the time budget ran out.
 HandleAhead = Callable[[TransactionUnit, Sequence[ConsumedMessage]], int]
+#: The record runner's signals of a failed record (HandlerFailure, InPlaceRecoveryFailed, Abandoned).
+_RUNNER_SIGNALS: tuple[type[BaseException], ...] = (HandlerFailure, InPlaceRecoveryFailed, Abandoned)
 
 
 class HeldBatch:
     """Records handled while the transaction before them committed: their outputs and offsets, in memory.
 
     One transaction's worth: the whole batch with ``fencing="group"``, one partition's slice with ``"partition"``.
+    ``raised``: a handler failed among them (the record runner's signal); the runner takes it from there as if
+    their transaction had failed (after-rollback, in-place recovery), once the commit before them returned.
     """
 
-    __slots__ = ("messages", "outputs", "offsets", "seconds")
+    __slots__ = ("messages", "outputs", "offsets", "seconds", "raised")
 
     def __init__(
-        self, messages: list[ConsumedMessage], outputs: list[PendingOutput], offsets: dict[TP, int], seconds: float
+        self,
+        messages: list[ConsumedMessage],
+        outputs: list[PendingOutput],
+        offsets: dict[TP, int],
+        seconds: float,
+        raised: BaseException | None = None,
     ) -> None:
         self.messages, self.outputs, self.offsets, self.seconds = messages, outputs, offsets, seconds
+        self.raised = raised
 
 
 class CommitOverlap:
@@ -93,11 +107,12 @@ class CommitOverlap:
         host: ContainerHost,
         guard: CrashGuard,
         consumer_error: Callable[[Message], None],
-        handle_ahead: HandleAhead | None,
+        runner: RecordRunner | None,
     ) -> None:
         self._host, self._guard, self._consumer_error = host, guard, consumer_error
-        self._handle_ahead = handle_ahead or _not_ahead
-        self.ahead = self if handle_ahead is not None else None
+        self._runner = runner
+        self._handle_ahead: HandleAhead = runner.handle_ahead if runner is not None else _not_ahead
+        self.ahead = self if runner is not None else None
         #: What was handled ahead, one entry per transaction to commit (empty: nothing is held).
         self.held: list[HeldBatch] = []
         self._per_partition = host.spec.fencing == "partition"
@@ -184,15 +199,20 @@ class CommitOverlap:
         for i, part in enumerate(parts):
             started = time.perf_counter()
             unit = _HoldingUnit(self._host, producer, part)
-            handled = 0
+            handled, raised = 0, None
             try:
                 handled = self._handle_ahead(unit, part)
-            except Exception as exc:  # noqa: BLE001 - handled again the ordinary way, where its failure counts
-                log.debug("listener %s: a record handled ahead of a commit failed (%r)", unit.listener, exc)
-                unit.held.clear()
+            except _RUNNER_SIGNALS as exc:  # a record failed: the runner takes it on from there, at the next turn
+                raised = exc
+            except Exception as exc:  # noqa: BLE001 - handled again the ordinary way
+                log.debug("listener %s: handling ahead of a commit failed (%r)", unit.listener, exc)
             if self._host.stop_event.is_set():
                 self._rewind(msgs)
                 return
+            if raised is not None:
+                held.append(HeldBatch(part, [], {}, 0.0, raised))
+                self._rewind([m for later in parts[i + 1 :] for m in later])
+                break
             if handled:  # the time budget may have ended it early: the rest is fetched again
                 held.append(HeldBatch(part[:handled], unit.held, unit.held_offsets, time.perf_counter() - started))
             if handled < len(part):
@@ -213,7 +233,7 @@ class CommitOverlap:
 
     def touched(self, tp: TP) -> None:
         """``tp`` is sought or paused: what was held of it (and with it) is no longer next."""
-        if any(tp in held.offsets for held in self.held):
+        if any(tp in held.offsets or _tp(held) == tp for held in self.held):
             self.drop()
 
     def drop(self) -> None:
@@ -244,7 +264,7 @@ class CommitOverlap:
                     continue
                 self._next = slices[i + 1] if self.ahead is not None and i + 1 < len(slices) else None
                 if tp in self._taken:
-                    if self.held and tp in self.held[0].offsets:
+                    if self.held and _tp(self.held[0]) == tp:
                         self.commit_held()
                     continue  # given up: fetched again from its first record
                 runner(TransactionUnit(host, host.producer_for(tp), msgs, ahead=self.ahead))
@@ -265,14 +285,20 @@ class CommitOverlap:
             self._rewind([msg for part in parts for msg in part.messages])
             return True
         for i, part in enumerate(parts, 1):
-            self._commit_part(part, last=i == len(parts))
+            if part.raised is not None and self._runner is not None:
+                unit = TransactionUnit(self._host, self._host.producer_for(_tp(part)), part.messages)
+                # As its transaction's abort would have said (nothing of it was produced), then as the runner goes on.
+                reason = f"batch failed: {type(part.raised).__name__}"
+                unit.publish(TransactionAborted(unit.listener, unit.worker, len(part.messages), reason))
+                self._runner(unit, part.raised)
+            else:
+                self._commit_part(part, last=i == len(parts))
         return True
 
     def _commit_part(self, held: HeldBatch, *, last: bool) -> None:
         """One held transaction: begin, produce what was held, send the offsets, commit (the last one overlapped)."""
         host = self._host
-        first = held.messages[0]
-        tp = (first.topic(), first.partition())
+        tp = _tp(held)
         if tp not in host.assigned:  # revoked meanwhile (then everything held was dropped; kept safe here too)
             return
         started = time.perf_counter()
@@ -299,8 +325,15 @@ def overlap_of(
         and isinstance(runner, RecordRunner)
         and runner.handles_one_at_a_time
     )
-    handle = runner.handle_ahead if on and isinstance(runner, RecordRunner) else None
-    return CommitOverlap(host, guard, reactions.consumer_error, handle)
+    return CommitOverlap(
+        host, guard, reactions.consumer_error, runner if on and isinstance(runner, RecordRunner) else None
+    )
+
+
+def _tp(held: HeldBatch) -> TP:
+    """The partition of a held batch's first record (its only one with ``fencing="partition"``)."""
+    first = held.messages[0]
+    return (first.topic(), first.partition())
 
 
 def _cut_short(unit: TransactionUnit) -> bool:
@@ -387,38 +420,8 @@ class _HoldingUnit(TransactionUnit):
         # The hold has the producer methods the runner calls while handling (and no transactional ones).
         super().__init__(host, cast("TransactionalProducer", _Hold(producer, self.held)), messages)
 
-    @property
-    def outage(self) -> ListenerGate:
-        return _EveryFailureEnds(super().outage)
-
     def send_offsets(self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None) -> None:
         self.held_offsets.update(offsets)
 
     def transact(self, work: Callable[[], None], *, records: int | None = None, what: str = "batch") -> bool:
         raise RuntimeError("records handled ahead of a commit are not in a transaction")
-
-
-class _EveryFailureEnds:
-    """The listener's outage gate, except that every failure "matches": the record runner then stops at it
-    (no in-place retry or recovery ahead of a commit), and the batch is handled again the ordinary way."""
-
-    __slots__ = ("_gate",)
-
-    def __init__(self, gate: ListenerGate) -> None:
-        self._gate = gate
-
-    @property
-    def active(self) -> bool:
-        return self._gate.active
-
-    def matches(self, exc: BaseException) -> bool:
-        return True
-
-    def report(self, worker: int, exc: BaseException, record: Record | None) -> float:
-        return self._gate.report(worker, exc, record)
-
-    def committed(self, offsets: Mapping[TP, int]) -> None:
-        self._gate.committed(offsets)
-
-    def admits(self, worker: int, assigned: set[TP]) -> frozenset[TP] | None:
-        return self._gate.admits(worker, assigned)

@@ -96,7 +96,9 @@ class RecordRunner:
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
         self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
-    def __call__(self, unit: TransactionUnit) -> None:
+    def __call__(self, unit: TransactionUnit, raised: BaseException | None = None) -> None:
+        """Run ``unit``'s records in transactions. ``raised``: what handling them ahead of a commit raised
+        (listener/overlap.py, nothing produced), taken as if its transaction had raised it."""
         msgs = unit.messages
         while msgs:
             current = unit.with_messages(msgs)
@@ -107,6 +109,9 @@ class RecordRunner:
             self._stopped_at = -1
             work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
             try:
+                if raised is not None:
+                    ahead, raised = raised, None
+                    raise ahead
                 if not current.transact(work):
                     return
             except HandlerFailure as exc:
