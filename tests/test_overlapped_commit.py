@@ -145,7 +145,7 @@ def test_the_next_batch_is_handled_while_the_commit_is_under_way(kafka: KafkaTes
     waves = _TwoWaves(kafka, src, probe)
     waves.hold_commit()
     app = _app(kafka)
-    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5)
+    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5, overlap_commit=True)
     with running(app):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 20}, 30, message="all 20 committed")
     assert app.failure is None
@@ -173,7 +173,7 @@ def test_a_commit_that_fails_while_the_next_batch_is_handled_gives_that_batch_up
         intruders.append(intruder)
 
     waves.hold_commit(then=fence)
-    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5)
+    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5, overlap_commit=True)
     app.on(Event)(events.append)
     with running(app):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 20}, 40, message="all 20 committed")
@@ -233,7 +233,7 @@ def test_a_rebalance_while_the_commit_is_under_way_waits_for_it(
 
     probe.armed, probe.hook = lambda: bool(handled), rebalance_then_commit
     for app in (first, second):
-        app.add_listener(handle, src, output=dst, name="h", max_batch_records=5)
+        app.add_listener(handle, src, output=dst, name="h", max_batch_records=5, overlap_commit=True)
     first.on(Event)(events.append)
     more = [f"w{i:02d}".encode() for i in range(20)]
     try:
@@ -265,7 +265,7 @@ def test_a_stop_while_the_commit_is_under_way_loses_and_repeats_nothing(
             container.stop()  # returns at once; the loop ends after this commit
 
     waves.hold_commit(then=stop)
-    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5)
+    app.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5, overlap_commit=True)
     with running(app):
         wait_for(lambda: not any(c.alive for c in app.containers), 30, message="the container stopped")
     assert probe.after("handled ahead") == "commit returned"
@@ -273,21 +273,19 @@ def test_a_stop_while_the_commit_is_under_way_loses_and_repeats_nothing(
     assert sorted(kafka.values(dst)) == _outputs(5)
 
     again = _app(kafka, app.group_id)
-    again.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5)
+    again.add_listener(waves.handle, src, output=dst, name="h", max_batch_records=5, overlap_commit=True)
     with running(again):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 20}, 30, message="the rest committed")
     assert sorted(kafka.values(dst)) == _outputs(20)
     assert all(waves.handled.count(v) == 1 for v in _values(5))
 
 
-def test_overlap_commit_can_be_turned_off_and_is_refused_where_it_cannot_run(
-    kafka: KafkaTestKit, tmp_path: Path
-) -> None:
+def test_overlap_commit_is_off_by_default_and_refused_where_it_cannot_run(kafka: KafkaTestKit, tmp_path: Path) -> None:
     src, dst = kafka.topic(partitions=1), kafka.topic(partitions=1)
     kafka.produce(src, _values(10))
     app = _app(kafka)
     events: list[Event] = []
-    app.add_listener(lambda r: b"out-" + (r.value or b""), src, output=dst, name="h", overlap_commit=False)
+    app.add_listener(lambda r: b"out-" + (r.value or b""), src, output=dst, name="h")  # off by default
     app.on(Event)(events.append)
     with running(app):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 10}, 30, message="all committed")
@@ -298,8 +296,8 @@ def test_overlap_commit_can_be_turned_off_and_is_refused_where_it_cannot_run(
     with pytest.raises(InvalidConfigurationError, match="overlap_commit=True cannot go with database="):
         _app(kafka).add_listener(lambda r: None, src, database=f"sqlite:///{tmp_path}/a.db", overlap_commit=True)
     off = _app(kafka)
-    off.add_listener(lambda r: None, src, database=f"sqlite:///{tmp_path}/b.db")
-    assert off.listeners[0].overlap_commit is False, "off by default with database="
+    off.add_listener(lambda r: None, src, database=f"sqlite:///{tmp_path}/b.db", overlap_commit=False)
+    assert off.listeners[0].overlap_commit is False
     assert sum(e.records for e in events if isinstance(e, TransactionCommitted)) == 10
 
 
@@ -311,7 +309,9 @@ def test_partitions_of_one_poll_are_handled_during_each_other_s_commits(kafka: K
     kafka.produce(src, [{"value": v, "partition": i % 4} for i, v in enumerate(values)])
     app = _app(kafka)
     handled: list[bytes] = []
-    app.add_listener(lambda r: handled.append(r.value) or b"out-" + (r.value or b""), src, output=dst, name="h")
+    app.add_listener(
+        lambda r: handled.append(r.value) or b"out-" + (r.value or b""), src, output=dst, name="h", overlap_commit=True
+    )
     with running(app):
         wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 400, 30, message="all committed")
         overlap = app.containers[0]._overlap

@@ -14,7 +14,7 @@ from kafkatx.listener.overlap import CommitOverlap, overlap_of
 
 
 def _setup(handler: Any, **options: Any) -> tuple[FakeHost, CommitOverlap]:
-    host = FakeHost(listener(handler, **options))
+    host = FakeHost(listener(handler, **{"overlap_commit": True, **options}))
     return host, overlap_of(host, host._spec, host.crash_guard, host.error_reactions, host.runner())
 
 
@@ -107,6 +107,8 @@ def test_nothing_is_handled_ahead_of_a_batch_cut_short_or_while_a_record_is_fail
 
 
 def test_it_is_off_with_in_flight_above_one_and_with_overlap_commit_false() -> None:
-    assert _setup(lambda r: r.value, in_flight=4)[1].ahead is None
+    assert _setup(lambda r: r.value, in_flight=4, overlap_commit=False)[1].ahead is None
     assert _setup(lambda r: r.value, overlap_commit=False)[1].ahead is None
     assert _setup(lambda r: r.value)[1].ahead is not None
+    host = FakeHost(listener(lambda r: r.value))
+    assert overlap_of(host, host._spec, host.crash_guard, host.error_reactions, host.runner()).ahead is None, "default"

@@ -122,7 +122,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "key_type": None,
     "deserializer": None,
     "key_deserializer": None,
-    "overlap_commit": True,
+    "overlap_commit": False,
 }
 
 

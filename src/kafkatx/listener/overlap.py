@@ -34,8 +34,8 @@ Records are handled ahead only when nothing else is going on: no record is
 failing, no partition is paused, no outage is on, and none of the records is
 the crash guard's to hand over (a first claim, a search). Handlers run ahead of the commit of the batch before them, so a handler
 whose side effects must not run before that commit (and ``database=``, whose
-transaction is one with the Kafka one) needs ``overlap_commit=False``; see
-docs/OVERLAP.md.
+transaction is one with the Kafka one) must not use it. It is off unless a
+listener asks for it (``overlap_commit=True``); docs/OVERLAP.md says why.
 """
 
 from __future__ import annotations
@@ -317,8 +317,8 @@ class CommitOverlap:
 def overlap_of(
     host: ContainerHost, spec: ListenerSpec, guard: CrashGuard, reactions: KafkaErrorReactions, runner: object
 ) -> CommitOverlap:
-    """The container's overlapped commit: on for a record listener that asks for it (the default) and handles
-    one record at a time, with no ``database=``; otherwise off."""
+    """The container's overlapped commit: on for a record listener that asks for it (``overlap_commit=True``)
+    and handles one record at a time, with no ``database=``; otherwise off."""
     on = (
         spec.overlap_commit
         and host.database is None

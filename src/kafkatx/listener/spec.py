@@ -109,7 +109,7 @@ class ListenerSpec:
     #: user's handler: kafkatx.serde.typed_handler); None for bytes.
     decoding: TypedDecoding | None = None
     #: Handle the next batch while a transaction commits, holding its outputs (listener/overlap.py, docs/OVERLAP.md).
-    overlap_commit: bool = True
+    overlap_commit: bool = False
 
     @property
     def recoverer(self) -> Recoverer:
@@ -185,7 +185,7 @@ def build_spec(
 def _overlap_commit(
     options: Mapping[str, Any], database: bool, kind: str, runner: RunnerFactory | None, in_flight: int, is_async: bool
 ) -> bool:
-    """``overlap_commit``: on by default where the listener can; asked for where it cannot, refused."""
+    """``overlap_commit`` (off by default, docs/OVERLAP.md says why); asked for where it cannot run, refused."""
     flag = _flag(options.get("overlap_commit", LISTENER_DEFAULTS["overlap_commit"]), "overlap_commit")
     why = (
         "database= (the database transaction is committed with the Kafka one, so a handler's database work "
