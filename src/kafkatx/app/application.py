@@ -205,6 +205,8 @@ class App:
           a plain one runs on a pool of that many threads); outputs still go out in input order.
         - ``ordering`` [None: "key"]: which records wait for each other when ``in_flight`` > 1: "key",
           "partition" or "none".
+        - ``overlap_commit`` [False]: handle the next batch while a transaction commits, holding its outputs
+          (docs/OVERLAP.md); not with ``database=``, ``in_flight`` > 1 or async handlers.
         - ``group_id`` [the App's]: the consumer group.
         - ``consumer_config`` / ``producer_config`` [{}]: librdkafka properties for this listener's clients.
         - ``max_abortable_retries`` [5]: abortable errors in a row before the producer is recreated.

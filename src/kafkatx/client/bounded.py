@@ -65,13 +65,19 @@ class BoundedCaller:
         self.name = name
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], CallInProgress] | None] | None = None
         self.current: CallInProgress | None = None
+        #: The call running while its caller does other work (``call(..., meanwhile=...)``), until it waits for it.
+        self.running: CallInProgress | None = None
         #: Set once a call was abandoned: the client it used must not be touched again.
         self.abandoned = False
 
-    def call(self, operation: str, fn: Callable[[], T], deadline: float) -> T:
+    def call(
+        self, operation: str, fn: Callable[[], T], deadline: float, meanwhile: Callable[[], None] | None = None
+    ) -> T:
         """``fn()`` on the helper thread; StuckCallError if it has not returned after ``deadline`` seconds.
 
         ``fn`` may rename the call in progress (``current.operation``) as it moves from one client call to the next.
+        ``meanwhile`` runs on the calling thread while ``fn`` runs (the overlapped commit); the caller is not
+        blocked then, so :attr:`current` is None and :attr:`running` names the call.
         """
         jobs = self._jobs
         if jobs is None:
@@ -80,8 +86,17 @@ class BoundedCaller:
         job = CallInProgress(operation, deadline)
         self.current = job
         jobs.put((fn, job))
+        interrupted: BaseException | None = None
         try:
-            if not job.done.acquire(timeout=deadline):
+            if meanwhile is not None:
+                self.current, self.running = None, job
+                try:
+                    meanwhile()
+                except BaseException as exc:  # noqa: BLE001 - raised once the call returned, not while it runs
+                    interrupted = exc
+                finally:
+                    self.current, self.running = job, None
+            if not job.done.acquire(timeout=max(0.0, deadline - job.seconds) if meanwhile else deadline):
                 self.abandoned = True
                 self._jobs = None  # the helper thread is stuck with this call; the next call gets a new one
                 jobs.put(None)  # ... and this one ends once the stuck call returns
@@ -92,9 +107,40 @@ class BoundedCaller:
                 )
         finally:
             self.current = None
+        if interrupted is not None:
+            raise interrupted
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[no-any-return]
+
+    def wait_running(self) -> bool | None:
+        """Wait for the call in :attr:`running` to return, within its deadline (its caller reads its result later).
+
+        True if it returned without an error, False if it failed (or did not return in time), None if no call is
+        running.
+        """
+        job = self.running
+        if job is None:
+            return None
+        if not job.done.acquire(timeout=max(0.0, (job.deadline or 0.0) - job.seconds) if job.deadline else -1):
+            return False
+        job.done.release()  # the caller acquires it again when it gets back to waiting
+        return job.error is None
+
+    def running_done(self) -> bool:
+        """True unless a call started with ``meanwhile`` is still running on the helper thread within its deadline."""
+        job = self.running
+        return job is None or not job.done.locked() or (job.deadline is not None and job.seconds >= job.deadline)
+
+    @property
+    def in_progress(self) -> CallInProgress | None:
+        """The call this caller is blocked in, or that runs while it does other work: until it returns."""
+        job = self.current
+        if job is None:
+            job = self.running
+            if job is not None and not job.done.locked():
+                return job
+        return job
 
     def close(self) -> None:
         jobs, self._jobs = self._jobs, None

@@ -225,20 +225,24 @@ class TransactionalProducer:
             )
             pending.pop(0)
 
-    def commit(self, guard: Callable[[], None] | None = None) -> None:
-        """Commit the transaction, with the offsets sent to it. ``guard`` runs just before, and may raise to prevent it."""
+    def commit(self, guard: Callable[[], None] | None = None, meanwhile: Callable[[], None] | None = None) -> None:
+        """Commit the transaction, with the offsets sent to it. ``guard`` runs just before, and may raise to prevent it.
+
+        ``meanwhile`` runs on this thread while the first commit attempt is under way on the helper thread
+        (the overlapped commit, see :mod:`kafkatx.listener.overlap`); it must not use this producer.
+        """
         producer = self._producer
         assert producer is not None
         if guard is not None:
             guard()
         if self._pending_offsets:
-            self._commit_with_offsets(producer)
+            self._commit_with_offsets(producer, meanwhile)
         else:
             # A commit that times out is resumed by calling it again (librdkafka: "retry call to resume").
             self._call("commit_transaction", lambda: producer.commit_transaction(self._api_timeout()), bounded=True)
         self.in_transaction = False
 
-    def _commit_with_offsets(self, producer: Producer) -> None:
+    def _commit_with_offsets(self, producer: Producer, meanwhile: Callable[[], None] | None = None) -> None:
         """The pending offsets and the commit in one call on the helper thread.
 
         A Kafka error there continues on the usual path: the failed call is
@@ -259,10 +263,16 @@ class TransactionalProducer:
 
         failure: KafkaException | None = None
         try:
-            caller.call("send_offsets_to_transaction", offsets_then_commit, 2 * timeout + 5.0)
+            caller.call("send_offsets_to_transaction", offsets_then_commit, 2 * timeout + 5.0, meanwhile)
             return
         except KafkaException as exc:
             failure = exc
+        if self._producer is not producer:  # closed meanwhile (its partition revoked during an overlapped commit)
+            raise ApplicationRecoverableError(
+                f"the commit of {self.transactional_id} failed and its producer was closed meanwhile",
+                error=failure.args[0] if failure.args else None,
+                operation="commit_transaction",
+            ) from failure
         if pending:  # send_offsets_to_transaction failed
             offsets, group_metadata = pending[0]
             self._call(
@@ -280,6 +290,24 @@ class TransactionalProducer:
             bounded=True,
             first_failure=failure,
         )
+
+    def wait_for_commit(self) -> bool | None:
+        """From inside ``commit(meanwhile=...)``: wait for the commit under way to return (within its deadline).
+
+        True if it committed, False if it failed (its caller still gets the error), None if no commit is under way.
+        """
+        returned = self._caller.wait_running()
+        if returned:
+            self.in_transaction = False  # committed: closing the producer now (a revoke) has nothing to abort
+        return returned
+
+    def commit_returned(self) -> bool:
+        """From inside ``commit(meanwhile=...)``: True once the commit under way has returned (or none is)."""
+        return self._caller.running_done()
+
+    def knows_topic(self, topic: str) -> bool:
+        """True if ``topic`` exists (looked up once, as :meth:`produce` does)."""
+        return self.partition_count(topic) is not None
 
     def abort(self) -> None:
         """Abort the open transaction. Never raises an abortable error (KIP-1050):
@@ -361,8 +389,8 @@ class TransactionalProducer:
 
     @property
     def blocked_in(self) -> CallInProgress | None:
-        """The client call this producer is blocked in right now, if any."""
-        return self._caller.current
+        """The client call this producer is blocked in right now, if any (or that runs during an overlapped commit)."""
+        return self._caller.in_progress
 
     def _call(
         self,

@@ -48,6 +48,7 @@ from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.host import Runner
 from kafkatx.listener.outage import ListenerOutage, OutageHold
+from kafkatx.listener.overlap import overlap_of
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.time_limits import fence_hold, transaction_budget
@@ -131,6 +132,7 @@ class ListenerContainer:
         self._runner: Callable[[TransactionUnit], None] = (
             factory(self) if factory is not None else RecordRunner(self, spec.processor)
         )
+        self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)  # listener/overlap.py
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -304,6 +306,7 @@ class ListenerContainer:
 
     # -- rebalance callbacks (run inside consume()) --------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._overlap.rebalancing()  # a commit under way finishes first; what was handled meanwhile is given up
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
@@ -341,6 +344,7 @@ class ListenerContainer:
         self.guard.restore(committed)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
+        self._overlap.rebalancing()  # the revoke returns only once a commit under way did
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         if not lost:  # still ours until this callback returns: withdraw claims of batches that never started
@@ -399,6 +403,8 @@ class ListenerContainer:
 
     def committed(self, offsets: dict[TP, int]) -> None:
         """A transaction committed these next offsets."""
+        if not self.assigned.issuperset(offsets):  # revoked during an overlapped commit (its callback saw it commit)
+            offsets = {tp: offset for tp, offset in offsets.items() if tp in self.assigned}
         self._committed.update(offsets)
         self.guard.committed(offsets)
         if self.tracker.failing:
@@ -408,6 +414,7 @@ class ListenerContainer:
         deferred = self._deferred.get(tp)
         if deferred is not None and offset <= deferred[-1].offset():
             del self._deferred[tp]  # they are fetched again from there: handled from memory too, they would run twice
+        self._overlap.touched(tp)
         consumer = self.consumer
         if consumer is None:
             return
@@ -420,6 +427,7 @@ class ListenerContainer:
         """Hold a partition while the consumer keeps polling (no rebalance, other partitions flow)."""
         if seconds <= 0 or self.consumer is None or tp not in self.assigned:
             return
+        self._overlap.touched(tp)
         try:
             self.consumer.pause([TopicPartition(*tp)])
         except Exception:
@@ -453,6 +461,9 @@ class ListenerContainer:
         consumer = self.consumer
         assert consumer is not None
         spec = self.spec
+        if self._overlap.commit_held():  # records handled while the last transaction committed (listener/overlap.py)
+            self._last_activity, self._positions_checked = time.monotonic(), False
+            return
         if self._hold.poll(self._handle_batch):  # the listener waits out an outage, or an operator paused it
             return
         timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
@@ -506,12 +517,10 @@ class ListenerContainer:
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
                 units.setdefault((record.topic(), record.partition()), []).append(record)
-            for tp, unit in units.items():
-                if tp in self.assigned:
-                    self._runner(TransactionUnit(self, self._producer_for(tp), unit))
+            self._overlap.run_partitions(list(units.values()), self._runner)  # one transaction each, in turn
         else:
             assert self._group_producer is not None
-            self._runner(TransactionUnit(self, self._group_producer, batch))
+            self._runner(TransactionUnit(self, self._group_producer, batch, ahead=self._overlap.ahead))
 
     def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
         """Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.

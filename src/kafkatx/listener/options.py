@@ -77,6 +77,7 @@ class ListenerOptions(_SharedOptions, total=False):
     key_type: Any
     deserializer: Callable[..., Any] | None
     key_deserializer: Callable[..., Any] | None
+    overlap_commit: bool
 
 
 class SparkListenerOptions(_SharedOptions, total=False):
@@ -121,6 +122,7 @@ LISTENER_DEFAULTS: dict[str, Any] = {
     "key_type": None,
     "deserializer": None,
     "key_deserializer": None,
+    "overlap_commit": False,
 }
 
 

@@ -96,7 +96,9 @@ class RecordRunner:
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
         self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
-    def __call__(self, unit: TransactionUnit) -> None:
+    def __call__(self, unit: TransactionUnit, raised: BaseException | None = None) -> None:
+        """Run ``unit``'s records in transactions. ``raised``: what handling them ahead of a commit raised
+        (listener/overlap.py, nothing produced), taken as if its transaction had raised it."""
         msgs = unit.messages
         while msgs:
             current = unit.with_messages(msgs)
@@ -107,6 +109,9 @@ class RecordRunner:
             self._stopped_at = -1
             work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
             try:
+                if raised is not None:
+                    ahead, raised = raised, None
+                    raise ahead
                 if not current.transact(work):
                     return
             except HandlerFailure as exc:
@@ -150,6 +155,25 @@ class RecordRunner:
         """The container is closing: stop the concurrent dispatch's event loop and threads, if any."""
         if self._dispatch is not None:
             self._dispatch.close()
+
+    @property
+    def handles_one_at_a_time(self) -> bool:
+        """True unless records are handled concurrently (``in_flight > 1`` or an ``async def`` handler)."""
+        return self._dispatch is None
+
+    def handle_ahead(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
+        """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/overlap.py).
+
+        Returns how many were handled before the transaction's time budget ran out. Called while another
+        unit of this runner commits, so the state that unit reads afterwards is kept.
+        """
+        stopped_at = self._stopped_at
+        try:
+            self._stopped_at = -1
+            self._handle(unit, msgs)
+            return len(msgs) if self._stopped_at < 0 else self._stopped_at
+        finally:
+            self._stopped_at = stopped_at
 
     def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""

@@ -115,6 +115,8 @@ class ListenerSpec:
     #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
     #: user's handler: kafkatx.serde.typed_handler); None for bytes.
     decoding: TypedDecoding | None = None
+    #: Handle the next batch while a transaction commits, holding its outputs (listener/overlap.py, docs/OVERLAP.md).
+    overlap_commit: bool = False
 
     @property
     def recoverer(self) -> Recoverer:
@@ -187,7 +189,34 @@ def build_spec(
         ordering=ordering,
         is_async=is_async,
         decoding=decoding,
+        overlap_commit=_overlap_commit(options, database is not None, kind, runner, in_flight, is_async),
     )
+
+
+def _overlap_commit(
+    options: Mapping[str, Any], database: bool, kind: str, runner: RunnerFactory | None, in_flight: int, is_async: bool
+) -> bool:
+    """``overlap_commit`` (off by default, docs/OVERLAP.md says why); asked for where it cannot run, refused."""
+    flag = _flag(options.get("overlap_commit", LISTENER_DEFAULTS["overlap_commit"]), "overlap_commit")
+    why = (
+        "database= (the database transaction is committed with the Kafka one, so a handler's database work "
+        "cannot run ahead of it)"
+        if database
+        else "a Spark or batch listener (a job runs per transaction)"
+        if kind != "record" or runner is not None
+        else f"in_flight={in_flight} (records handled concurrently)"
+        if in_flight > 1
+        else "an async def handler"
+        if is_async
+        else None
+    )
+    if why is None:
+        return flag
+    if options.get("overlap_commit") is True:
+        raise InvalidConfigurationError(
+            f"overlap_commit=True cannot go with {why}: drop overlap_commit (it is then off for this listener)"
+        )
+    return False
 
 
 def _concurrency_of(

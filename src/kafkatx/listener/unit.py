@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -61,11 +61,21 @@ if TYPE_CHECKING:
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["TransactionUnit", "TP", "commit_offsets"]
+__all__ = ["CommitAhead", "TransactionUnit", "TP", "commit_offsets"]
 
 log = logging.getLogger("kafkatx.container")
 
 _KAFKA_REACTIONS = (TransactionAbortableError, ApplicationRecoverableError, GroupMembershipChanged)
+
+
+class CommitAhead(Protocol):
+    """What a unit's commit does meanwhile (:class:`~kafkatx.listener.overlap.CommitOverlap`): handle what comes next."""
+
+    def handle_next(self, committing: TransactionUnit) -> None:
+        """Runs while ``committing``'s commit is under way on the producer's helper thread."""
+
+    def drop(self) -> None:
+        """The commit failed: what was handled meanwhile is given up (and fetched again)."""
 
 
 class TransactionUnit(DatabaseSteps):
@@ -94,10 +104,15 @@ class TransactionUnit(DatabaseSteps):
         "_membership",
         "outputs",
         "_stored",
+        "ahead",
     )
 
     def __init__(
-        self, container: ContainerHost, producer: TransactionalProducer, messages: list[ConsumedMessage]
+        self,
+        container: ContainerHost,
+        producer: TransactionalProducer,
+        messages: list[ConsumedMessage],
+        ahead: CommitAhead | None = None,
     ) -> None:
         self._c = container
         self._producer = producer
@@ -114,6 +129,8 @@ class TransactionUnit(DatabaseSteps):
         self.outputs = 0
         #: With ``database=``: partitions whose database work is already committed (see begin()).
         self._stored: dict[TP, tuple[int, int]] | None = None
+        #: The overlapped commit: what handles the next records while this unit's transaction commits.
+        self.ahead = ahead
 
     def with_messages(self, messages: list[ConsumedMessage]) -> TransactionUnit:
         """The same container and producer, over ``messages`` (e.g. the records left after a failure)."""
@@ -312,8 +329,17 @@ class TransactionUnit(DatabaseSteps):
         self._offsets.update(offsets)
         self._membership = membership
 
+    @property
+    def sent_offsets(self) -> Mapping[TP, int]:
+        """The offsets sent to the open transaction so far."""
+        return self._offsets
+
     def commit(self) -> None:
-        """Commit, unless the consumer left its group since the offsets were sent (GroupMembershipChanged)."""
+        """Commit, unless the consumer left its group since the offsets were sent (GroupMembershipChanged).
+
+        With :attr:`ahead`, the next records are handled while the commit is under way (their outputs held);
+        if the commit fails, they are given up before the failure's reaction.
+        """
         membership = self._membership
         database = self._c.database
         if database is not None and self.messages:
@@ -333,7 +359,16 @@ class TransactionUnit(DatabaseSteps):
                     raise _Isolate(exc) from None
                 first = self.records(self.messages[:1])[0]
                 raise HandlerFailure(0, exc, first) from None
-        self._producer.commit(guard=self._c.membership_guard(membership) if membership is not None else None)
+        guard = self._c.membership_guard(membership) if membership is not None else None
+        ahead = self.ahead
+        if ahead is None or database is not None:
+            self._producer.commit(guard=guard)
+        else:
+            try:
+                self._producer.commit(guard=guard, meanwhile=functools.partial(ahead.handle_next, self))
+            except BaseException:
+                ahead.drop()
+                raise
         self._c.committed(self._offsets)
         if self.messages:
             outage = self._c.outage
