@@ -429,9 +429,9 @@ def _value_emitter(produce: Produce, pending: list[PendingOutput], topic: str) -
 def _pair_emitter(produce: Produce, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
     def emit_pair(result: tuple[Any, ...]) -> int:
         """A ``(key, value)`` tuple for the listener's output topic; encoded by ``fallback`` unless confluent-kafka takes it."""
-        if len(result) == 2 and not pending:
-            key, value = result
+        if not pending:
             try:
+                key, value = result  # ValueError unless a pair: fallback() names the problem
                 produce(topic, value, key)
                 return 1
             except REFUSED_WITH_HEADERS:
@@ -500,9 +500,9 @@ def _many_emitter(stream_to: Produce | None, pending: list[PendingOutput], topic
         for item in result:
             itype = type(item)
             if itype is tuple:
-                if len(item) == 2 and not pending:
-                    key, value = item
+                if not pending:
                     try:
+                        key, value = item  # ValueError unless a pair: fallback() names the problem
                         stream_to(topic, value, key)
                         produced += 1
                         continue
