@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,15 @@ def inputs(shape: str, msgs: list[Any]) -> list[Any]:
 class StubProducer:
     """Stands in for confluent_kafka.Producer: every call returns at once."""
 
+    def __init__(self, config: Any = None) -> None:
+        pass
+
+    def init_transactions(self, *args: Any) -> None:
+        pass
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> StubMetadata:
+        return StubMetadata(topic)
+
     def produce(self, *args: Any, **kwargs: Any) -> None:
         pass
 
@@ -252,11 +262,28 @@ def messages(n: int, partitions: int = 8) -> list[Any]:
     return [m for part in by_partition for m in part]
 
 
+class StubMetadata:
+    """What ``list_topics`` answers: every topic exists, with 8 partitions."""
+
+    def __init__(self, topic: str | None) -> None:
+        partitions = dict.fromkeys(range(8))
+        self.topics = {topic: types.SimpleNamespace(error=None, partitions=partitions)} if topic else {}
+
+
 def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]], None]]:
-    """(kafkatx batch, hand-written batch): each handles one list of messages in one (stub) transaction."""
+    """(kafkatx batch, hand-written batch): each handles one list of messages in one (stub) transaction.
+
+    kafkatx's side is built through public surfaces only: the listener's
+    container (a ``ContainerHost``) with a stub consumer, the record runner
+    made on it, and a ``TransactionalProducer`` whose confluent-kafka
+    Producer is the stub (``kafkatx.client.producer.Producer`` replaced
+    while it creates it, as a test's monkeypatch would).
+    """
+    import kafkatx.client.producer as producer_module
     from kafkatx import App
     from kafkatx.client.producer import TransactionalProducer
     from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.record_runner import RecordRunner
     from kafkatx.listener.unit import TransactionUnit
 
     handler, options, raw_body = handlers(shape)
@@ -267,10 +294,14 @@ def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]]
     container = ListenerContainer(spec, app, 0, 0)
     container.consumer = StubConsumer()  # type: ignore[assignment]
     producer = TransactionalProducer(app.producer_config(spec, "micro-tx"), "micro-tx", retry_timeout=5.0)
-    producer._producer = StubProducer()  # type: ignore[assignment]
-    producer._known_topics[OUT] = 8
-    container._group_producer = producer
-    runner = container._runner
+    real_producer, producer_module.Producer = producer_module.Producer, StubProducer  # type: ignore[misc]
+    try:
+        producer.ensure()
+    finally:
+        producer_module.Producer = real_producer  # type: ignore[misc]
+    if producer.partition_count(OUT) is None:
+        raise SystemExit("the stub producer does not know the output topic")
+    runner = RecordRunner(container, spec.processor)
 
     def kafkatx_batch(msgs: list[Any]) -> None:
         runner(TransactionUnit(container, producer, msgs))

@@ -719,6 +719,38 @@ def table(summary: dict[str, dict[str, Any]], derived: dict[str, Any], order: li
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
+def _median_range(values: list[float], spec: str) -> str:
+    """``median (min-max)`` of the repetitions, for the Markdown tables."""
+    if not values:
+        return "-"
+    med = format(statistics.median(values), spec)
+    return med if len(values) == 1 else f"{med} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
+def twin_table(summary: dict[str, dict[str, Any]], order: list[str]) -> str:
+    """Markdown: every run beside its twin, medians with their range, as docs/BENCHMARKS.md shows them."""
+    lines = [
+        "| run | twin | k rec/s, run | k rec/s, twin | ratio | thread CPU us/rec, run | thread CPU us/rec, twin "
+        "| thread CPU ratio | exactly-once |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in order:
+        twin = RUNS[k.rstrip("'")].get("twin")
+        s, t = summary.get(k), summary.get(twin or "")
+        if not s or not t:
+            continue
+        rates = [r / 1000 for r in s["records_per_s_all"]]
+        twin_rates = [r / 1000 for r in t["records_per_s_all"]]
+        lines.append(
+            f"| {k} | {twin} | {_median_range(rates, '.0f')}{'*' if s.get('disturbed') else ''} "
+            f"| {_median_range(twin_rates, '.0f')}{'*' if t.get('disturbed') else ''} "
+            f"| {s['records_per_s'] / t['records_per_s']:.2f} "
+            f"| {_median_range(s['cpu_us_per_record_all'], '.2f')} | {_median_range(t['cpu_us_per_record_all'], '.2f')} "
+            f"| {s['cpu_us_per_record'] / t['cpu_us_per_record']:.2f} | {'yes' if s['verified'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list[str]:
     out = []
     for k, d in derived.items():
@@ -1027,6 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print()
         print(table(summary, derived, order, markdown=True))
+        print()
+        print(twin_table(summary, order))
     doc = {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),

@@ -252,3 +252,38 @@ def test_records_a_handler_keeps_stay_as_they_were_delivered(kafka: KafkaTestKit
             assert (record.key, record.value) == (b"k%d" % n, b"v%d" % n)
         else:
             assert (record.key, record.value) == (None, b"changed by the handler")
+
+
+def test_keys_and_values_confluent_kafka_does_not_take_as_they_are_are_encoded_by_kafkatx(kafka: KafkaTestKit) -> None:
+    # The direct paths pass keys and values to confluent-kafka unchecked: it encodes str as UTF-8 (as kafkatx does)
+    # and refuses the rest with TypeError, and kafkatx then encodes that record itself, here with the serializer.
+    src, out, other = kafka.topic(), kafka.topic(), kafka.topic()
+    kinds = ["pair-str", "pair-dict", "generator", "send", "output"]
+    kafka.produce(src, [k.encode() for k in kinds])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, serializer=lambda v: json.dumps(v).encode(), sends_to=[other], fencing="group")
+    def handler(record: Record) -> object:
+        kind = (record.value or b"").decode()
+        if kind == "pair-str":
+            return "k\u00e9", "v\u00e9"
+        if kind == "pair-dict":
+            return b"k", {"n": 1}
+        if kind == "generator":
+            return iter([(b"k", {"n": 2}), (b"k", b"after")])  # the first is encoded: the second keeps its place
+        if kind == "send":
+            send(other, {"n": 3}, "k")
+            return None
+        return Output({"n": 4}, key=b"k", headers={"h": "x"})
+
+    with running(app):
+        wait_for(lambda: kafka.committed(app.group_id, src) == {0: len(kinds)}, 30)
+    assert [(r.key, r.value) for r in kafka.read(out)] == [
+        ("k\u00e9".encode(), "v\u00e9".encode()),
+        (b"k", b'{"n": 1}'),
+        (b"k", b'{"n": 2}'),
+        (b"k", b"after"),
+        (b"k", b'{"n": 4}'),
+    ]
+    assert [(r.key, r.value) for r in kafka.read(other)] == [(b"k", b'{"n": 3}')]
+    assert [r.headers for r in kafka.read(out)][-1] == [("h", b"x")]

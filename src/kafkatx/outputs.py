@@ -109,7 +109,7 @@ def encode(obj: Any, what: str, serializer: Serializer | None = None) -> bytes |
         return obj
     if isinstance(obj, str):
         return obj.encode("utf-8")
-    if isinstance(obj, (bytearray, memoryview)):
+    if isinstance(obj, (bytes, bytearray, memoryview)):  # a bytes subclass too: its bytes, as confluent-kafka takes it
         return bytes(obj)
     if serializer is not None:
         return serialize(obj, what, serializer)
@@ -274,8 +274,10 @@ Emit = Callable[[Any], int]
 #: What confluent-kafka's ``produce`` raises for a record the buffered produce can still handle: it waits for
 #: queue space (BufferError) and classifies the error (KafkaException).
 REFUSED = (BufferError, KafkaException)
-#: The same for a record with headers, plus the header values confluent-kafka cannot take (kafkatx's encoding
-#: then names them).
+#: The same, plus what confluent-kafka raises for a key, value or header value it cannot take as is: anything but
+#: bytes, str and None (TypeError), or a str that is not valid UTF-8 (ValueError). Such a record is then encoded by
+#: kafkatx (the serializer, or an error naming the problem). confluent-kafka encodes a str as UTF-8, as
+#: :func:`encode` does, so the emit functions pass keys and values to it unchecked.
 REFUSED_WITH_HEADERS = (BufferError, KafkaException, TypeError, ValueError)
 
 
@@ -362,7 +364,7 @@ class ResultEmitters:
         elif produce is not None and cls is tuple:
             emit = _pair_emitter(produce, pending, topic, fallback)
         elif kind == OUTPUT:
-            emit = _output_emitter(topic, self.directs, self.direct, pending, fallback)
+            emit = _output_emitter(topic, produce, self.directs, self.direct, pending, fallback)
         elif kind == MANY:
             emit = _many_emitter(produce if self._stream_items else None, pending, topic, fallback)
         elif kind == SERIALIZE and produce is not None:
@@ -426,17 +428,14 @@ def _value_emitter(produce: Produce, pending: list[PendingOutput], topic: str) -
 
 def _pair_emitter(produce: Produce, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
     def emit_pair(result: tuple[Any, ...]) -> int:
-        """A ``(key, value)`` tuple for the listener's output topic; encoded by ``fallback`` unless of bytes."""
-        if len(result) == 2:
-            key, value = result
-            if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                if not pending:
-                    try:
-                        produce(topic, value, key)
-                        return 1
-                    except REFUSED:
-                        pass
-                return buffer_output(pending, topic, value, key)
+        """A ``(key, value)`` tuple for the listener's output topic; encoded by ``fallback`` unless confluent-kafka takes it."""
+        if not pending:
+            try:
+                key, value = result  # ValueError unless a pair: fallback() names the problem
+                produce(topic, value, key)
+                return 1
+            except REFUSED_WITH_HEADERS:
+                pass
         return fallback(result)
 
     return emit_pair
@@ -444,27 +443,28 @@ def _pair_emitter(produce: Produce, pending: list[PendingOutput], topic: str, fa
 
 def _output_emitter(
     default_topic: str,
+    default_produce: Produce | None,
     directs: dict[str, Produce | None],
     direct: Callable[[str], Produce | None],
     pending: list[PendingOutput],
     fallback: Emit,
 ) -> Emit:
     def emit_output(result: Output) -> int:
-        """An Output; as it is when it names no partition, its value and key are bytes and its headers a dict.
+        """An Output; as it is when it names no partition and its headers are None or a dict with str names.
 
-        confluent-kafka encodes a dict's header values as kafkatx would
-        (bytes, str as UTF-8, None) and refuses others, which
-        :func:`buffer_output` then encodes (naming the problem); but it would
-        turn a name 1 into "1", and pairs are checked by kafkatx's encoding.
+        confluent-kafka encodes keys, values and a dict's header values as
+        kafkatx would (bytes, str as UTF-8, None) and refuses others, which
+        ``fallback`` then encodes into the buffer (naming the problem); but it
+        would turn a header name 1 into "1", and pairs are checked by
+        kafkatx's encoding. An Output for the listener's own topic
+        (``topic=None``, the usual case) finds its ``produce`` at hand.
         """
-        topic = result.topic or default_topic
-        value, key, headers = result.value, result.key, result.headers
-        if (
-            not topic
-            or result.partition is not None
-            or not (type(value) is bytes or value is None)
-            or not (type(key) is bytes or key is None)
-        ):
+        topic, value, key, headers = result.topic, result.value, result.key, result.headers
+        if not topic:
+            topic, produce = default_topic, default_produce
+        else:
+            produce = directs[topic] if topic in directs else direct(topic)
+        if produce is None or pending or result.partition is not None:
             return fallback(result)
         if headers is not None:
             if type(headers) is not dict:
@@ -472,54 +472,64 @@ def _output_emitter(
             for name in headers:
                 if type(name) is not str:
                     return fallback(result)
-        produce = directs[topic] if topic in directs else direct(topic)
-        if produce is not None and not pending:
-            try:
-                if headers is None:
-                    produce(topic, value, key)
-                else:
-                    produce(topic, value, key, headers=headers)
-                return 1
-            except REFUSED_WITH_HEADERS:
-                pass
-        return buffer_output(pending, topic, value, key, headers)
+        try:
+            if headers is None:
+                produce(topic, value, key)
+            else:
+                produce(topic, value, key, headers=headers)
+            return 1
+        except REFUSED_WITH_HEADERS:
+            pass
+        return fallback(result)  # outside the except block: kafkatx's error does not chain to confluent-kafka's
 
     return emit_output
 
 
 def _many_emitter(stream_to: Produce | None, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
-    def emit_many(result: Iterable[Any]) -> int:
-        """An iterable: with ``stream_to`` bytes and ``(key, value)`` items go out as they come.
+    if stream_to is None:
+        return functools.partial(_buffer_items, fallback)
 
-        The others, and any item once one is buffered (order is kept), are
-        encoded into the buffer by ``fallback``.
+    def emit_many(result: Iterable[Any]) -> int:
+        """An iterable whose bytes and ``(key, value)`` items go out as they come.
+
+        The others, any item confluent-kafka does not take as it is, and any
+        item once one is buffered (order is kept), are encoded into the
+        buffer by ``fallback``.
         """
         produced = 0
         for item in result:
-            if item is None:
-                continue
-            if stream_to is not None and not pending:
-                itype = type(item)
-                if itype is bytes:
+            itype = type(item)
+            if itype is tuple:
+                if not pending:
+                    try:
+                        key, value = item  # ValueError unless a pair: fallback() names the problem
+                        stream_to(topic, value, key)
+                        produced += 1
+                        continue
+                    except REFUSED_WITH_HEADERS:
+                        pass
+            elif itype is bytes:
+                if not pending:
                     try:
                         stream_to(topic, item)
                         produced += 1
                         continue
                     except REFUSED:
                         pass
-                elif itype is tuple and len(item) == 2:
-                    key, value = item
-                    if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                        try:
-                            stream_to(topic, value, key)
-                            produced += 1
-                            continue
-                        except REFUSED:
-                            pass
+            elif item is None:
+                continue
             fallback(item)
         return produced
 
     return emit_many
+
+
+def _buffer_items(fallback: Emit, result: Iterable[Any]) -> int:
+    """An iterable's items, encoded into the buffer (``retry="in_place"``: held until the handler returned)."""
+    for item in result:
+        if item is not None:
+            fallback(item)
+    return 0
 
 
 def _serialized_emitter(produce: Produce, pending: list[PendingOutput], topic: str, serializer: Serializer) -> Emit:

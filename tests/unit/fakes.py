@@ -119,9 +119,13 @@ class FakeProducer(TransactionalProducer):
         if not self._fast or not self.in_transaction:
             return None
 
-        def produce(topic: str, value: bytes | None, key: bytes | None = None, *args: Any, **kw: Any) -> None:
+        def produce(topic: str, value: Any, key: Any = None, *args: Any, **kw: Any) -> None:
+            # confluent-kafka takes bytes, str (as UTF-8) and None, and refuses the rest: kafkatx encodes those
+            for data in (value, key):
+                if data is not None and not isinstance(data, (bytes, str)):
+                    raise TypeError(f"a bytes-like object is required, not '{type(data).__name__}'")
             self.calls.append("produce")
-            self._current.produced.append((topic, value))
+            self._current.produced.append((topic, value.encode() if isinstance(value, str) else value))
 
         return produce
 

@@ -30,10 +30,24 @@ class FakeProduce:
         self.refuse = refuse  # how many of the next calls raise BufferError
 
     def __call__(self, topic: str, value: Any, key: Any = None, partition: int = -1, headers: Any = None) -> None:
+        value, key = as_produced(value), as_produced(key)
         if self.refuse:
             self.refuse -= 1
             raise BufferError("Local: Queue full")
         self.calls.append((topic, value, key, headers, partition))
+
+
+def to_json(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def as_produced(data: Any) -> bytes | None:
+    """What confluent-kafka makes of a key or value: bytes and None as they are, str as UTF-8, anything else refused."""
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    raise TypeError(f"a bytes-like object is required, not '{type(data).__name__}'")
 
 
 def emitters(
@@ -95,12 +109,49 @@ def test_a_key_value_pair() -> None:
     assert pending == []
 
 
-def test_a_pair_that_needs_encoding_is_buffered_encoded() -> None:
+def test_a_pair_of_str_goes_straight_to_confluent_kafka_which_encodes_it_as_kafkatx_would() -> None:
     fake = FakeProduce()
     made, pending = emitters(fake)
-    assert emit(made, ("k", "v")) == 0
+    assert emit(made, ("k", "v\u00e9")) == 1
+    assert fake.calls == [(OUT, "v\u00e9".encode(), b"k", None, -1)]
+    assert pending == []
+
+
+def test_a_pair_confluent_kafka_refuses_is_encoded_into_the_buffer() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake, serializer=lambda v: json.dumps(v).encode())
+    assert emit(made, (b"k", {"n": 1})) == 0
+    assert emit(made, (b"k", b"after")) == 0  # something is buffered before it: buffered too, in order
     assert fake.calls == []
-    assert pending == [PendingOutput(OUT, b"v", b"k", None, None)]
+    assert pending == [
+        PendingOutput(OUT, b'{"n": 1}', b"k", None, None),
+        PendingOutput(OUT, b"after", b"k", None, None),
+    ]
+
+
+@pytest.mark.parametrize("shape", ["pair", "output", "generator", "send"])
+def test_a_key_or_value_of_another_type_is_encoded_by_kafkatx_on_every_direct_path(shape: str) -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake, serializer=to_json)
+    made.direct("other")
+    value = {"n": 1}
+    if shape == "pair":
+        emit(made, (b"k", value))
+    elif shape == "output":
+        emit(made, Output(value, key=b"k", headers={"h": b"x"}))
+    elif shape == "generator":
+        emit(made, iter([(b"k", value)]))
+    else:
+        sink = Sink()
+        sink.stream, sink.serializer = made.directs, to_json
+        previous = bind_sink(sink)
+        try:
+            send("other", value, b"k")
+        finally:
+            bind_sink(previous)
+        pending = list(sink)
+    assert fake.calls == []
+    assert [(out.value, out.key) for out in pending] == [(b'{"n": 1}', b"k")]
 
 
 def test_a_tuple_that_is_not_a_pair_fails_with_output_error() -> None:
@@ -286,3 +337,15 @@ def test_send_goes_through_the_same_rule_as_returned_records() -> None:
     assert fake.calls == [("other", b"now", b"k", None, -1)]
     assert sink.produced == 1
     assert sink == [PendingOutput("unknown", b"later", None, None, None)]
+
+
+def test_a_bytes_subclass_is_produced_as_its_bytes_on_every_path() -> None:
+    class Payload(bytes):
+        pass
+
+    fake = FakeProduce()
+    made, pending = emitters(fake, serializer=to_json)
+    emit(made, Payload(b"alone"))  # returned as it is: encoded into the buffer
+    emit(made, (Payload(b"k"), Payload(b"pair")))
+    assert [(out.value, out.key) for out in pending] == [(b"alone", None), (b"pair", b"k")]
+    assert all(type(out.value) is bytes and type(out.key) in (bytes, type(None)) for out in pending)
