@@ -9,6 +9,7 @@ fencing the producer for real. Outputs are read back read_committed: each exactl
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 import kafkatx.producer as producer_module
-from kafkatx import App, InvalidConfigurationError, Record
+from kafkatx import App, InvalidConfigurationError, Output, Record
 from kafkatx.events import Event, PartitionsRevoked, ProducerRecreated, TransactionCommitted
 from kafkatx.listener.overlap import CommitOverlap
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
@@ -318,3 +319,30 @@ def test_partitions_of_one_poll_are_handled_during_each_other_s_commits(kafka: K
         assert app.listeners[0].fencing == "partition" and overlap.committed_ahead > 0
     assert sorted(kafka.values(dst)) == sorted(b"out-" + v for v in values)
     assert sorted(handled) == sorted(values), "each record handled once"
+
+
+def test_results_handled_ahead_are_encoded_as_they_are_without_the_overlap(kafka: KafkaTestKit) -> None:
+    """Results confluent-kafka would take (str) or refuse (a dict for the serializer) are held already encoded:
+    every output reads back as the listener's serializer and str encoding make it, once."""
+    src, dst = kafka.topic(partitions=4), kafka.topic(partitions=1)
+    values = [b"%03d" % i for i in range(200)]
+    kafka.produce(src, [{"value": v, "partition": i % 4} for i, v in enumerate(values)])
+
+    def handle(record: Record) -> Any:
+        n = int(record.value or b"0")
+        if n % 3 == 0:
+            return ("k%d" % n, {"n": n})  # a dict: the serializer's
+        if n % 3 == 1:
+            return ("k%d" % n, "s%d" % n)  # str: UTF-8 (not the serializer's), straight to confluent-kafka
+        return Output({"n": n}, key="k%d" % n, headers={"h": "x"})
+
+    app = _app(kafka)
+    app.add_listener(
+        handle, src, output=dst, name="h", overlap_commit=True, serializer=lambda v: json.dumps(v).encode()
+    )
+    with running(app):
+        wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 200, 30, message="all committed")
+        assert app.containers[0]._overlap.committed_ahead > 0
+    assert app.failure is None
+    expected = sorted(b"s%d" % n if n % 3 == 1 else b'{"n": %d}' % n for n in range(200))
+    assert sorted(kafka.values(dst)) == expected

@@ -397,8 +397,9 @@ class _Hold:
         return self._held_produce if self._producer.knows_topic(topic) else None
 
     def _held_produce(
-        self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1, headers: Any = None
+        self, topic: str, value: Any = None, key: Any = None, partition: int = -1, headers: Any = None
     ) -> None:
+        value, key = _as_produced(value), _as_produced(key)
         if headers is None and partition == -1:  # the usual record: a plain tuple of PendingOutput's fields is cheaper
             self.outputs.append((topic, value, key, None, None))  # type: ignore[arg-type]
             return
@@ -407,6 +408,21 @@ class _Hold:
 
     def partition_count(self, topic: str, *, refresh: bool = False) -> int | None:
         return self._producer.partition_count(topic, refresh=refresh)
+
+
+def _as_produced(data: Any) -> bytes | None:
+    """A key or value as ``produce`` takes it (kafkatx's :func:`encode` rule): bytes, None, a str as UTF-8.
+
+    Anything else raises TypeError (an unencodable str ValueError), as ``produce`` does, so the emit function
+    that offered it encodes it itself (the serializer, or an error naming the problem).
+    """
+    if data is None or type(data) is bytes:
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"a bytes-like object is required, not {type(data).__name__!r}")
 
 
 class _HoldingUnit(TransactionUnit):
