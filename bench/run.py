@@ -75,6 +75,13 @@ RUNS: dict[str, dict[str, Any]] = {
         "twin": "2",
         "tracing": 0.01,
     },
+    "2o": {
+        "label": "kafkatx defaults with overlap_commit=True (the next batch handled while a transaction commits)",
+        "kind": "kafkatx",
+        "options": {**G, "overlap_commit": True},
+        "input": "main",
+        "twin": "2",
+    },
     "1k": {
         "label": "hand-written, produce(out, value.upper(), key)",
         "kind": "raw",
@@ -187,6 +194,7 @@ ORDER = [
     "2b",
     "2t",
     "2t1",
+    "2o",
     "1k",
     "2k",
     "1h",
@@ -794,7 +802,7 @@ def details(summary: dict[str, dict[str, Any]], derived: dict[str, Any]) -> list
 
 
 # -- main ---------------------------------------------------------------------------
-SHORT_RUNS = {"1", "2", "2b", "2t", "2t1", "4b", "5", *SHAPE_RUNS}
+SHORT_RUNS = {"1", "2", "2b", "2t", "2t1", "2o", "4b", "5", *SHAPE_RUNS}
 
 
 def reps_of(run: str, args: argparse.Namespace) -> int:
