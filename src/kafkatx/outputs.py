@@ -44,6 +44,7 @@ __all__ = [
     "REFUSED_WITH_HEADERS",
     "ResultEmitters",
     "buffer_output",
+    "produce_in_order",
     "unproducible_stop",
 ]
 
@@ -281,6 +282,37 @@ REFUSED = (BufferError, KafkaException)
 REFUSED_WITH_HEADERS = (BufferError, KafkaException, TypeError, ValueError)
 
 
+def produce_in_order(
+    outputs: Iterable[tuple[str, bytes | None, bytes | None, Any, int | None]],
+    direct: Callable[[str], Produce | None],
+    produce: Callable[[Any], None],
+) -> int:
+    """Produce encoded ``outputs`` in order; returns how many went straight to confluent-kafka.
+
+    Each goes to the topic's ``direct`` produce when there is one and it takes
+    the record, else to ``produce`` (the transactional producer's, which waits
+    for queue space or raises an OutputError naming the problem), so that a
+    full queue or a refusal never reorders them.
+    """
+    directs: dict[str, Produce | None] = {}
+    sent = 0
+    for out in outputs:
+        topic, value, key, headers, partition = out
+        fast = directs[topic] if topic in directs else directs.setdefault(topic, direct(topic))
+        if fast is not None:
+            try:
+                if headers is None and partition is None:
+                    fast(topic, value, key)
+                else:
+                    fast(topic, value, key, -1 if partition is None else partition, headers=headers)
+                sent += 1
+                continue
+            except REFUSED:
+                pass  # produce() waits for queue space, or classifies the error
+        produce(out)
+    return sent
+
+
 def buffer_output(
     pending: list[PendingOutput], topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None
 ) -> int:
@@ -387,19 +419,7 @@ class ResultEmitters:
         space or raises an OutputError naming the problem).
         """
         pending = self.pending
-        for out in pending:
-            topic, value, key, headers, partition = out
-            fast = self.direct(topic)
-            if fast is not None:
-                try:
-                    if headers is None and partition is None:
-                        fast(topic, value, key)
-                    else:
-                        fast(topic, value, key, -1 if partition is None else partition, headers=headers)
-                    continue
-                except REFUSED:
-                    pass  # produce() waits for queue space, or classifies the error
-            produce(out)
+        produce_in_order(pending, self.direct, produce)
         count = len(pending)
         pending.clear()
         return count

@@ -53,7 +53,7 @@ from kafkatx.listener.concurrent import Abandoned, InPlaceRecoveryFailed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit
-from kafkatx.outputs import REFUSED, PendingOutput, encode_headers
+from kafkatx.outputs import PendingOutput, encode_headers, produce_in_order
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
@@ -352,22 +352,7 @@ def _not_ahead(unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
 
 def _produce_held(unit: TransactionUnit, held: HeldBatch) -> None:
     """The held batch's transaction: its outputs in order (straight to confluent-kafka when it takes them)."""
-    fast_for: dict[str, Any] = {}
-    produced = 0
-    for out in held.outputs:
-        topic, value, key, headers, partition = out
-        fast = fast_for[topic] if topic in fast_for else fast_for.setdefault(topic, unit.direct(topic))
-        if fast is not None:
-            try:
-                if headers is None and partition is None:
-                    fast(topic, value, key)
-                else:
-                    fast(topic, value, key, -1 if partition is None else partition, headers=headers)
-                produced += 1
-                continue
-            except REFUSED:
-                pass  # produce() waits for queue space, or classifies the error
-        unit.produce(PendingOutput(*out))
+    produced = produce_in_order(held.outputs, unit.direct, lambda out: unit.produce(PendingOutput(*out)))
     unit.outputs += produced
     unit.send_offsets(held.offsets)
 
