@@ -93,3 +93,24 @@ def test_rows_of_noida_dbs_shared_cluster_id_belong_to_the_broker_kafkatx_gave_i
     assigned = StoredPosition(5, reidentified.cluster_id, None)  # once tied to the new id, only it matches
     assert "another Kafka cluster" in str(log_mismatch(assigned, LogIdentity(EMBEDDED_CLUSTER_ID, None)))
     assert log_mismatch(assigned, reidentified) is None and not adopts(assigned, reidentified)
+
+
+def test_a_producer_transaction_with_a_database_gets_a_kafkatx_error_when_the_cluster_id_does_not_come(
+    tmp_path: Path,
+) -> None:
+    """``app.transaction(database=...)`` asks the cluster id before it begins: retried, then a RetriableError
+    naming the call (was confluent-kafka's raw KafkaException); nothing began, in Kafka or in the database."""
+    from kafkatx import RetriableError
+    from kafkatx.database._backend import backend_for
+    from kafkatx.database.producer_outbox import ProducerOutbox
+
+    producer = _KafkaDownProducer()
+    outbox = ProducerOutbox(backend_for(f"sqlite:///{tmp_path / 'app.db'}"), producer, producer.client_config)
+    ran = []
+    with pytest.raises(KafkaClientError) as caught, outbox.unit():
+        ran.append("the block")
+    error = caught.value
+    assert isinstance(error, RetriableError) and not isinstance(error, TransactionAbortableError)
+    assert "cluster id" in str(error) and "_TRANSPORT" in str(error) and producer.transactional_id in str(error)
+    assert isinstance(error.__cause__, KafkaException)
+    assert ran == [] and producer.transactions == []

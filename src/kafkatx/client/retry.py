@@ -14,7 +14,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 from kafkatx.errors import CLASS_EXCEPTIONS, InvalidConfigurationError, KafkaClientError, KafkaTxError, RetriableError
 from kafkatx.errors.classification import (
     ABORT_OPERATION,
-    INIT_OPERATION,
+    BEFORE_TRANSACTION_OPERATIONS,
     ErrorClass,
     ErrorPath,
     classify,
@@ -57,7 +57,7 @@ def retry_call(
     When the retries run out, on the ``"transaction"`` path the error becomes
     :class:`TransactionAbortableError` (KIP-1050: re-sending inside a
     transaction could duplicate records, so abort instead); on other paths,
-    and for ``init_transactions`` (no transaction to abort yet), it is
+    and for ``init_transactions`` and the other calls of BEFORE_TRANSACTION_OPERATIONS (no transaction to abort yet), it is
     :class:`RetriableError`. Other Kafka errors raise their typed
     :class:`~kafkatx.errors.KafkaClientError` at once; for ``abort_transaction`` an abortable
     error is raised as :class:`ApplicationRecoverableError`. The kafkatx
@@ -162,7 +162,7 @@ def _exhausted(
         "Check broker availability and the transaction coordinator's logs; kafkatx retries a call for half "
         "the App's transaction_timeout_ms."
     )
-    if path == "transaction" and operation != INIT_OPERATION:
+    if path == "transaction" and operation not in BEFORE_TRANSACTION_OPERATIONS:
         if operation == ABORT_OPERATION:
             error_class = ErrorClass.APPLICATION_RECOVERABLE
             why = "An abort that cannot complete leaves the producer unusable."

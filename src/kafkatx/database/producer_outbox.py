@@ -13,6 +13,7 @@ after ``init_transactions`` has aborted whatever the dead process left open.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -24,10 +25,12 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartiti
 from confluent_kafka.admin import AdminClient
 
 from kafkatx.client.identity import LogIdentity, cluster_id_of
+from kafkatx.client.retry import retry_call
 from kafkatx.database._backend import Backend
 from kafkatx.database._store import Store, reset_statements
 from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, adopts, bind_db, log_mismatch
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.errors.classification import CLUSTER_ID_OPERATION
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
@@ -77,7 +80,18 @@ class ProducerOutbox:
         """One unit: the database transaction around the caller's Kafka transaction (which begins inside)."""
         backend, producer = self.backend, self.producer
         if self._cluster_id is None:  # asked once, before any database lock is taken
-            self._cluster_id = cluster_id_of(producer.ensure()) or ""
+            client = producer.ensure()
+            # Before the transaction begins: a broker that does not answer is retried, then a RetriableError
+            # (a kafkatx error naming the call), as for init_transactions; never confluent-kafka's raw exception.
+            self._cluster_id = (
+                retry_call(
+                    functools.partial(cluster_id_of, client),
+                    operation=CLUSTER_ID_OPERATION,
+                    timeout=producer.retry_timeout,
+                    where=producer.transactional_id,
+                )
+                or ""
+            )
         conn = backend.connect()
         try:
             if not self._tables_ready:

@@ -74,6 +74,8 @@ __all__ = [
     "kafka_error_of",
     "ABORT_OPERATION",
     "INIT_OPERATION",
+    "CLUSTER_ID_OPERATION",
+    "BEFORE_TRANSACTION_OPERATIONS",
 ]
 
 #: Where an error was raised. Only INVALID_TXN_STATE depends on it, and
@@ -83,6 +85,10 @@ ErrorPath = Literal["transaction", "produce"]
 #: Operation names :func:`retry_call` and :meth:`KafkaTxError.from_kafka` treat specially.
 ABORT_OPERATION: Final = "abort_transaction"
 INIT_OPERATION: Final = "init_transactions"
+#: The cluster id ``app.transaction(database=...)`` checks its stored positions against, asked before it begins.
+CLUSTER_ID_OPERATION: Final = "list_topics() (the cluster id database= checks its stored positions against)"
+#: Calls made before any transaction is open: retries that ran out leave nothing to abort (RetriableError).
+BEFORE_TRANSACTION_OPERATIONS: Final = frozenset({INIT_OPERATION, CLUSTER_ID_OPERATION})
 
 
 class ErrorClass(enum.Enum):
