@@ -282,3 +282,44 @@ def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
     tight = build_spec(lambda r: None, ["in"], {"consumer_config": {"max.poll.interval.ms": 6000}})
     assert budget(tight) == 2.0
     assert budget(build_spec(lambda r: None, ["in"], {"max_transaction_ms": 250})) == 0.25
+
+
+@pytest.mark.parametrize("gc_freeze", [True, False])
+def test_a_running_app_keeps_the_collector_off_its_start_up_objects_and_keeps_nothing_after_stop(
+    kafka: KafkaTestKit, gc_freeze: bool
+) -> None:
+    """A full collection walks every tracked object, and each consumed Message sets one off now and then: while
+    the App runs, what the process started with is frozen (gc.freeze); the App gives it back when it stops."""
+    import gc
+    import weakref
+
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [b"a", b"b"])
+    app = make_app(kafka, gc_freeze=gc_freeze)
+    app.listener(src, output=out)(lambda r: r.value)
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    cycle = Cycle()
+    alive = weakref.ref(cycle)
+    gc.unfreeze()
+    try:
+        with running(app):
+            wait_for(lambda: kafka.committed(app.group_id, src) == {0: 2}, 30)
+            assert (gc.get_freeze_count() > 0) is gc_freeze
+            del cycle
+            gc.collect()
+            assert (alive() is not None) is gc_freeze, "frozen objects are skipped by collections"
+        assert gc.get_freeze_count() == 0, "stopped: nothing left frozen"
+        gc.collect()
+        assert alive() is None, "a cycle dropped while the App ran is collected once it stopped"
+        assert sorted(r.value for r in kafka.read(out)) == [b"a", b"b"]
+    finally:
+        gc.unfreeze()
+
+
+def test_gc_freeze_takes_a_bool(kafka: KafkaTestKit) -> None:
+    with pytest.raises(InvalidConfigurationError, match="gc_freeze= takes True or False, got 'yes'"):
+        make_app(kafka, gc_freeze="yes")

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.heap import StartupFreeze
 from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
 from kafkatx.app.transactions import ProducerTransactions, Transaction
@@ -120,6 +121,7 @@ class App:
         health_addr: str = "127.0.0.1",
         not_ready_after: float = DEFAULT_NOT_READY_AFTER,
         tracing: bool | TracerProvider = False,
+        gc_freeze: bool = True,
     ) -> None:
         self.client_config = ClientConfig(
             name,
@@ -146,6 +148,11 @@ class App:
         #: OpenTelemetry tracing (docs/OBSERVABILITY.md): False, True (the global tracer provider) or a provider.
         self.tracing = tracing
         self._tracing: Tracing | None = None
+        if not isinstance(gc_freeze, bool):
+            raise InvalidConfigurationError(f"gc_freeze= takes True or False, got {gc_freeze!r}")
+        #: Keep the garbage collector off the objects the process started with while the App runs (app/heap.py).
+        self.gc_freeze = gc_freeze
+        self._heap = StartupFreeze()
         #: The health endpoint start() opened (``health_port``), if any.
         self.health_server: HealthServer | None = None
         self.topic_partitions = topic_partitions
@@ -356,6 +363,8 @@ class App:
 
                 self.health_server = serve_health(self, self.health_port, self.health_addr)
             self._running = True
+            if self.gc_freeze:
+                self._heap.hold()
             for c in self.containers:
                 c.start()
             self._stale_members = watch_for_stale_members(
@@ -434,6 +443,7 @@ class App:
         with self._lock:
             if all(not c.alive for c in self.containers):
                 self._running = False
+                self._heap.release()
                 self._stopped.set()
                 if wait:
                     self._run_shutdown_hooks()
