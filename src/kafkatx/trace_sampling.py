@@ -29,13 +29,23 @@ record goes through the SDK, as before.
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 import threading
 from collections.abc import Sequence
-from random import getrandbits
+from random import getrandbits, random
 from typing import Any
 
-__all__ = ["ALWAYS_SAMPLED", "TRACE_ID_LIMIT", "HeadSampler", "PinnedTraceIds", "head_sampler", "parse_traceparent"]
+__all__ = [
+    "ALWAYS_SAMPLED",
+    "TRACE_ID_LIMIT",
+    "HeadSampler",
+    "PinnedTraceIds",
+    "head_sampler",
+    "parse_traceparent",
+    "root_gap",
+]
 
 #: The bits of a trace id that ``TraceIdRatioBased`` compares with its bound (the low 64).
 TRACE_ID_LIMIT = (1 << 64) - 1
@@ -64,6 +74,23 @@ def parse_traceparent(value: Any) -> tuple[int, bool] | None:
     if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or span_id == "0" * 16:
         return None
     return int(trace_id, 16), bool(int(flags, 16) & 1)
+
+
+def root_gap(bound: int) -> int:
+    """How many root records the ratio of ``bound`` samples out before the next one it samples in.
+
+    A geometric draw: the same distribution as one draw per record against
+    the ratio, made once per sampled record instead (at 1%, a sampled-out
+    record then costs a countdown, not a random number). The sampled record's
+    trace id is drawn under the bound (:meth:`HeadSampler.pin_sampled`), so
+    the SDK's ``TraceIdRatioBased`` samples it too.
+    """
+    if bound <= 0:
+        return sys.maxsize  # a ratio of 0: never
+    rate = bound / (1 << 64)
+    if rate >= 1.0:
+        return 0
+    return min(sys.maxsize, int(math.log(1.0 - random()) / math.log1p(-rate)))
 
 
 class PinnedTraceIds:

@@ -39,7 +39,6 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -47,7 +46,7 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import Output, Record
-from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler
+from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler, root_gap
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -459,7 +458,8 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
     start, finish = spans.start, spans.finish
     carried = spans.sampled_out if spans.head is not None else None
-    bound, pin, failing = _root_shortcut(spans)
+    bound, pin_sampled, failing = _root_shortcut(spans)
+    skip = root_gap(bound) if bound is not None else 0  # root records sampled out before the next one sampled in
 
     def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
         """No span: the outputs only carry the trace (and its decision) on."""
@@ -477,12 +477,14 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
         return _traced_outputs(sink, trace) if sink else None
 
     def traced(record: Record) -> Any:
+        nonlocal skip
         if carried is not None:
-            if bound is not None and not failing and not record.headers:  # a root record: HeadSampler.carried inlined
-                low = getrandbits(64)
-                if low >= bound:
+            if bound is not None and not failing and not record.headers:  # a root record: decided by the ratio
+                if skip:
+                    skip -= 1
                     return handler(record)  # sampled out: tracing off for this record
-                pin((getrandbits(64) << 64) | low or 1)
+                skip = root_gap(bound)
+                pin_sampled()  # the SDK's span gets a trace id the ratio samples: its sampler agrees
             else:
                 trace = carried(record)
                 if trace is not None:  # sampled out: nothing to carry on is tracing off for this record
@@ -507,17 +509,18 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     return traced
 
 
-def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[int], None], Mapping[Any, Any]]:
+def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[], bool], Mapping[Any, Any]]:
     """What the record wrapper needs to decide a root record itself: the ratio's bound (None: it cannot, e.g.
-    every trace is sampled or the ids are not the SDK's random ones), the pin of a trace id, the failing records."""
+    every trace is sampled or the ids are not the SDK's random ones), the pin of a sampled trace id, the failing
+    records."""
     head = spans.head
     if head is None or head.bound >= ALWAYS_SAMPLED or not head.random_ids:
         return None, _no_pin, spans.attempts.records
-    return head.bound, head.ids.pin, spans.attempts.records
+    return head.bound, head.pin_sampled, spans.attempts.records
 
 
-def _no_pin(trace_id: int) -> None:
-    return None
+def _no_pin() -> bool:
+    return False
 
 
 def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -211,3 +212,18 @@ def test_a_record_with_a_traced_earlier_attempt_is_traced_whatever_the_draw() ->
     (span,) = exporter.get_finished_spans()
     assert [link.context.span_id for link in span.links] == [0x5678]
     assert span.attributes is not None and span.attributes["kafkatx.attempt"] == 2
+
+
+def test_the_gap_between_sampled_root_records_has_the_ratios_distribution() -> None:
+    """One geometric draw per sampled record instead of one draw per record: the same share sampled."""
+    from kafkatx.trace_sampling import root_gap
+
+    random.seed(11)
+    for rate in (0.5, 0.01):
+        bound = TraceIdRatioBased.get_bound_for_rate(rate)
+        gaps = [root_gap(bound) for _ in range(20_000)]
+        sampled_share = len(gaps) / (len(gaps) + sum(gaps))
+        assert abs(sampled_share - rate) < rate * 0.05, (rate, sampled_share)
+        assert min(gaps) == 0, "a record right after a sampled one can be sampled too"
+    assert root_gap(0) == sys.maxsize, "a ratio of 0 samples no root record"
+    assert root_gap(1 << 64) == 0
