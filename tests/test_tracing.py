@@ -257,3 +257,44 @@ def test_a_typed_listeners_model_output_and_undecodable_dead_letter_carry_the_tr
     (dead,) = kafka.read(dlt)
     assert dead.value == b"not json", "the dead letter holds the bytes as consumed"
     assert _trace_id(dead.headers) == TRACE_ID
+
+
+def test_each_records_span_is_made_by_the_time_its_transaction_committed_with_the_ids_its_outputs_carry(
+    kafka: KafkaTestKit,
+) -> None:
+    """The SDK spans of root records are made while their transaction commits (kafkatx.trace_deferred): by the
+    time a transaction has committed its records' spans are exported, with the ids their outputs carry, what the
+    handler set on its current span, and a transaction span linking them."""
+    from opentelemetry import trace
+
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    n = 300
+    kafka.produce(src, [b"v%d" % i for i in range(n)])
+    provider, exporter = _provider()
+    app = make_app(kafka, tracing=provider)
+
+    @app.listener(src, output=out, max_batch_records=50)
+    def handle(record: Record) -> bytes:
+        trace.get_current_span().set_attribute("app.offset", record.offset)
+        return record.value or b""
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
+        wait_for(lambda: len(_process_spans(exporter)) >= n, 10, message="every record's span, before the App stops")
+        spans = _process_spans(exporter)
+    outputs = kafka.read(out)
+    assert len(spans) == len(outputs) == n
+    carried = set()
+    for record in outputs:
+        (value,) = [v for k, v in record.headers or () if k == "traceparent"]
+        _, trace_id, span_id, _ = value.decode().split("-")
+        carried.add((int(trace_id, 16), int(span_id, 16)))
+    assert carried == {(s.context.trace_id, s.context.span_id) for s in spans}
+    assert all((s.attributes or {}).get("app.offset") == (s.attributes or {})["messaging.kafka.offset"] for s in spans)
+    linked = {
+        link.context.span_id
+        for s in exporter.get_finished_spans()
+        if s.name == "kafkatx transaction"
+        for link in s.links
+    }
+    assert linked == {s.context.span_id for s in spans}, "every record's span is linked from its transaction's"

@@ -107,8 +107,13 @@ class PinnedTraceIds:
     def pin(self, trace_id: int) -> None:
         self._next.trace_id = trace_id
 
+    def pin_span(self, span_id: int) -> None:
+        """The next span id of this thread (a deferred span is made with the id its record's outputs carry)."""
+        self._next.span_id = span_id
+
     def unpin(self) -> None:
         self._next.trace_id = 0
+        self._next.span_id = 0
 
     def generate_trace_id(self) -> int:
         trace_id: int = getattr(self._next, "trace_id", 0)
@@ -118,6 +123,10 @@ class PinnedTraceIds:
         return int(self.inner.generate_trace_id())
 
     def generate_span_id(self) -> int:
+        span_id: int = getattr(self._next, "span_id", 0)
+        if span_id:
+            self._next.span_id = 0
+            return span_id
         return int(self.inner.generate_span_id())
 
     def is_trace_id_random(self) -> bool:
@@ -189,8 +198,13 @@ class HeadSampler:
             return True
         if not bound:
             return False
-        self.ids.pin((getrandbits(64) << 64) | (getrandbits(64) % bound) or 1)
+        self.ids.pin(self.sampled_trace_id())
         return True
+
+    def sampled_trace_id(self) -> int:
+        """A random root trace id that the ratio samples (its low 64 bits under the bound); the bound is above 0."""
+        bound = self.bound
+        return (getrandbits(64) << 64) | (getrandbits(64) % bound if bound < _ALWAYS else getrandbits(64)) or 1
 
     def headers_of(self, span: Any, headers: Sequence[tuple[str, Any]] | None) -> list[tuple[str, bytes]]:
         """What the W3C propagators write for ``span``'s context with a record's baggage (without their overhead)."""

@@ -39,6 +39,7 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.context import bind_sink
@@ -51,6 +52,8 @@ from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler, ro
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanContext, Tracer, TracerProvider
+
+    from kafkatx.trace_deferred import DeferredSpans
 
 __all__ = [
     "TRACE_HEADERS",
@@ -249,8 +252,25 @@ class Tracing:
         self._groups[spec.name] = group_id
         spans = _RecordSpans(self.tracer, self.attempts, spec.name, group_id)
         # The container's name, as its events give it: its transactions link the spans of its records.
-        self._containers[spec.name if spec.concurrency == 1 else f"{spec.name}#{worker}"] = spans
+        self._containers[_container_name(spec, worker)] = spans
         return _traced_async(spec, spans) if spec.is_async else _traced(spec, spans)
+
+    def defer_spans(self, spec: TracedListener, worker: int = 0) -> Callable[[], None] | None:
+        """Make the SDK spans of the sampled root records of ``spec``'s container ``worker`` after their handler
+        ran (:mod:`kafkatx.trace_deferred`); returns what makes them, for the container to call while each
+        transaction commits. None when kafkatx does not decide the sampling itself (the SDK then decides, per
+        record, as before)."""
+        spans = self._containers.get(_container_name(spec, worker))
+        if spans is None:
+            return None
+        deferred = spans.defer()
+        return deferred.make if deferred is not None else None
+
+    def flush(self) -> None:
+        """Make the SDK spans of every record attempt still waiting for its transaction (the App stops)."""
+        for spans in list(self._containers.values()):
+            if spans.deferred is not None:
+                spans.deferred.make()
 
     def dead_letter_headers(self, group_id: str, record: Record) -> list[tuple[str, bytes]] | None:
         """The trace headers of ``record``'s last attempt (for its dead letter); None if this tracer has none."""
@@ -293,6 +313,8 @@ class Tracing:
     def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
         end = time.time_ns()
         spans = self._containers.get(event.listener)
+        if spans is not None and spans.deferred is not None:
+            spans.deferred.make()  # its records' spans first (most were made while it committed)
         recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
         head = spans.head if spans is not None else None
         if head is not None and head.bound < ALWAYS_SAMPLED and not (recent and head.pin_sampled()):
@@ -344,6 +366,61 @@ class _RecordSpans:
         #: The spans of the records handled since the container's last transaction ended, wherever they ran.
         self._recent: list[SpanContext] = []
         self._recent_lock = threading.Lock()
+        #: The sampled root records' attempts whose SDK spans are made later (see :meth:`defer`); None: at once.
+        self.deferred: DeferredSpans | None = None
+
+    def defer(self) -> DeferredSpans | None:
+        """From now on, a sampled root record's SDK span is made after its handler ran (kafkatx.trace_deferred).
+
+        Only where kafkatx samples root records itself (the record wrapper's shortcut: the SDK's samplers, W3C
+        propagation, random ids): their spans' ids are then known before the SDK makes them. None where not.
+        """
+        head = self.head
+        if head is None or not head.random_ids:
+            return None
+        if self.deferred is None:
+            from kafkatx.trace_deferred import DeferredSpans, Pins
+
+            ids = head.ids
+            self.deferred = DeferredSpans(self.tracer, Pins(ids.pin, ids.pin_span, ids.unpin), head.random_ids)
+        return self.deferred
+
+    def run_deferred(self, record: Record, call: Callable[[Record, _Sink], Any], serializer: Any) -> Any:
+        """Handle a sampled root record under a :class:`~kafkatx.trace_deferred.PendingSpan`; its SDK span is
+        made later. ``call(record, sink)`` runs the handler and collects its outputs into ``sink`` (it returns
+        an awaitable the handler returned, for the runner to refuse)."""
+        from kafkatx.trace_deferred import PendingSpan
+
+        deferred, head = self.deferred, self.head
+        assert deferred is not None and head is not None
+        pending = PendingSpan(deferred.context(head.sampled_trace_id(), getrandbits(64) or 1))
+        token = self._attach(self._in_context(pending, self._empty))
+        sink = _Sink(serializer)
+        error: BaseException | None = None
+        start = time.time_ns()
+        previous = bind_sink(sink)
+        try:
+            awaitable = call(record, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            end = time.time_ns()
+            self._detach(token)
+            context = pending.get_span_context()
+            if len(self._recent) < MAX_TRANSACTION_LINKS:
+                with self._recent_lock:
+                    self._recent.append(context)
+            key = (self.group_id, record.topic, record.partition, record.offset)
+            if error is not None:
+                self.attempts.failed(key, context)
+            elif self.attempts:
+                self.attempts.done(key)
+            deferred.add(pending, f"process {record.topic}", self.attributes(record), start, end, error)
+        if awaitable is not None:
+            return awaitable
+        return _traced_outputs(sink, head.headers_of(pending, None)) if sink else None
 
     def sampled_out(self, record: Record) -> list[tuple[str, Any]] | None:
         """None if the record gets a span; else the trace headers its outputs carry on (maybe none).
@@ -434,6 +511,11 @@ class _RecordSpans:
             span.end()
 
 
+def _container_name(spec: TracedListener, worker: int) -> str:
+    """A container's name as its events give it: ``<listener>#<worker>`` when the listener has several."""
+    return spec.name if spec.concurrency == 1 else f"{spec.name}#{worker}"
+
+
 def _always_traced(headers: Headers | None) -> None:
     """No sampling decision of kafkatx's own: the SDK decides (a sampler kafkatx does not know)."""
     return None
@@ -461,6 +543,14 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     bound, pin_sampled, failing = _root_shortcut(spans)
     skip = root_gap(bound) if bound is not None else 0  # root records sampled out before the next one sampled in
 
+    def collect(record: Record, sink: _Sink) -> Any:
+        """Run the handler; what it returns joins what it sent in ``sink``. An awaitable is returned (refused)."""
+        result = handler(record)
+        if isinstance(result, _AWAITABLES):
+            return result
+        collect_outputs(result, output, serializer, listener, sink)
+        return None
+
     def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
         """No span: the outputs only carry the trace (and its decision) on."""
         sink = _Sink(serializer)
@@ -484,6 +574,8 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
                     skip -= 1
                     return handler(record)  # sampled out: tracing off for this record
                 skip = root_gap(bound)
+                if spans.deferred is not None:  # its SDK span is made while its transaction commits
+                    return spans.run_deferred(record, collect, serializer)
                 pin_sampled()  # the SDK's span gets a trace id the ratio samples: its sampler agrees
             else:
                 trace = carried(record)
@@ -511,10 +603,9 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
 
 def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[], bool], Mapping[Any, Any]]:
     """What the record wrapper needs to decide a root record itself: the ratio's bound (None: it cannot, e.g.
-    every trace is sampled or the ids are not the SDK's random ones), the pin of a sampled trace id, the failing
-    records."""
+    the ids are not the SDK's random ones), the pin of a sampled trace id, the failing records."""
     head = spans.head
-    if head is None or head.bound >= ALWAYS_SAMPLED or not head.random_ids:
+    if head is None or not head.random_ids:
         return None, _no_pin, spans.attempts.records
     return head.bound, head.pin_sampled, spans.attempts.records
 

@@ -140,10 +140,12 @@ class FakeProducer(TransactionalProducer):
     def flush_offsets(self) -> None:
         pass
 
-    def commit(self, guard: Callable[[], None] | None = None) -> None:
+    def commit(self, guard: Callable[[], None] | None = None, meanwhile: Callable[[], None] | None = None) -> None:
         self._step("commit")
         if guard is not None:
             guard()
+        if meanwhile is not None:  # what the container does while the broker commits
+            meanwhile()
         self._current.outcome = "committed"
         self.in_transaction = False
 

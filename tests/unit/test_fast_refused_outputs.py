@@ -30,7 +30,7 @@ def refusal(code: int = KafkaError.MSG_SIZE_TOO_LARGE) -> OutputRefusedError:
 class RefusingProducer(FakeProducer):
     """Refuses, at commit, a transaction that produced ``TOO-BIG``."""
 
-    def commit(self, guard: Any = None) -> None:
+    def commit(self, guard: Any = None, meanwhile: Any = None) -> None:
         if any(value == BIG for _, value in self._current.produced):
             self.calls.append("commit")
             raise refusal()

@@ -379,7 +379,8 @@ class App:
         if self._tracing is None:
             self._tracing = Tracing(None if self.tracing is True else self.tracing)
             self._tracing.subscribe(self.events.subscribe)
-        return replace(spec, handler=self._tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker))
+        handler = self._tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
+        return replace(spec, handler=handler, while_committing=self._tracing.defer_spans(spec, worker))
 
     def pause(self, listener: str) -> None:
         """Hold every partition of ``listener`` (by name) until :meth:`resume`. Thread-safe.
@@ -443,6 +444,8 @@ class App:
         with self._lock:
             if all(not c.alive for c in self.containers):
                 self._running = False
+                if self._tracing is not None:
+                    self._tracing.flush()  # the spans of records whose transaction never ended
                 self._heap.release()
                 self._stopped.set()
                 if wait:

@@ -117,6 +117,9 @@ class ListenerSpec:
     decoding: TypedDecoding | None = None
     #: Handle the next batch while a transaction commits, holding its outputs (listener/overlap.py, docs/OVERLAP.md).
     overlap_commit: bool = False
+    #: Work the container does while each of its transactions commits, the thread being idle then (tracing makes
+    #: its deferred record spans: kafkatx.trace_deferred). Set by the App, not declared.
+    while_committing: Callable[[], None] | None = None
 
     @property
     def recoverer(self) -> Recoverer:

@@ -361,11 +361,15 @@ class TransactionUnit(DatabaseSteps):
                 raise HandlerFailure(0, exc, first) from None
         guard = self._c.membership_guard(membership) if membership is not None else None
         ahead = self.ahead
+        meanwhile = self.spec.while_committing  # e.g. tracing's deferred spans, made while the broker commits
         if ahead is None or database is not None:
-            self._producer.commit(guard=guard)
+            self._producer.commit(guard=guard, meanwhile=meanwhile)
         else:
+            handle_next = functools.partial(ahead.handle_next, self)
             try:
-                self._producer.commit(guard=guard, meanwhile=functools.partial(ahead.handle_next, self))
+                self._producer.commit(
+                    guard=guard, meanwhile=handle_next if meanwhile is None else _in_turn(meanwhile, handle_next)
+                )
             except BaseException:
                 ahead.drop()
                 raise
@@ -543,3 +547,13 @@ def commit_offsets(
             log.debug("listener %s: %s of %s skipped: %s", host.name, what, own, exc)
             committed = False
     return committed
+
+
+def _in_turn(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    """``first()`` then ``then()``: two pieces of work for the same commit's wait."""
+
+    def both() -> None:
+        first()
+        then()
+
+    return both

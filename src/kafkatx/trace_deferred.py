@@ -1,0 +1,170 @@
+"""The span of a sampled root record, made by the SDK after its handler ran: while its transaction commits.
+
+An SDK span costs the container thread tens of microseconds (ids, sampler,
+nine attributes checked one by one, the span processor): ``start_span``
+alone was measured at ~24 us per sampled record in a busy listener, most of
+what tracing at 1% costs. While the handler runs, the record needs only the
+span's *context*: as the current span (the parent of the handler's own
+spans) and in its outputs' ``traceparent``. So for a root record kafkatx has
+sampled itself (its trace id drawn under the ratio, :mod:`kafkatx.trace_sampling`),
+the handler runs under a :class:`PendingSpan`: a recording stand-in with the
+context the SDK span will have, which keeps what the handler does to the
+current span (attributes, events, exceptions, status, links, a new name).
+
+:class:`DeferredSpans` makes the SDK spans afterwards, with the same ids
+(:class:`~kafkatx.trace_sampling.PinnedTraceIds`), the attempt's start and
+end times, and what was kept replayed onto them. Its container calls
+:meth:`DeferredSpans.make` while a transaction commits (the thread waits on
+the broker then: ``ListenerSpec.while_committing``), and kafkatx again when
+a transaction's outcome is known and when the App stops, so that no span is
+left behind. The spans are exported as before, a few milliseconds later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from opentelemetry.trace import Span as _ApiSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+__all__ = ["DeferredSpans", "PendingSpan", "Pins"]
+
+#: What the handler did to its current span, replayed onto the SDK span: (method name, args, kwargs).
+_Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+class PendingSpan(_ApiSpan):
+    """The current span while a deferred record span's handler runs: its context now, its calls kept for later."""
+
+    __slots__ = ("_context", "calls")
+
+    def __init__(self, context: SpanContext) -> None:
+        self._context = context
+        self.calls: list[_Call] = []
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return True
+
+    def end(self, end_time: int | None = None) -> None:
+        """kafkatx ends the record's span when the handler returns; an earlier end is ignored."""
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.calls.append(("set_attributes", (dict(attributes),), {}))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.calls.append(("set_attribute", (key, value), {}))
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        self.calls.append(("add_event", (name, attributes, timestamp or time.time_ns()), {}))
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        self.calls.append(("add_link", (context, attributes), {}))
+
+    def update_name(self, name: str) -> None:
+        self.calls.append(("update_name", (name,), {}))
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self.calls.append(("set_status", (status, description), {}))
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
+    ) -> None:
+        self.calls.append(("record_exception", (exception, attributes, timestamp or time.time_ns(), escaped), {}))
+
+
+class _Attempt(NamedTuple):
+    """A handled record attempt whose SDK span is still to be made."""
+
+    pending: PendingSpan
+    name: str
+    attributes: dict[str, Any]
+    start: int
+    end: int
+    error: BaseException | None
+
+
+class Pins(NamedTuple):
+    """The id generator's pins (``PinnedTraceIds``): the next trace id and span id of this thread, and unpin."""
+
+    trace: Callable[[int], None]
+    span: Callable[[int], None]
+    unpin: Callable[[], None]
+
+
+class DeferredSpans:
+    """The record attempts of one container whose SDK spans are still to be made, and the making of them."""
+
+    def __init__(self, tracer: Any, pins: Pins, random_ids: bool) -> None:
+        self._tracer, self._pins = tracer, pins
+        self._attempts: deque[_Attempt] = deque()  # appended by whichever thread ran the handler
+        #: The flags the SDK gives a span it samples with a random root trace id (W3C level 2 "random" flag).
+        self.flags = TraceFlags(TraceFlags.SAMPLED | (getattr(TraceFlags, "RANDOM_TRACE_ID", 0) if random_ids else 0))
+        self.made = 0
+        self.disagreed = 0
+
+    def context(self, trace_id: int, span_id: int) -> SpanContext:
+        """The context the SDK span of a sampled root attempt will have."""
+        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=self.flags)
+
+    def add(
+        self,
+        pending: PendingSpan,
+        name: str,
+        attributes: dict[str, Any],
+        start: int,
+        end: int,
+        error: BaseException | None,
+    ) -> None:
+        self._attempts.append(_Attempt(pending, name, attributes, start, end, error))
+
+    def __len__(self) -> int:
+        return len(self._attempts)
+
+    def make(self) -> None:
+        """Make the SDK span of every attempt added so far (thread-safe; spans added meanwhile are made too)."""
+        attempts, tracer, pins = self._attempts, self._tracer, self._pins
+        empty: Any = None
+        while attempts:
+            try:
+                attempt = attempts.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            context = attempt.pending.get_span_context()
+            pins.trace(context.trace_id)
+            pins.span(context.span_id)
+            try:
+                if empty is None:
+                    from opentelemetry.context import Context
+
+                    empty = Context()
+                span = tracer.start_span(
+                    attempt.name,
+                    context=empty,
+                    kind=SpanKind.CONSUMER,
+                    attributes=attempt.attributes,
+                    start_time=attempt.start,
+                )
+            finally:
+                pins.unpin()
+            made = span.get_span_context()
+            if made.span_id != context.span_id or made.trace_id != context.trace_id:
+                self.disagreed += 1  # the SDK did not take the pinned ids (a tracer disabled since): nothing to export
+            _replay(span, attempt.pending.calls)
+            error = attempt.error
+            if error is not None:
+                span.record_exception(error, timestamp=attempt.end)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.end(end_time=attempt.end)
+            self.made += 1
+
+
+def _replay(span: Any, calls: Sequence[_Call]) -> None:
+    """What the handler did to its current span, done to the SDK span in the same order."""
+    for method, args, kwargs in calls:
+        getattr(span, method)(*args, **kwargs)
