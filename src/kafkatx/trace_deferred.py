@@ -22,15 +22,19 @@ left behind. The spans are exported as before, a few milliseconds later.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from opentelemetry.context import Context
 from opentelemetry.trace import Span as _ApiSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 __all__ = ["DeferredSpans", "PendingSpan", "Pins"]
+
+log = logging.getLogger("kafkatx.tracing")
 
 #: What the handler did to its current span, replayed onto the SDK span: (method name, args, kwargs).
 _Call = tuple[str, tuple[Any, ...], dict[str, Any]]
@@ -105,8 +109,12 @@ class DeferredSpans:
         self._attempts: deque[_Attempt] = deque()  # appended by whichever thread ran the handler
         #: The flags the SDK gives a span it samples with a random root trace id (W3C level 2 "random" flag).
         self.flags = TraceFlags(TraceFlags.SAMPLED | (getattr(TraceFlags, "RANDOM_TRACE_ID", 0) if random_ids else 0))
+        self._empty = Context()  # a root span: no parent, whatever is current where it is made
         self.made = 0
+        #: Spans the SDK made with other ids than the record's outputs carry (a tracer disabled since).
         self.disagreed = 0
+        #: Spans that could not be made (the SDK or an exporter raised): logged once.
+        self.dropped = 0
 
     def context(self, trace_id: int, span_id: int) -> SpanContext:
         """The context the SDK span of a sampled root attempt will have."""
@@ -127,41 +135,50 @@ class DeferredSpans:
         return len(self._attempts)
 
     def make(self) -> None:
-        """Make the SDK span of every attempt added so far (thread-safe; spans added meanwhile are made too)."""
-        attempts, tracer, pins = self._attempts, self._tracer, self._pins
-        empty: Any = None
+        """Make the SDK span of every attempt added so far (thread-safe; spans added meanwhile are made too).
+
+        Never raises: it runs while a transaction commits, and a span the SDK or an exporter failed to take must
+        not look like a failed commit. Such a span is logged and dropped, as the SDK drops what it cannot export.
+        """
+        attempts = self._attempts
         while attempts:
             try:
                 attempt = attempts.popleft()
             except IndexError:  # another thread took the last one
                 return
-            context = attempt.pending.get_span_context()
-            pins.trace(context.trace_id)
-            pins.span(context.span_id)
             try:
-                if empty is None:
-                    from opentelemetry.context import Context
+                self._make(attempt)
+            except Exception:  # noqa: BLE001 - see the docstring
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("the span of a traced record could not be made (logged once)", exc_info=True)
 
-                    empty = Context()
-                span = tracer.start_span(
-                    attempt.name,
-                    context=empty,
-                    kind=SpanKind.CONSUMER,
-                    attributes=attempt.attributes,
-                    start_time=attempt.start,
-                )
-            finally:
-                pins.unpin()
-            made = span.get_span_context()
-            if made.span_id != context.span_id or made.trace_id != context.trace_id:
-                self.disagreed += 1  # the SDK did not take the pinned ids (a tracer disabled since): nothing to export
-            _replay(span, attempt.pending.calls)
-            error = attempt.error
-            if error is not None:
-                span.record_exception(error, timestamp=attempt.end)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            span.end(end_time=attempt.end)
-            self.made += 1
+    def _make(self, attempt: _Attempt) -> None:
+        """One attempt's SDK span: with its ids pinned, its times, and what its handler did to it replayed."""
+        tracer, pins, empty = self._tracer, self._pins, self._empty
+        context = attempt.pending.get_span_context()
+        pins.trace(context.trace_id)
+        pins.span(context.span_id)
+        try:
+            span = tracer.start_span(
+                attempt.name,
+                context=empty,
+                kind=SpanKind.CONSUMER,
+                attributes=attempt.attributes,
+                start_time=attempt.start,
+            )
+        finally:
+            pins.unpin()
+        made = span.get_span_context()
+        if made.span_id != context.span_id or made.trace_id != context.trace_id:
+            self.disagreed += 1  # the SDK did not take the pinned ids (a tracer disabled since): nothing to export
+        _replay(span, attempt.pending.calls)
+        error = attempt.error
+        if error is not None:
+            span.record_exception(error, timestamp=attempt.end)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end(end_time=attempt.end)
+        self.made += 1
 
 
 def _replay(span: Any, calls: Sequence[_Call]) -> None:

@@ -25,6 +25,10 @@ With a sampler of the SDK's standard ones, kafkatx decides a record's
 sampling itself before any OpenTelemetry call (:mod:`kafkatx.trace_sampling`):
 a record sampled out costs next to nothing, which is what makes tracing
 affordable on a busy listener (``ParentBased(TraceIdRatioBased(0.01))``).
+The SDK span of a root record it sampled in is made while the record's
+transaction commits, when the container thread waits on the broker
+(:mod:`kafkatx.trace_deferred`); the handler runs under a stand-in with the
+span's context meanwhile.
 
 The span context is carried by ``contextvars`` (OpenTelemetry's context),
 never a thread-local: concurrent handlers (``in_flight > 1``, ``async def``)
@@ -408,19 +412,23 @@ class _RecordSpans:
             bind_sink(previous)
             end = time.time_ns()
             self._detach(token)
-            context = pending.get_span_context()
-            if len(self._recent) < MAX_TRANSACTION_LINKS:
-                with self._recent_lock:
-                    self._recent.append(context)
             key = (self.group_id, record.topic, record.partition, record.offset)
-            if error is not None:
-                self.attempts.failed(key, context)
-            elif self.attempts:
-                self.attempts.done(key)
+            self._attempt_ended(key, pending.get_span_context(), error)
             deferred.add(pending, f"process {record.topic}", self.attributes(record), start, end, error)
         if awaitable is not None:
             return awaitable
         return _traced_outputs(sink, head.headers_of(pending, None)) if sink else None
+
+    def _attempt_ended(self, key: tuple[str, str, int, int], span: SpanContext, error: BaseException | None) -> None:
+        """An attempt's span joins its transaction's links; a failure is linked from the record's next attempt,
+        a success ends the record's links."""
+        if len(self._recent) < MAX_TRANSACTION_LINKS:
+            with self._recent_lock:  # the container's thread, or one of its pool's, or its event loop's
+                self._recent.append(span)
+        if error is not None:
+            self.attempts.failed(key, span)
+        elif self.attempts:
+            self.attempts.done(key)
 
     def sampled_out(self, record: Record) -> list[tuple[str, Any]] | None:
         """None if the record gets a span; else the trace headers its outputs carry on (maybe none).
@@ -490,17 +498,12 @@ class _RecordSpans:
         error: BaseException | None,
     ) -> Any:
         """End the span; the handler's outputs with its trace (None if it has none, or failed)."""
-        if len(self._recent) < MAX_TRANSACTION_LINKS:
-            with self._recent_lock:  # the container's thread, or one of its pool's, or its event loop's
-                self._recent.append(span.get_span_context())
+        self._attempt_ended(key, span.get_span_context(), error)
         try:
             if error is not None:
                 span.record_exception(error)
                 span.set_status(self._status(self._error, f"{type(error).__name__}: {error}"))
-                self.attempts.failed(key, span.get_span_context())
                 return None
-            if self.attempts:
-                self.attempts.done(key)
             if not sink:
                 return None
             head = self.head  # the span's context, with the record's baggage

@@ -131,3 +131,21 @@ def test_records_sampled_out_or_with_a_parent_are_not_deferred() -> None:
     assert f"{span.context.trace_id:032x}" == parent.split("-")[1], "a record with a parent: made at once"
     make()
     assert len(exporter.get_finished_spans()) == 1
+
+
+def test_a_span_the_sdk_cannot_take_never_fails_the_commit_it_is_made_during(caplog: pytest.LogCaptureFixture) -> None:
+    """Spans are made while a transaction commits: an exporter that raises is logged, not raised."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Raising(SpanProcessor):
+        def on_end(self, span: Any) -> None:
+            raise RuntimeError("exporter down")
+
+    provider, exporter = _provider()
+    provider.add_span_processor(Raising())
+    _, traced, make, _ = _deferred(lambda r: r.value, made=(provider, exporter))
+    traced(Record("in", 0, 0, None, b"v"))
+    traced(Record("in", 0, 1, None, b"v"))
+    make()  # does not raise
+    assert len(exporter.get_finished_spans()) == 2, "the other processors still get every span"
+    assert caplog.text.count("could not be made") == 1

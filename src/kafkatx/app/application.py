@@ -90,7 +90,9 @@ class App:
     partitions back without a rebalance; without it a random id is used and
     crash recovery waits for ``transaction.timeout.ms``.
     ``rebalance="cooperative"`` uses incremental rebalancing (partitions that
-    do not move keep flowing during a rebalance).
+    do not move keep flowing during a rebalance). ``gc_freeze`` (on by
+    default) keeps Python's garbage collector off the objects the process
+    started with while the App runs (:mod:`kafkatx.app.heap`).
     """
 
     def __new__(cls, *args: Any, **options: Any) -> App:
