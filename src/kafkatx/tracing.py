@@ -41,8 +41,7 @@ import threading
 import time
 import types
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +50,16 @@ from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import Output, Record
+from kafkatx.trace_headers import (
+    TRACE_HEADERS,
+    HeaderGetter,
+    HeaderSetter,
+    carries_trace,
+    extract_context,
+    trace_headers,
+    with_trace,
+)
+from kafkatx.trace_links import AttemptLinks
 from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler, root_gap
 
 if TYPE_CHECKING:
@@ -74,9 +83,7 @@ __all__ = [
     "with_trace",
 ]
 
-#: The headers of W3C trace context and baggage: replaced, never duplicated, on an output that carries a trace.
-TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
-
+#: A record's headers: ``(name, value)`` pairs.
 Headers = Sequence[tuple[str, Any]]
 
 
@@ -102,104 +109,8 @@ def check_tracing_option(tracing: object) -> None:
     require_opentelemetry()
 
 
-class HeaderGetter:
-    """OpenTelemetry's ``Getter`` over Kafka headers: ``(name, bytes)`` pairs, the last value of a name wins."""
-
-    def get(self, carrier: Headers | None, key: str) -> list[str] | None:
-        if not carrier:
-            return None
-        for name, value in reversed(carrier):
-            if name == key and value is not None:
-                return [value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)]
-        return None
-
-    def keys(self, carrier: Headers | None) -> list[str]:
-        return [name for name, _ in carrier or ()]
-
-
-class HeaderSetter:
-    """OpenTelemetry's ``Setter`` into a list of Kafka headers, replacing an earlier value of the name."""
-
-    def set(self, carrier: list[tuple[str, bytes]], key: str, value: str) -> None:
-        carrier[:] = [(name, v) for name, v in carrier if name != key]
-        carrier.append((key, value.encode()))
-
-
 #: What a plain handler returns when it is an ``async def`` in disguise: handed on as it is, for the runner to refuse.
 _AWAITABLES = (types.CoroutineType, types.AsyncGeneratorType)
-
-_GETTER = HeaderGetter()
-_SETTER = HeaderSetter()
-
-
-def extract_context(headers: Headers | None) -> Context:
-    """The trace context (and baggage) a record's headers carry; an empty context when they carry none."""
-    from opentelemetry import propagate
-
-    return propagate.extract(headers or [], getter=_GETTER)  # type: ignore[arg-type]
-
-
-def trace_headers(context: Context | None = None) -> list[tuple[str, bytes]]:
-    """The W3C headers of ``context`` (the current one by default), ready for a Kafka record."""
-    from opentelemetry import propagate
-
-    carrier: list[tuple[str, bytes]] = []
-    propagate.inject(carrier, context=context, setter=_SETTER)  # type: ignore[arg-type]
-    return carrier
-
-
-def with_trace(headers: Iterable[tuple[str, Any]] | None, trace: list[tuple[str, bytes]]) -> list[tuple[str, Any]]:
-    """``headers`` without any earlier trace headers, plus ``trace``."""
-    kept = [(k, v) for k, v in headers or () if k not in TRACE_HEADERS]
-    return kept + trace
-
-
-class AttemptLinks:
-    """The span contexts of each failing record's earlier attempts, in order, so that its next attempt links to them.
-
-    Kept in memory, keyed by consumer group and record coordinates; a record's entry ends when it succeeds or is
-    recovered. At most ``max_records`` records are remembered (the oldest is dropped first), so records of
-    a revoked partition that never come back cannot grow it without bound.
-    """
-
-    def __init__(self, max_records: int = 10_000) -> None:
-        self._earlier: OrderedDict[tuple[str, str, int, int], list[SpanContext]] = OrderedDict()
-        #: The records with remembered attempts (read-only; its truth says whether any is failing, at C speed).
-        self.records: Mapping[tuple[str, str, int, int], list[SpanContext]] = self._earlier
-        self._lock = threading.Lock()
-        self.max_records = max_records
-
-    def earlier(self, key: tuple[str, str, int, int]) -> list[SpanContext]:
-        """The contexts of the record's earlier attempts, oldest first (a copy)."""
-        with self._lock:
-            return list(self._earlier.get(key, ()))
-
-    def failed(self, key: tuple[str, str, int, int], context: SpanContext) -> None:
-        """An attempt of the record failed: its span is linked from the record's next attempts."""
-        with self._lock:
-            contexts = self._earlier.pop(key, [])
-            contexts.append(context)
-            self._earlier[key] = contexts
-            while len(self._earlier) > self.max_records:
-                self._earlier.popitem(last=False)
-
-    def last(self, key: tuple[str, str, int, int]) -> SpanContext | None:
-        """The context of the record's last failed attempt, if any is remembered."""
-        with self._lock:
-            contexts = self._earlier.get(key)
-            return contexts[-1] if contexts else None
-
-    def holds(self, key: tuple[str, str, int, int]) -> bool:
-        """Whether an earlier attempt of the record is remembered (lock-free: a dict lookup)."""
-        return key in self._earlier
-
-    def done(self, key: tuple[str, str, int, int]) -> None:
-        """The record succeeded or was dead-lettered: nothing more links to its attempts."""
-        with self._lock:
-            self._earlier.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._earlier)
 
 
 class TracedListener(Protocol):
@@ -471,7 +382,7 @@ class _RecordSpans:
         key = (self.group_id, record.topic, record.partition, record.offset)
         headers = record.headers
         # Never the worker thread's own context: a record without a trace starts one.
-        parent = extract_context(headers) if headers and _carries_trace(headers) else self._empty
+        parent = extract_context(headers) if headers and carries_trace(headers) else self._empty
         attempts = self.attempts
         earlier = attempts.earlier(key) if attempts else None  # nothing is failing: no lock taken
         span = self.tracer.start_span(
@@ -522,13 +433,6 @@ def _container_name(spec: TracedListener, worker: int) -> str:
 def _always_traced(headers: Headers | None) -> None:
     """No sampling decision of kafkatx's own: the SDK decides (a sampler kafkatx does not know)."""
     return None
-
-
-def _carries_trace(headers: Headers) -> bool:
-    for name, _ in headers:
-        if name in TRACE_HEADERS:
-            return True
-    return False
 
 
 def _traced_outputs(sink: _Sink, trace: list[tuple[str, bytes]]) -> list[Output]:
