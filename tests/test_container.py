@@ -284,40 +284,60 @@ def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
     assert budget(build_spec(lambda r: None, ["in"], {"max_transaction_ms": 250})) == 0.25
 
 
+_FREEZE_PROBE = """
+import gc, json, sys, threading, weakref
+from kafkatx import App
+from kafkatx.events import TransactionCommitted
+from kafkatx.testing import running
+
+bootstrap, group, src, out, freeze = sys.argv[1:6]
+app = App(group, bootstrap_servers=bootstrap, instance_id="probe", gc_freeze=freeze == "True")
+app.listener(src, output=out)(lambda r: r.value)
+committed = threading.Event()
+app.on(TransactionCommitted)(lambda event: committed.set())
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+cycle = Cycle()
+alive = weakref.ref(cycle)
+with running(app):
+    assert committed.wait(30), "nothing committed"
+    frozen_while_running = gc.get_freeze_count()
+    del cycle
+    gc.collect()
+    kept_while_running = alive() is not None
+frozen_after = gc.get_freeze_count()
+gc.collect()
+print(json.dumps({"while": frozen_while_running, "kept": kept_while_running, "after": frozen_after,
+                  "collected": alive() is None}))
+"""
+
+
 @pytest.mark.parametrize("gc_freeze", [True, False])
 def test_a_running_app_keeps_the_collector_off_its_start_up_objects_and_keeps_nothing_after_stop(
     kafka: KafkaTestKit, gc_freeze: bool
 ) -> None:
     """A full collection walks every tracked object, and each consumed Message sets one off now and then: while
-    the App runs, what the process started with is frozen (gc.freeze); the App gives it back when it stops."""
-    import gc
-    import weakref
+    the App runs, what the process started with is frozen (gc.freeze); the App gives it back when it stops.
+    In a process of its own, as a service runs (this one's other tests may leave Apps running)."""
+    import json
+    import subprocess
+    import sys
 
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"a", b"b"])
-    app = make_app(kafka, gc_freeze=gc_freeze)
-    app.listener(src, output=out)(lambda r: r.value)
-
-    class Cycle:
-        def __init__(self) -> None:
-            self.me = self
-
-    cycle = Cycle()
-    alive = weakref.ref(cycle)
-    gc.unfreeze()
-    try:
-        with running(app):
-            wait_for(lambda: kafka.committed(app.group_id, src) == {0: 2}, 30)
-            assert (gc.get_freeze_count() > 0) is gc_freeze
-            del cycle
-            gc.collect()
-            assert (alive() is not None) is gc_freeze, "frozen objects are skipped by collections"
-        assert gc.get_freeze_count() == 0, "stopped: nothing left frozen"
-        gc.collect()
-        assert alive() is None, "a cycle dropped while the App ran is collected once it stopped"
-        assert sorted(r.value for r in kafka.read(out)) == [b"a", b"b"]
-    finally:
-        gc.unfreeze()
+    args = [kafka.bootstrap_servers, unique_name("freeze"), src, out, str(gc_freeze)]
+    probe = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert (seen["while"] > 0) is gc_freeze and seen["kept"] is gc_freeze, "frozen objects are skipped by collections"
+    assert seen["after"] == 0, "stopped: nothing left frozen"
+    assert seen["collected"], "a cycle dropped while the App ran is collected once it stopped"
+    assert sorted(r.value for r in kafka.read(out)) == [b"a", b"b"]
 
 
 def test_gc_freeze_takes_a_bool(kafka: KafkaTestKit) -> None:

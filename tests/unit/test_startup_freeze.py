@@ -1,5 +1,6 @@
 """While an App runs the garbage collector skips the start-up objects (gc.freeze); the last App to stop gives
-them back, and a process's own freeze is left alone (kafkatx.app.heap)."""
+them back, and a process's own freeze is left alone (kafkatx.app.heap). Each test counts its own holders, as
+another test's App may still hold the process's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kafkatx.app.heap import StartupFreeze
+from kafkatx.app.heap import FreezeHolders, StartupFreeze
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +28,7 @@ class _Cycle:
 def test_a_cycle_dropped_while_frozen_is_collected_once_the_freeze_is_released() -> None:
     cycle = _Cycle()
     alive = weakref.ref(cycle)
-    freeze = StartupFreeze()
+    freeze = StartupFreeze(FreezeHolders())
     assert freeze.hold() and gc.get_freeze_count() > 0
     del cycle
     gc.collect()
@@ -38,12 +39,20 @@ def test_a_cycle_dropped_while_frozen_is_collected_once_the_freeze_is_released()
     assert alive() is None, "nothing kept once the App stopped"
 
 
-def test_the_last_app_to_stop_unfreezes() -> None:
-    first, second = StartupFreeze(), StartupFreeze()
-    assert first.hold() and second.hold()
+def test_the_first_app_freezes_and_the_last_one_unfreezes() -> None:
+    holders = FreezeHolders()
+    first, second = StartupFreeze(holders), StartupFreeze(holders)
+    assert first.hold()
+    frozen = gc.get_freeze_count()
+    late = _Cycle()  # made while the first App runs: the second App's start does not freeze it
+    alive = weakref.ref(late)
+    assert second.hold() and gc.get_freeze_count() == frozen
+    del late
+    gc.collect()
+    assert alive() is None
     first.release()
     first.release()  # a second stop changes nothing
-    assert gc.get_freeze_count() > 0, "the second App still runs"
+    assert gc.get_freeze_count() == frozen, "the second App still runs"
     second.release()
     assert gc.get_freeze_count() == 0
 
@@ -51,7 +60,7 @@ def test_the_last_app_to_stop_unfreezes() -> None:
 def test_a_freeze_of_the_applications_own_is_left_alone() -> None:
     gc.freeze()
     own = gc.get_freeze_count()
-    freeze = StartupFreeze()
+    freeze = StartupFreeze(FreezeHolders())
     assert not freeze.hold()
     freeze.release()
     assert gc.get_freeze_count() == own, "not kafkatx's to unfreeze"

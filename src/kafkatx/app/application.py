@@ -425,6 +425,7 @@ class App:
         with self._lock:
             self._exited.add(id(container))
             if len(self._exited) >= len(self.containers):
+                self._heap.release()  # here too: an App whose containers failed may never be stopped
                 self._stopped.set()
 
     def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
