@@ -114,3 +114,50 @@ def test_a_producer_transaction_with_a_database_gets_a_kafkatx_error_when_the_cl
     assert "cluster id" in str(error) and "_TRANSPORT" in str(error) and producer.transactional_id in str(error)
     assert isinstance(error.__cause__, KafkaException)
     assert ran == [] and producer.transactions == []
+
+
+class _UnansweredAdmin:
+    """An AdminClient whose broker does not answer the committed-offsets lookup."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def list_consumer_group_offsets(self, groups: list[Any]) -> dict[str, Any]:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        future.set_exception(KafkaException(KafkaError(KafkaError._TRANSPORT, "Local: Broker transport failure")))
+        return {"group": future}
+
+
+class _AnsweringClient:
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return type("Metadata", (), {"cluster_id": "cluster-A"})()
+
+
+class _ClusterUpProducer(_KafkaDownProducer):
+    def ensure(self) -> Any:
+        return _AnsweringClient()
+
+
+def test_a_producer_transaction_with_a_database_gets_a_kafkatx_error_when_its_committed_sequence_does_not_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first ``app.transaction(database=...)`` of a producer reads the sequence Kafka last committed for it:
+    a broker that does not answer is retried, then a RetriableError naming the call (was the raw KafkaException)."""
+    from kafkatx import RetriableError
+    from kafkatx.database import producer_outbox
+    from kafkatx.database._backend import backend_for
+
+    monkeypatch.setattr(producer_outbox, "AdminClient", _UnansweredAdmin)
+    producer = _ClusterUpProducer()
+    outbox = producer_outbox.ProducerOutbox(
+        backend_for(f"sqlite:///{tmp_path / 'app.db'}"), producer, producer.client_config
+    )
+    ran = []
+    with pytest.raises(KafkaClientError) as caught, outbox.unit():
+        ran.append("the block")
+    error = caught.value
+    assert isinstance(error, RetriableError) and not isinstance(error, TransactionAbortableError)
+    assert "the sequence the outbox last committed" in str(error) and "_TRANSPORT" in str(error)
+    assert ran == [] and producer.transactions == []

@@ -13,6 +13,7 @@ after ``init_transactions`` has aborted whatever the dead process left open.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kafkatx.client.identity import LogIdentity, cluster_id_of
@@ -30,7 +31,7 @@ from kafkatx.database._backend import Backend
 from kafkatx.database._store import Store, reset_statements
 from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, adopts, bind_db, log_mismatch
 from kafkatx.errors import InvalidConfigurationError
-from kafkatx.errors.classification import CLUSTER_ID_OPERATION
+from kafkatx.errors.classification import CLUSTER_ID_OPERATION, OUTBOX_SEQUENCE_OPERATION
 from kafkatx.outputs import PendingOutput
 
 if TYPE_CHECKING:
@@ -69,10 +70,25 @@ class ProducerOutbox:
         return self._group_metadata
 
     def _kafka_sequence(self) -> int:
-        """The highest sequence committed in Kafka under this producer's marker group (-1: none)."""
+        """The highest sequence committed in Kafka under this producer's marker group (-1: none).
+
+        Asked before any transaction begins: a broker that does not answer is retried, then a RetriableError
+        naming the call, as for the cluster id.
+        """
+        return retry_call(
+            self._read_kafka_sequence,
+            operation=OUTBOX_SEQUENCE_OPERATION,
+            timeout=self.producer.retry_timeout,
+            where=self.producer.transactional_id,
+        )
+
+    def _read_kafka_sequence(self) -> int:
         admin = AdminClient(self._client_config)
         futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(self.marker_group)])
-        result = next(iter(futures.values())).result(30)
+        try:
+            result = next(iter(futures.values())).result(30)
+        except concurrent.futures.TimeoutError:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer within 30 s")) from None
         return max((tp.offset for tp in result.topic_partitions or () if tp.offset >= 0), default=-1)
 
     @contextmanager

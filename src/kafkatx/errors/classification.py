@@ -75,6 +75,7 @@ __all__ = [
     "ABORT_OPERATION",
     "INIT_OPERATION",
     "CLUSTER_ID_OPERATION",
+    "OUTBOX_SEQUENCE_OPERATION",
     "BEFORE_TRANSACTION_OPERATIONS",
 ]
 
@@ -87,8 +88,10 @@ ABORT_OPERATION: Final = "abort_transaction"
 INIT_OPERATION: Final = "init_transactions"
 #: The cluster id ``app.transaction(database=...)`` checks its stored positions against, asked before it begins.
 CLUSTER_ID_OPERATION: Final = "list_topics() (the cluster id database= checks its stored positions against)"
+#: The sequence an ``app.transaction(database=...)`` outbox last committed in Kafka, asked before it begins.
+OUTBOX_SEQUENCE_OPERATION: Final = "list_consumer_group_offsets() (the sequence the outbox last committed in Kafka)"
 #: Calls made before any transaction is open: retries that ran out leave nothing to abort (RetriableError).
-BEFORE_TRANSACTION_OPERATIONS: Final = frozenset({INIT_OPERATION, CLUSTER_ID_OPERATION})
+BEFORE_TRANSACTION_OPERATIONS: Final = frozenset({INIT_OPERATION, CLUSTER_ID_OPERATION, OUTBOX_SEQUENCE_OPERATION})
 
 
 class ErrorClass(enum.Enum):
