@@ -36,14 +36,12 @@ __all__ = ["DeferredSpans", "PendingSpan", "Pins"]
 
 log = logging.getLogger("kafkatx.tracing")
 
-#: What the handler did to its current span, replayed onto the SDK span: (method name, args, kwargs).
-_Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+#: What the handler did to its current span, replayed onto the SDK span: (method name, arguments).
+_Call = tuple[str, tuple[Any, ...]]
 
 
 class PendingSpan(_ApiSpan):
     """The current span while a deferred record span's handler runs: its context now, its calls kept for later."""
-
-    __slots__ = ("_context", "calls")
 
     def __init__(self, context: SpanContext) -> None:
         self._context = context
@@ -59,27 +57,27 @@ class PendingSpan(_ApiSpan):
         """kafkatx ends the record's span when the handler returns; an earlier end is ignored."""
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        self.calls.append(("set_attributes", (dict(attributes),), {}))
+        self.calls.append(("set_attributes", (dict(attributes),)))
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.calls.append(("set_attribute", (key, value), {}))
+        self.calls.append(("set_attribute", (key, value)))
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        self.calls.append(("add_event", (name, attributes, timestamp or time.time_ns()), {}))
+        self.calls.append(("add_event", (name, attributes, timestamp or time.time_ns())))
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
-        self.calls.append(("add_link", (context, attributes), {}))
+        self.calls.append(("add_link", (context, attributes)))
 
     def update_name(self, name: str) -> None:
-        self.calls.append(("update_name", (name,), {}))
+        self.calls.append(("update_name", (name,)))
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self.calls.append(("set_status", (status, description), {}))
+        self.calls.append(("set_status", (status, description)))
 
     def record_exception(
         self, exception: BaseException, attributes: Any = None, timestamp: int | None = None, escaped: bool = False
     ) -> None:
-        self.calls.append(("record_exception", (exception, attributes, timestamp or time.time_ns(), escaped), {}))
+        self.calls.append(("record_exception", (exception, attributes, timestamp or time.time_ns(), escaped)))
 
 
 class _Attempt(NamedTuple):
@@ -110,9 +108,6 @@ class DeferredSpans:
         #: The flags the SDK gives a span it samples with a random root trace id (W3C level 2 "random" flag).
         self.flags = TraceFlags(TraceFlags.SAMPLED | (getattr(TraceFlags, "RANDOM_TRACE_ID", 0) if random_ids else 0))
         self._empty = Context()  # a root span: no parent, whatever is current where it is made
-        self.made = 0
-        #: Spans the SDK made with other ids than the record's outputs carry (a tracer disabled since).
-        self.disagreed = 0
         #: Spans that could not be made (the SDK or an exporter raised): logged once.
         self.dropped = 0
 
@@ -169,19 +164,15 @@ class DeferredSpans:
             )
         finally:
             pins.unpin()
-        made = span.get_span_context()
-        if made.span_id != context.span_id or made.trace_id != context.trace_id:
-            self.disagreed += 1  # the SDK did not take the pinned ids (a tracer disabled since): nothing to export
         _replay(span, attempt.pending.calls)
         error = attempt.error
         if error is not None:
             span.record_exception(error, timestamp=attempt.end)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end(end_time=attempt.end)
-        self.made += 1
 
 
 def _replay(span: Any, calls: Sequence[_Call]) -> None:
     """What the handler did to its current span, done to the SDK span in the same order."""
-    for method, args, kwargs in calls:
-        getattr(span, method)(*args, **kwargs)
+    for method, args in calls:
+        getattr(span, method)(*args)

@@ -25,6 +25,7 @@ __all__ = [
 #: The headers of W3C trace context and baggage: replaced, never duplicated, on an output that carries a trace.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
 
+#: A record's headers: ``(name, value)`` pairs.
 Headers = Sequence[tuple[str, Any]]
 
 

@@ -41,7 +41,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,6 +53,7 @@ from kafkatx.record import Output, Record
 from kafkatx.trace_headers import (
     TRACE_HEADERS,
     HeaderGetter,
+    Headers,
     HeaderSetter,
     carries_trace,
     extract_context,
@@ -82,9 +83,6 @@ __all__ = [
     "trace_headers",
     "with_trace",
 ]
-
-#: A record's headers: ``(name, value)`` pairs.
-Headers = Sequence[tuple[str, Any]]
 
 
 def require_opentelemetry() -> None:
