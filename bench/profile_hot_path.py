@@ -88,15 +88,17 @@ def kafkatx_round(
     scenario: str = "batch",
     dlt: str | None = None,
     shape: str = "bytes",
+    tracing: float | None = None,
 ) -> tuple[float, float]:
-    from workers import Tracker, kafkatx_handler
+    from workers import Tracker, kafkatx_handler, tracer_provider
 
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
     from kafkatx.listener.container import ListenerContainer
 
     g = f"prof-ktx-{uuid.uuid4().hex[:6]}"
-    app = App(g, bootstrap_servers=bs, instance_id="prof")
+    provider = tracer_provider(tracing) if tracing is not None else None
+    app = App(g, bootstrap_servers=bs, instance_id="prof", tracing=provider or False)
     state: dict[str, Any] = {"cpu0": None, "t0": 0.0, "cpu1": 0.0, "t1": 0.0, "done": 0}
     finished = threading.Event()
     options: dict[str, Any] = {"fencing": "group", "max_batch_records": 1000}
@@ -150,6 +152,8 @@ def kafkatx_round(
         if not finished.wait(300):
             raise SystemExit("kafkatx round timed out")
         app.stop()
+        if provider is not None:
+            provider.shutdown()
     finally:
         ListenerContainer._poll_and_process = original  # type: ignore[method-assign]
     return state["cpu1"] - state["cpu0"], state["t1"] - state["t0"]
@@ -172,6 +176,12 @@ def main() -> None:
         help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
         "path, or 1%% poison with retry='in_place'",
     )
+    ap.add_argument(
+        "--tracing",
+        type=float,
+        default=None,
+        help="trace this share of records (0.01: 1%%) with the SDK, spans dropped",
+    )
     args = ap.parse_args()
 
     import kafkatx
@@ -192,7 +202,7 @@ def main() -> None:
                 if name == "raw":
                     results[name].append(raw_round(bs, src, out, n, args.shape))
                 else:
-                    results[name].append(kafkatx_round(bs, src, out, n, shape=args.shape))
+                    results[name].append(kafkatx_round(bs, src, out, n, shape=args.shape, tracing=args.tracing))
                 delete_topics(bs, [out])
         med = {}
         if results["raw"]:
@@ -213,7 +223,7 @@ def main() -> None:
         out = create_topic(bs, "prof-out-cprofile", args.partitions)
         dlt = create_topic(bs, "prof-dlt", args.partitions) if args.scenario in ("rollback", "inplace") else None
         wait_for_quiet_broker(broker)
-        cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt, args.shape)
+        cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt, args.shape, args.tracing)
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime")
         print(

@@ -17,7 +17,9 @@ end times, and what was kept replayed onto them. Its container calls
 :meth:`DeferredSpans.make` while a transaction commits (the thread waits on
 the broker then: ``ListenerSpec.while_committing``), and kafkatx again when
 a transaction's outcome is known and when the App stops, so that no span is
-left behind. The spans are exported as before, a few milliseconds later.
+left behind. The spans are exported as before, a few milliseconds later. A span
+with nothing to replay goes straight to the span processors where that is all
+the SDK would do (:mod:`kafkatx.trace_direct`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any, NamedTuple
 from opentelemetry.context import Context
 from opentelemetry.trace import Span as _ApiSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from kafkatx.trace_direct import DirectRecorder, direct_recorder
 
 __all__ = ["DeferredSpans", "PendingSpan", "Pins"]
 
@@ -110,6 +114,10 @@ class DeferredSpans:
         self._empty = Context()  # a root span: no parent, whatever is current where it is made
         #: Spans that could not be made (the SDK or an exporter raised): logged once.
         self.dropped = 0
+        #: Records a span with nothing to replay straight to the span processors (kafkatx.trace_direct); None:
+        #: not known yet (decided at the first span the SDK makes), or the SDK's own ``start_span`` is needed.
+        self._direct: DirectRecorder | None = None
+        self._direct_checked = False
 
     def context(self, trace_id: int, span_id: int) -> SpanContext:
         """The context the SDK span of a sampled root attempt will have."""
@@ -125,6 +133,11 @@ class DeferredSpans:
         error: BaseException | None,
     ) -> None:
         self._attempts.append(_Attempt(pending, name, attributes, start, end, error))
+
+    @property
+    def records_directly(self) -> bool:
+        """Whether a span with nothing to replay skips ``start_span`` (:mod:`kafkatx.trace_direct`)."""
+        return self._direct is not None
 
     def __len__(self) -> int:
         return len(self._attempts)
@@ -152,6 +165,9 @@ class DeferredSpans:
         """One attempt's SDK span: with its ids pinned, its times, and what its handler did to it replayed."""
         tracer, pins, empty = self._tracer, self._pins, self._empty
         context = attempt.pending.get_span_context()
+        if self._direct is not None and not attempt.pending.calls and attempt.error is None:
+            self._direct(attempt.name, context, attempt.attributes, attempt.start, attempt.end)
+            return
         pins.trace(context.trace_id)
         pins.span(context.span_id)
         try:
@@ -170,6 +186,9 @@ class DeferredSpans:
             span.record_exception(error, timestamp=attempt.end)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end(end_time=attempt.end)
+        if not self._direct_checked:
+            self._direct_checked = True
+            self._direct = direct_recorder(tracer, span)
 
 
 def _replay(span: Any, calls: Sequence[_Call]) -> None:

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanContext, Tracer, TracerProvider
 
-    from kafkatx.trace_deferred import DeferredSpans
+    from kafkatx.trace_deferred import DeferredSpans, PendingSpan
 
 __all__ = [
     "TRACE_HEADERS",
@@ -281,6 +281,7 @@ class _RecordSpans:
         self._recent_lock = threading.Lock()
         #: The sampled root records' attempts whose SDK spans are made later (see :meth:`defer`); None: at once.
         self.deferred: DeferredSpans | None = None
+        self._pending_span: type[PendingSpan] | None = None
 
     def defer(self) -> DeferredSpans | None:
         """From now on, a sampled root record's SDK span is made after its handler ran (kafkatx.trace_deferred).
@@ -292,28 +293,28 @@ class _RecordSpans:
         if head is None or not head.random_ids:
             return None
         if self.deferred is None:
-            from kafkatx.trace_deferred import DeferredSpans, Pins
+            from kafkatx.trace_deferred import DeferredSpans, PendingSpan, Pins
 
+            self._pending_span = PendingSpan
             ids = head.ids
             self.deferred = DeferredSpans(self.tracer, Pins(ids.pin, ids.pin_span, ids.unpin), head.random_ids)
         return self.deferred
 
     def run_deferred(self, record: Record, call: Callable[[Record, _Sink], Any], serializer: Any) -> Any:
         """Handle a sampled root record under a :class:`~kafkatx.trace_deferred.PendingSpan`; its SDK span is
-        made later. ``call(record, sink)`` runs the handler and collects its outputs into ``sink`` (it returns
-        an awaitable the handler returned, for the runner to refuse)."""
-        from kafkatx.trace_deferred import PendingSpan
-
-        deferred, head = self.deferred, self.head
-        assert deferred is not None and head is not None
-        pending = PendingSpan(deferred.context(head.sampled_trace_id(), getrandbits(64) or 1))
+        made later. ``call(record, sink)`` runs the handler and collects its outputs into ``sink``; it returns
+        None, or the handler's result when that is one value for the listener's output (bytes), or an
+        awaitable the handler returned (for the runner to refuse)."""
+        deferred, head, pending_span = self.deferred, self.head, self._pending_span
+        assert deferred is not None and head is not None and pending_span is not None
+        pending = pending_span(deferred.context(head.sampled_trace_id(), getrandbits(64) or 1))
         token = self._attach(self._in_context(pending, self._empty))
         sink = _Sink(serializer)
         error: BaseException | None = None
         start = time.time_ns()
         previous = bind_sink(sink)
         try:
-            awaitable = call(record, sink)
+            result = call(record, sink)
         except BaseException as exc:
             error = exc
             raise
@@ -324,9 +325,11 @@ class _RecordSpans:
             key = (self.group_id, record.topic, record.partition, record.offset)
             self._attempt_ended(key, pending.get_span_context(), error)
             deferred.add(pending, f"process {record.topic}", self.attributes(record), start, end, error)
-        if awaitable is not None:
-            return awaitable
-        return _traced_outputs(sink, head.headers_of(pending, None)) if sink else None
+        if result is None:
+            return _traced_outputs(sink, head.headers_of(pending, None)) if sink else None
+        if type(result) is bytes:  # the common case: one value, encoded once, with the trace
+            return Output(result, None, None, head.headers_of(pending, None))
+        return result
 
     def _attempt_ended(self, key: tuple[str, str, int, int], span: SpanContext, error: BaseException | None) -> None:
         """An attempt's span joins its transaction's links; a failure is linked from the record's next attempt,
@@ -449,8 +452,11 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     skip = root_gap(bound) if bound is not None else 0  # root records sampled out before the next one sampled in
 
     def collect(record: Record, sink: _Sink) -> Any:
-        """Run the handler; what it returns joins what it sent in ``sink``. An awaitable is returned (refused)."""
+        """Run the handler; what it returns joins what it sent in ``sink``. Returned instead: one value for the
+        listener's output (bytes, the common case, encoded once), or an awaitable (refused by the runner)."""
         result = handler(record)
+        if type(result) is bytes and output is not None and not sink:
+            return result
         if isinstance(result, _AWAITABLES):
             return result
         collect_outputs(result, output, serializer, listener, sink)
@@ -472,12 +478,17 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
         return _traced_outputs(sink, trace) if sink else None
 
     def traced(record: Record) -> Any:
+        """The record wrapper: its first test is all a root record the ratio samples out costs (most records)."""
+        nonlocal skip
+        if skip and not record.headers and not failing:
+            skip -= 1
+            return handler(record)  # sampled out: tracing off for this record
+        return decided(record)
+
+    def decided(record: Record) -> Any:
         nonlocal skip
         if carried is not None:
-            if bound is not None and not failing and not record.headers:  # a root record: decided by the ratio
-                if skip:
-                    skip -= 1
-                    return handler(record)  # sampled out: tracing off for this record
+            if bound is not None and not failing and not record.headers:  # a root record the ratio samples in
                 skip = root_gap(bound)
                 if spans.deferred is not None:  # its SDK span is made while its transaction commits
                     return spans.run_deferred(record, collect, serializer)
