@@ -287,3 +287,37 @@ def test_keys_and_values_confluent_kafka_does_not_take_as_they_are_are_encoded_b
     ]
     assert [(r.key, r.value) for r in kafka.read(other)] == [(b"k", b'{"n": 3}')]
     assert [r.headers for r in kafka.read(out)][-1] == [("h", b"x")]
+
+
+@pytest.mark.parametrize("shape", ["pair", "output"])
+def test_a_committed_transaction_leaves_no_garbage_for_the_collector(kafka: KafkaTestKit, shape: str) -> None:
+    """A transaction's unit and records are freed when it ends, whatever its handler returns: held in a reference
+    cycle (emit functions referring back to their owner) they waited for the garbage collector, a full batch of
+    Messages at a time, and a busy listener paid for the collections."""
+    import gc
+
+    from kafkatx.events import TransactionCommitted
+
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [(b"k", b"v%d" % i) for i in range(20)])
+    app = make_app(kafka)
+    committed: list[int] = []
+    app.events.subscribe(TransactionCommitted, lambda event: committed.append(event.records))
+
+    @app.listener(src, output=out, fencing="group")
+    def handler(record: Record) -> object:
+        return (record.key, record.value) if shape == "pair" else Output(record.value or b"", key=record.key)
+
+    gc.collect()
+    gc.disable()
+    try:
+        with running(app):
+            wait_for(lambda: sum(committed) == 20, message="20 records committed")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage if type(o).__name__ in ("TransactionUnit", "ResultEmitters")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == [], "a transaction's unit was left for the garbage collector"

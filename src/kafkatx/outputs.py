@@ -406,6 +406,13 @@ class ResultEmitters:
         self.by_type[cls] = emit
         return emit
 
+    def close(self) -> None:
+        """The transaction is over: drop the emit functions, which refer back to this object (its ``direct`` and
+        fall-back). Left to the garbage collector, that cycle would hold the transaction's unit and every
+        consumed Message of it until the next full enough collection."""
+        self.by_type.clear()
+        self.directs.clear()
+
     def _buffer_encoded(self, item: Any) -> int:
         """The shapes' fall-back: encode ``item`` into the buffer (or fail with an OutputError naming the problem)."""
         self.pending.append(to_pending(item, self._default_topic, self._serializer, self._listener))

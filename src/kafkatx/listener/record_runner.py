@@ -275,6 +275,7 @@ class RecordRunner:
             unit.send_offsets(offsets)
         finally:
             buf.stream = None
+            emitters.close()
             bind_sink(previous)
 
     def _emitters(self, unit: TransactionUnit, in_place: bool) -> ResultEmitters:
