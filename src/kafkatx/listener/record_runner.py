@@ -203,9 +203,8 @@ class RecordRunner:
         the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
         then produce what it buffered; while some record is failing, a success
         on the first call ends the record's count, commit or not (FailureTracker).
-        With ``retry="rollback"`` a failing handler aborts the whole
-        transaction, so ``send()`` and a generator's items are produced as they
-        come; with ``retry="in_place"`` they wait in the buffer until the handler returned.
+        ``send()`` and a generator's items are produced as they come (a failure aborts the whole transaction),
+        or with ``retry="in_place"`` wait in the buffer until the handler returned.
         """
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
