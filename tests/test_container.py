@@ -210,6 +210,49 @@ def test_producer_initiated_transaction_commits_or_aborts(kafka: KafkaTestKit) -
     assert kafka.values(out) == [b"one", b"two"]
 
 
+def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka: KafkaTestKit) -> None:
+    """Each thread's ``app.transaction()`` producer keeps a librdkafka handle and a helper thread: the App's stop
+    closes them (one in a transaction when it ends), and a later transaction opens its thread's producer again."""
+    out = kafka.topic()
+    app = make_app(kafka)
+
+    ours = "kafkatx-call-" + app.client_config.producer_transactional_id(0).removesuffix("0")
+
+    def helpers() -> set[str]:
+        return {t.name for t in threading.enumerate() if t.name.startswith(ours)}
+
+    def one(value: bytes) -> None:
+        with app.transaction() as tx:
+            tx.send(out, value)
+
+    threads = [threading.Thread(target=one, args=(b"t%d" % i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(helpers()) == 3, helpers()
+    entered, release = threading.Event(), threading.Event()
+
+    def open_while_stopping() -> None:
+        with app.transaction() as tx:
+            tx.send(out, b"during stop")
+            entered.set()
+            release.wait(10)
+
+    busy = threading.Thread(target=open_while_stopping)
+    busy.start()
+    assert entered.wait(10)
+    app.stop()
+    wait_for(lambda: len(helpers()) == 1, message="the idle producers closed at stop")
+    release.set()
+    busy.join()
+    wait_for(lambda: not helpers(), message="the producer in a transaction closed when it ended")
+    one(b"after")  # this thread's producer opens again
+    assert sorted(kafka.values(out)) == [b"after", b"during stop", b"t0", b"t1", b"t2"]
+    app.stop()
+    wait_for(lambda: not helpers(), message="closed again")
+
+
 def test_bootstrap_servers_from_environment(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch) -> None:
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"x"])

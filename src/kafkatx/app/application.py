@@ -430,7 +430,8 @@ class App:
 
     def stop(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stop all containers. Thread-safe. Each finishes (or aborts) its open
-        transaction and closes its clients; nothing half-done is committed."""
+        transaction and closes its clients; nothing half-done is committed.
+        The producers of :meth:`transaction` are closed too."""
         if self._stale_members is not None:
             self._stale_members.stop()
         for c in list(self.containers):
@@ -444,6 +445,7 @@ class App:
                         c.name,
                         f": blocked in {c.blocked_in()}" if c.blocked_in() else "",
                     )
+        self._transactions.close()  # app.transaction()'s producers
         with self._lock:
             if all(not c.alive for c in self.containers):
                 self._running = False
@@ -539,6 +541,10 @@ class App:
         ``app.transaction(database=...)`` of the same instance id (and
         thread order), which produces the stored records first
         (docs/DATABASE.md).
+
+        Each thread gets a transactional producer of its own, kept for its
+        next transactions; :meth:`stop` closes them (one in a transaction
+        when it ends), and a later transaction opens its thread's again.
         """
         return self._transactions.transaction(database=database)
 

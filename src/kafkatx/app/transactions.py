@@ -32,11 +32,35 @@ class ProducerTransactions:
         self._local = threading.local()
         self._backends: dict[object, Backend] = {}  # transaction(database=...): one per database given
         self._counter = 0
+        #: Every thread's producer (each keeps a helper thread and a librdkafka handle until closed).
+        self._producers: list[TransactionalProducer] = []
+        #: Bumped by :meth:`close`: a transaction under way then closes its producer when it ends.
+        self._closings = 0
+
+    def close(self) -> None:
+        """Close every thread's producer (the App stops); a producer in a transaction is closed when it ends.
+
+        A thread's next ``app.transaction()`` opens its producer again (same transactional id).
+        """
+        with self._lock:
+            self._closings += 1
+            producers = list(self._producers)
+        for producer in producers:
+            if not producer.in_transaction:
+                producer.close()
 
     @contextmanager
     def transaction(self, *, database: Any = None) -> Iterator[Transaction]:
         """The transaction behind :meth:`kafkatx.App.transaction` (documented there)."""
+        closings = self._closings
         producer = self._thread_producer()
+        try:
+            yield from self._in_transaction(producer, database)
+        finally:
+            if closings != self._closings:  # the App stopped meanwhile
+                producer.close()
+
+    def _in_transaction(self, producer: TransactionalProducer, database: Any) -> Iterator[Transaction]:
         outbox = self._producer_outbox(database, producer) if database is not None else None
         tx = Transaction(producer)
         with outbox.unit() if outbox is not None else _begun(producer):
@@ -85,6 +109,8 @@ class ProducerTransactions:
                 self._client.producer_config(None, txn_id), txn_id, retry_timeout=self._client.transaction_retry_timeout
             )
             self._local.producer = producer
+            with self._lock:
+                self._producers.append(producer)
         return producer
 
 
