@@ -383,6 +383,40 @@ def test_a_running_app_keeps_the_collector_off_its_start_up_objects_and_keeps_no
     assert sorted(r.value for r in kafka.read(out)) == [b"a", b"b"]
 
 
+_FAILED_APP_PROBE = """
+import gc, json, sys
+from kafkatx import App
+
+bootstrap, group, src = sys.argv[1:4]
+app = App(group, bootstrap_servers=bootstrap, instance_id="probe")
+
+async def later(record):
+    return None
+
+app.listener(src)(lambda record: later(record))  # a coroutine from a plain handler: the container stops
+app.start()
+assert app.wait(60), "the container did not stop"
+print(json.dumps({"failure": type(app.failure).__name__, "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_an_app_whose_containers_failed_gives_the_freeze_back_without_being_stopped(kafka: KafkaTestKit) -> None:
+    """A service whose listener failed may never call stop(); its App still gives back what it froze."""
+    import json
+    import subprocess
+    import sys
+
+    src = kafka.topic()
+    kafka.produce(src, [b"a"])
+    args = [kafka.bootstrap_servers, unique_name("failed-freeze"), src]
+    probe = subprocess.run(
+        [sys.executable, "-c", _FAILED_APP_PROBE, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seen == {"failure": "NotAwaitedError", "frozen": 0}
+
+
 def test_gc_freeze_takes_a_bool(kafka: KafkaTestKit) -> None:
     with pytest.raises(InvalidConfigurationError, match="gc_freeze= takes True or False, got 'yes'"):
         make_app(kafka, gc_freeze="yes")
