@@ -298,3 +298,54 @@ def test_each_records_span_is_made_by_the_time_its_transaction_committed_with_th
         for link in s.links
     }
     assert linked == {s.context.span_id for s in spans}, "every record's span is linked from its transaction's"
+
+
+def test_at_a_ratio_the_sampled_roots_and_every_sampled_parent_are_traced_and_nothing_else(kafka: KafkaTestKit) -> None:
+    """At a ratio the record runner runs most root records with the untraced handler itself (a countdown it takes
+    from tracing); a record whose parent is sampled is traced wherever it falls in that countdown, one whose parent
+    is not is passed on untraced, and a sampled root's outputs carry the span exported for it."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    not_sampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    n = 800
+    records: list[dict[str, Any]] = []
+    for i in range(n):
+        parent = TRACEPARENT if i % 10 == 3 else not_sampled if i % 10 == 7 else None
+        records.append({"value": b"%d" % i, "headers": [("traceparent", parent)] if parent else None})
+    kafka.produce(src, records)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.25)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = make_app(kafka, tracing=provider)
+    recording: dict[bytes, bool] = {}
+
+    @app.listener(src, output=out, max_batch_records=100)
+    def handle(record: Record) -> bytes:
+        recording[record.value or b""] = trace.get_current_span().is_recording()
+        return record.value or b""
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="all committed")
+    spans = _process_spans(exporter)
+    outputs = {int(r.value or b""): r for r in kafka.read(out)}
+    assert len(outputs) == len(recording) == n
+    traced = {i for i in range(n) if recording[b"%d" % i]}
+    with_parent = {i for i in range(n) if i % 10 == 3}
+    roots = {i for i in traced if i % 10 not in (3, 7)}
+    assert with_parent <= traced and not any(i % 10 == 7 for i in traced)
+    assert 0.1 * 480 < len(roots) < 0.45 * 480, f"{len(roots)} of 480 roots sampled at 25%"
+    assert len(spans) == len(traced)
+    ids = {(s.context.trace_id, s.context.span_id) for s in spans}
+    for i, output in outputs.items():
+        carried = _trace_id(output.headers)
+        if i in roots:
+            (value,) = [v for k, v in output.headers or () if k == "traceparent"]
+            assert (carried, int(value.decode().split("-")[2], 16)) in ids
+        elif i % 10 == 3:
+            assert carried == TRACE_ID
+        elif i % 10 == 7:
+            assert carried == TRACE_ID and output.headers == [("traceparent", not_sampled)]
+        else:
+            assert carried is None, "a root sampled out gets no trace header"

@@ -33,7 +33,7 @@ import math
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from random import getrandbits, random
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "TRACE_ID_LIMIT",
     "HeadSampler",
     "PinnedTraceIds",
+    "RootCountdown",
     "head_sampler",
     "parse_traceparent",
     "root_gap",
@@ -91,6 +92,26 @@ def root_gap(bound: int) -> int:
     if rate >= 1.0:
         return 0
     return min(sys.maxsize, int(math.log(1.0 - random()) / math.log1p(-rate)))
+
+
+class RootCountdown:
+    """The root records the ratio samples out before the next one it samples in, and the untraced handler that
+    runs them. The record runner takes the count while it handles a unit (``listener.host.UntracedRoots``)."""
+
+    __slots__ = ("handler", "skip", "_failing")
+
+    def __init__(self, handler: Callable[[Any], Any], failing: Mapping[Any, Any], skip: int) -> None:
+        self.handler, self._failing, self.skip = handler, failing, skip
+
+    def take(self) -> int:
+        """The count, now the caller's; 0 while some record's traced attempt failed (the wrapper decides each)."""
+        if self._failing:
+            return 0
+        skip, self.skip = self.skip, 0
+        return skip
+
+    def give_back(self, left: int) -> None:
+        self.skip += left
 
 
 class PinnedTraceIds:

@@ -61,7 +61,7 @@ from kafkatx.trace_headers import (
     with_trace,
 )
 from kafkatx.trace_links import AttemptLinks
-from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, head_sampler, root_gap
+from kafkatx.trace_sampling import ALWAYS_SAMPLED, HeadSampler, RootCountdown, head_sampler, root_gap
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -74,6 +74,7 @@ __all__ = [
     "AttemptLinks",
     "HeaderGetter",
     "HeaderSetter",
+    "RootCountdown",
     "TracedListener",
     "check_tracing_option",
     "Tracing",
@@ -179,6 +180,12 @@ class Tracing:
         deferred = spans.defer()
         return deferred.make if deferred is not None else None
 
+    def untraced_roots(self, spec: TracedListener, worker: int = 0) -> RootCountdown | None:
+        """The countdown of the root records that ``spec``'s container ``worker`` runs untraced, for its record
+        runner to hold (``ListenerSpec.untraced_roots``); None where kafkatx does not sample roots at a ratio."""
+        spans = self._containers.get(_container_name(spec, worker))
+        return spans.countdown if spans is not None else None
+
     def flush(self) -> None:
         """Make the SDK spans of every record attempt still waiting for its transaction (the App stops)."""
         for spans in list(self._containers.values()):
@@ -281,6 +288,8 @@ class _RecordSpans:
         self._recent_lock = threading.Lock()
         #: The sampled root records' attempts whose SDK spans are made later (see :meth:`defer`); None: at once.
         self.deferred: DeferredSpans | None = None
+        #: The root records sampled out next (a plain handler's wrapper, sampled at a ratio); else None.
+        self.countdown: RootCountdown | None = None
         self._pending_span: type[PendingSpan] | None = None
 
     def defer(self) -> DeferredSpans | None:
@@ -449,7 +458,9 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
     start, finish = spans.start, spans.finish
     carried = spans.sampled_out if spans.head is not None else None
     bound, pin_sampled, failing = _root_shortcut(spans)
-    skip = root_gap(bound) if bound is not None else 0  # root records sampled out before the next one sampled in
+    countdown = RootCountdown(handler, failing, root_gap(bound) if bound is not None else 0)
+    if bound is not None and bound < ALWAYS_SAMPLED:  # the record runner may hold the countdown (UntracedRoots)
+        spans.countdown = countdown
 
     def collect(record: Record, sink: _Sink) -> Any:
         """Run the handler; what it returns joins what it sent in ``sink``. Returned instead: one value for the
@@ -478,18 +489,17 @@ def _traced(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any
         return _traced_outputs(sink, trace) if sink else None
 
     def traced(record: Record) -> Any:
-        """The record wrapper: its first test is all a root record the ratio samples out costs (most records)."""
-        nonlocal skip
-        if skip and not record.headers and not failing:
-            skip -= 1
+        """The record wrapper: its first test is all a root record the ratio samples out costs (most records,
+        unless the record runner holds the countdown and calls the handler itself)."""
+        if countdown.skip and not record.headers and not failing:
+            countdown.skip -= 1
             return handler(record)  # sampled out: tracing off for this record
         return decided(record)
 
     def decided(record: Record) -> Any:
-        nonlocal skip
         if carried is not None:
             if bound is not None and not failing and not record.headers:  # a root record the ratio samples in
-                skip = root_gap(bound)
+                countdown.skip = root_gap(bound)
                 if spans.deferred is not None:  # its SDK span is made while its transaction commits
                     return spans.run_deferred(record, collect, serializer)
                 pin_sampled()  # the SDK's span gets a trace id the ratio samples: its sampler agrees

@@ -227,3 +227,45 @@ def test_the_gap_between_sampled_root_records_has_the_ratios_distribution() -> N
         assert min(gaps) == 0, "a record right after a sampled one can be sampled too"
     assert root_gap(0) == sys.maxsize, "a ratio of 0 samples no root record"
     assert root_gap(1 << 64) == 0
+
+
+@pytest.mark.parametrize(
+    ("sampler", "held"),
+    [(ParentBased(TraceIdRatioBased(0.01)), True), (ALWAYS_OFF, True), (ALWAYS_ON, False), (_Custom(), False)],
+    ids=["ratio", "never", "always", "custom"],
+)
+def test_the_runner_holds_the_root_countdown_only_where_kafkatx_samples_roots_at_a_ratio(
+    sampler: Sampler, held: bool
+) -> None:
+    provider = TracerProvider(sampler=sampler)
+    spec = SimpleNamespace(name="l", handler=lambda r: r.value, output="out", serializer=None, is_async=False,
+                           concurrency=1)  # fmt: skip
+    tracing = Tracing(provider)
+    tracing.wrap(spec, "g")
+    roots = tracing.untraced_roots(spec)
+    assert (roots is not None) is held
+    if roots is not None:
+        assert roots.handler is spec.handler, "the listener's own handler, untraced"
+
+
+def test_the_root_countdown_is_the_runners_while_it_holds_it_and_the_wrappers_while_records_fail() -> None:
+    calls: list[int] = []
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    spec = SimpleNamespace(name="l", handler=lambda r: calls.append(r.offset), output=None, serializer=None,
+                           is_async=False, concurrency=1)  # fmt: skip
+    tracing = Tracing(provider)
+    traced = tracing.wrap(spec, "g")
+    roots = tracing.untraced_roots(spec)
+    assert roots is not None
+    random.seed(7)
+    taken = roots.take()
+    assert taken > 0 and roots.take() == 0, "taken: the wrapper's count is 0 until given back"
+    traced(_record(1))  # the runner sends a root to the wrapper when its count ran out: sampled in
+    drawn = roots.take()
+    assert drawn >= 0 and calls == [1]
+    roots.give_back(taken + drawn)
+    failing = tracing.attempts
+    failing.failed(("g", "in", 0, 9), SimpleNamespace())  # type: ignore[arg-type]
+    assert roots.take() == 0, "a record's traced attempt failed: the wrapper decides every record"
+    failing.done(("g", "in", 0, 9))
+    assert roots.take() == taken + drawn

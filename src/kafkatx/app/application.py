@@ -382,7 +382,13 @@ class App:
             self._tracing = Tracing(None if self.tracing is True else self.tracing)
             self._tracing.subscribe(self.events.subscribe)
         handler = self._tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
-        return replace(spec, handler=handler, while_committing=self._tracing.defer_spans(spec, worker))
+        tracing = self._tracing
+        return replace(
+            spec,
+            handler=handler,
+            while_committing=tracing.defer_spans(spec, worker),
+            untraced_roots=tracing.untraced_roots(spec, worker),
+        )
 
     def pause(self, listener: str) -> None:
         """Hold every partition of ``listener`` (by name) until :meth:`resume`. Thread-safe.

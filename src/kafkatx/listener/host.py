@@ -103,6 +103,28 @@ class ListenerSettings(Protocol):
     def concurrency(self) -> int: ...
     @property
     def while_committing(self) -> Callable[[], None] | None: ...
+    @property
+    def untraced_roots(self) -> UntracedRoots | None: ...
+
+
+class UntracedRoots(Protocol):
+    """Tracing's countdown of the root records (no headers) its sampler leaves out (:mod:`kafkatx.tracing`).
+
+    The record runner calls :attr:`handler`, the listener's own, for them:
+    each is spared the traced wrapper's call, most records at the usual 1%.
+    The countdown is the runner's while it handles a unit: it takes it, and
+    again after each call of the traced handler (which may have drawn the
+    next one), and gives back what is left.
+    """
+
+    @property
+    def handler(self) -> Callable[[Any], Any]: ...
+
+    def take(self) -> int:
+        """The root records to run untraced from here on (0 while some record is failing: the wrapper decides)."""
+
+    def give_back(self, left: int) -> None:
+        """What the runner did not use of its countdown."""
 
 
 class ClaimKeeper(Protocol):

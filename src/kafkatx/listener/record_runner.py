@@ -17,6 +17,15 @@ produces whatever needs no encoding (bytes, ``(key, value)`` of bytes, an
 the one Python call per record kafkatx adds to the handler's: it calls
 confluent-kafka itself, with no helper call on the fast path
 (``bench/micro_hot_path.py --callgrind`` counts what each shape costs).
+
+While some record is failing, a success on its first call ends a record's
+count, commit or not (FailureTracker). ``send()`` and a generator's items are
+produced as they come (a failure aborts the whole transaction), or, with
+``retry="in_place"``, wait in the buffer until the handler returned. With
+tracing on, the handler is tracing's wrapper, and the root records its
+sampler leaves out (99 in 100 at the usual 1%) are run with the listener's
+own handler by a countdown the runner holds (``listener.host.UntracedRoots``);
+with tracing off that costs a test per record.
 """
 
 from __future__ import annotations
@@ -197,18 +206,13 @@ class RecordRunner:
 
     # -- the hot path ------------------------------------------------------------------
     def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
-        """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets.
-
-        Per record: refill the record, call the handler, produce its result by
-        the emit function of the result's type (:class:`~kafkatx.outputs.ResultEmitters`),
-        then produce what it buffered; while some record is failing, a success
-        on the first call ends the record's count, commit or not (FailureTracker).
-        ``send()`` and a generator's items are produced as they come (a failure aborts the whole transaction),
-        or with ``retry="in_place"`` wait in the buffer until the handler returned.
-        """
+        """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets (per
+        record: refill the record, call the handler, produce its result, then what it buffered: see the module)."""
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
         failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
+        roots, skip = spec.untraced_roots, 0  # tracing: the next ``skip`` root records run untraced
+        untraced = roots.handler if roots is not None else handler
         emitters = self._emitters(unit, in_place)
         by_type, emitter_for = emitters.by_type, emitters.emitter
         shape: type = type(None)  # the type of the last result, and its emit function
@@ -216,11 +220,8 @@ class RecordRunner:
         offsets: dict[TP, int] = {}
         run_topic, run_partition, run_last = None, -1, -1  # the current run of one partition's records
         outputs = handled = 0
-        # The clock is read after each step of records (not per record): the transaction's time budget.
-        started, step, budget = time.perf_counter(), 1, self._c.transaction_budget
-        new_record, unshared = object.__new__, UNSHARED_REFCOUNT
-        record: Any = new_record(_MessageRecord)
-        record.attempt = 1  # and so it stays, unless some record is failing
+        started, step, budget, unshared = time.perf_counter(), 1, self._c.transaction_budget, UNSHARED_REFCOUNT
+        record: Any = _fresh_record()
         previous = bind_sink(buf)
         try:
             while handled < len(msgs):
@@ -230,8 +231,7 @@ class RecordRunner:
                     partition, offset = msg.partition(), msg.offset()
                     # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
                     if getrefcount(record) > unshared:
-                        record = new_record(_MessageRecord)
-                        record.attempt = 1
+                        record = _fresh_record()
                     record._msg = msg
                     record.topic = topic
                     record.partition = partition
@@ -241,7 +241,15 @@ class RecordRunner:
                     record.key, record.value = msg.key(), msg.value()
                     error = None
                     try:
-                        result = handler(record)
+                        if not skip:
+                            result = handler(record)
+                            if roots is not None:  # the traced handler may have drawn the next count
+                                skip = roots.take()
+                        elif not msg.headers():  # a root record (no headers) the sampler leaves out
+                            skip -= 1
+                            result = untraced(record)
+                        else:
+                            result = handler(record)
                         if result is not None:
                             if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
                                 shape = type(result)
@@ -250,9 +258,7 @@ class RecordRunner:
                     except Exception as exc:
                         error = exc
                     if error is not None:  # outside the except block: no chained context
-                        if not in_place or unit.outage.matches(error):  # an outage pauses the listener instead
-                            raise HandlerFailure(handled + _position(step_msgs, msg), error, record)
-                        self._retry_in_place(unit, record, error, handled + _position(step_msgs, msg))
+                        self._failed(unit, record, error, handled + _position(step_msgs, msg), in_place)
                     if buf:
                         outputs += _produce_buffered(emitters, unit.producer.produce, record, step_msgs, handled)
                     if failing and error is None:  # its first call succeeded: that ends its count (FailureTracker)
@@ -273,9 +279,17 @@ class RecordRunner:
             unit.outputs += outputs + buf.produced
             unit.send_offsets(offsets)
         finally:
+            if skip:
+                roots.give_back(skip)  # type: ignore[union-attr]  # skip is only ever set from roots
             buf.stream = None
             emitters.close()
             bind_sink(previous)
+
+    def _failed(self, unit: TransactionUnit, record: Record, error: Exception, index: int, in_place: bool) -> None:
+        """A record's handler raised: fail the transaction (HandlerFailure), or retry it in place."""
+        if not in_place or unit.outage.matches(error):  # an outage pauses the listener instead
+            raise HandlerFailure(index, error, record)
+        self._retry_in_place(unit, record, error, index)
 
     def _emitters(self, unit: TransactionUnit, in_place: bool) -> ResultEmitters:
         """The transaction's emit functions, over an empty buffer that ``send()`` streams through unless ``in_place``."""
@@ -368,6 +382,14 @@ def _records_to_next_check(started: float, budget: float, handled: int) -> int:
         return 0
     per_record = (now - started) / handled
     return max(1, min(256, int((deadline - now) / (4 * per_record)) if per_record > 0 else 256))
+
+
+def _fresh_record() -> Any:
+    """A record for the runner to fill (``record.message_record()`` without a Message yet): attempt 1, as it stays
+    unless some record is failing."""
+    record = object.__new__(_MessageRecord)
+    record.attempt = 1
+    return record
 
 
 def _position(step_msgs: Sequence[ConsumedMessage], msg: ConsumedMessage) -> int:

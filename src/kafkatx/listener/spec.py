@@ -31,7 +31,7 @@ from kafkatx.serde import (
 )
 
 if TYPE_CHECKING:
-    from kafkatx.listener.host import RunnerFactory
+    from kafkatx.listener.host import RunnerFactory, UntracedRoots
 
 __all__ = ["ListenerSpec", "build_spec", "is_async_handler", "validate_topic"]
 
@@ -120,6 +120,9 @@ class ListenerSpec:
     #: Work the container does while each of its transactions commits, the thread being idle then (tracing makes
     #: its deferred record spans: kafkatx.trace_deferred). Set by the App, not declared.
     while_committing: Callable[[], None] | None = None
+    #: Tracing's root records sampled out, which the record runner runs with the untraced handler
+    #: (listener.host.UntracedRoots). Set by the App, not declared.
+    untraced_roots: UntracedRoots | None = None
 
     @property
     def recoverer(self) -> Recoverer:
