@@ -1,9 +1,11 @@
 """OpenTelemetry tracing of record processing: ``App(tracing=True)``; off by default, and then nothing is added.
 
 With tracing on, ``App.start`` gives its containers a copy of each listener
-whose handler is wrapped once (:meth:`Tracing.wrap`): the record runner's hot
-path is the same code with tracing on or off, so the untraced path pays
-nothing, not even a branch per record. The wrapper, per record attempt:
+whose handler is wrapped once (:meth:`Tracing.wrap`): with tracing off the
+record runner's hot path pays one test per record. At a ratio, the runner
+itself runs the root records the sampler leaves out with the listener's own
+handler (:class:`~kafkatx.trace_sampling.RootCountdown`, which it holds while
+it handles a unit). The wrapper, per record attempt:
 
 - extracts the W3C ``traceparent`` (``tracestate``, ``baggage``) of the
   record's headers: the parent of its ``process`` span (OpenTelemetry's

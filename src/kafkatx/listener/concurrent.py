@@ -54,7 +54,7 @@ from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.listener.host import HandlerFailure
 from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
-from kafkatx.rollback.policy import Action
+from kafkatx.rollback.policy import Action, Verdict
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import ListenerSettings
@@ -291,7 +291,6 @@ class ConcurrentDispatch:
         The decisions are taken on the loop's thread (the container's), as the
         one-at-a-time runner takes them; an attempt's outputs are discarded with it.
         """
-        policy, tracker = unit.policy, unit.tracker
         while True:
             error: Exception | None = None
             try:
@@ -305,20 +304,15 @@ class ConcurrentDispatch:
                 raise stop
             if unit.outage.matches(error):  # a dependency is down: the batch aborts and the listener pauses
                 raise error
-            state = tracker.record_failure(record, error)
-            unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
-            verdict = policy.decide(state.failures, error, unit.stop_event)
-            if verdict.action is Action.ABANDON:
-                raise Abandoned
+            verdict, failures = in_place_verdict(unit, record, error)
             if verdict.action is Action.RECOVER:
-                return _Recover(replace(record, attempt=state.failures), error)
-            unit.publish(RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay))
+                return _Recover(replace(record, attempt=failures), error)
             deadline = time.monotonic() + verdict.delay
             while not unit.stopping and time.monotonic() < deadline:
                 await asyncio.sleep(min(0.05, deadline - time.monotonic()))
             if unit.stopping:
                 raise Abandoned
-            record = replace(record, attempt=state.failures + 1)
+            record = replace(record, attempt=failures + 1)
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The container's event loop, created on first use (on the container's thread: the one that uses it)."""
@@ -326,6 +320,19 @@ class ConcurrentDispatch:
         if loop is None:
             loop = self._loop = asyncio.new_event_loop()
         return loop
+
+
+def in_place_verdict(unit: TransactionUnit, record: Record, error: BaseException) -> tuple[Verdict, int]:
+    """A failed in-place attempt of ``record``: counted and published, then the policy's verdict, with the failures
+    so far. Abandoned is raised when the container stops; a retry is published with its delay (the caller waits)."""
+    state = unit.tracker.record_failure(record, error)
+    unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
+    verdict = unit.policy.decide(state.failures, error, unit.stop_event)
+    if verdict.action is Action.ABANDON:
+        raise Abandoned
+    if verdict.action is Action.RETRY:
+        unit.publish(RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay))
+    return verdict, state.failures
 
 
 class Abandoned(Exception):

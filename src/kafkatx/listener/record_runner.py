@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import OutputError, RecoveryError
-from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, TransactionCommitted
+from kafkatx.events import RecordRecovered, TransactionCommitted
 from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
 from kafkatx.listener.concurrent import (
     Abandoned,
     ConcurrentDispatch,
     InPlaceRecoveryFailed,
     NotAwaitedError,
+    in_place_verdict,
     refuse_awaitable,
 )
 from kafkatx.listener.host import ContainerHost, HandlerFailure
@@ -328,18 +329,11 @@ class RecordRunner:
             stop = unproducible_stop(unit.listener, exc)
             if stop is not None:  # a programming error: the container stops, the transaction is not committed
                 raise stop
-            state = tracker.record_failure(record, exc)
-            unit.publish(HandlerFailed(unit.listener, unit.worker, record, exc, state.failures))
-            verdict = policy.decide(state.failures, exc, unit.stop_event)
-            if verdict.action is Action.ABANDON:
-                raise Abandoned
+            verdict, failures = in_place_verdict(unit, record, exc)
             if verdict.action is Action.RETRY:
-                unit.publish(
-                    RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay)
-                )
                 if unit.wait(verdict.delay):
                     raise Abandoned
-                record = replace(record, attempt=state.failures + 1)
+                record = replace(record, attempt=failures + 1)
                 error = None
                 try:
                     collect_outputs(spec.handler(record), spec.output, spec.serializer, spec.name, buf)
@@ -354,7 +348,7 @@ class RecordRunner:
                 continue
             recovery: RecoveryError | None = None
             try:
-                unit.recover(policy.recoverer, replace(record, attempt=state.failures), exc, confirm=False)
+                unit.recover(policy.recoverer, replace(record, attempt=failures), exc, confirm=False)
             except RecoveryError as err:
                 recovery = err
             if recovery is not None:
