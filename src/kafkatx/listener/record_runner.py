@@ -242,15 +242,15 @@ class RecordRunner:
                     record.key, record.value = msg.key(), msg.value()
                     error = None
                     try:
-                        if not skip:
+                        if roots is None:  # tracing off, or not sampling roots at a ratio
                             result = handler(record)
-                            if roots is not None:  # the traced handler may have drawn the next count
-                                skip = roots.take()
-                        elif not msg.headers():  # a root record (no headers) the sampler leaves out
+                        elif skip and not msg.headers():  # a root record (no headers) the sampler leaves out
                             skip -= 1
                             result = untraced(record)
                         else:
                             result = handler(record)
+                            if not skip:  # the traced handler may have drawn the next count
+                                skip = roots.take()
                         if result is not None:
                             if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
                                 shape = type(result)
