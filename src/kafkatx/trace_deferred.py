@@ -28,6 +28,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from random import getrandbits
 from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
@@ -139,6 +140,17 @@ class DeferredSpans:
         """Whether a span with nothing to replay skips ``start_span`` (:mod:`kafkatx.trace_direct`)."""
         return self._direct is not None
 
+    def record_directly(
+        self, name: str, trace_id: int, attributes: dict[str, Any], linked: Sequence[SpanContext], start: int, end: int
+    ) -> bool:
+        """Record a finished root span (a transaction's) straight to the span processors; False where only the
+        SDK's ``start_span`` may (:attr:`records_directly`)."""
+        if self._direct is None:
+            return False
+        context = self.context(trace_id, getrandbits(64) or 1)
+        self._direct(name, context, SpanKind.INTERNAL, attributes, linked, start, end)
+        return True
+
     def __len__(self) -> int:
         return len(self._attempts)
 
@@ -166,7 +178,7 @@ class DeferredSpans:
         tracer, pins, empty = self._tracer, self._pins, self._empty
         context = attempt.pending.get_span_context()
         if self._direct is not None and not attempt.pending.calls and attempt.error is None:
-            self._direct(attempt.name, context, attempt.attributes, attempt.start, attempt.end)
+            self._direct(attempt.name, context, SpanKind.CONSUMER, attempt.attributes, (), attempt.start, attempt.end)
             return
         pins.trace(context.trace_id)
         pins.span(context.span_id)

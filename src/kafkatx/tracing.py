@@ -235,11 +235,12 @@ class Tracing:
     def _transaction_span(self, event: Event, outcome: str, records: int, seconds: float, **extra: str) -> None:
         end = time.time_ns()
         spans = self._containers.get(event.listener)
-        if spans is not None and spans.deferred is not None:
-            spans.deferred.make()  # its records' spans first (most were made while it committed)
+        deferred = spans.deferred if spans is not None else None
+        if deferred is not None:
+            deferred.make()  # its records' spans first (most were made while it committed)
         recent = spans.take_recent() if spans is not None else None  # its records' spans since its last transaction
         head = spans.head if spans is not None else None
-        if head is not None and head.bound < ALWAYS_SAMPLED and not (recent and head.pin_sampled()):
+        if head is not None and head.bound < ALWAYS_SAMPLED and not (recent and head.bound):
             return  # sampled at a ratio and none of its records was: no span, no SDK call
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
@@ -249,12 +250,16 @@ class Tracing:
             "kafkatx.transaction.outcome": outcome,
         }
         attributes.update({f"kafkatx.transaction.{k}": v for k, v in extra.items() if v})
+        start, name = end - int(seconds * 1e9), "kafkatx transaction"
+        if deferred is not None and head is not None:  # where its records' spans go straight to the processors
+            if deferred.record_directly(name, head.sampled_trace_id(), attributes, recent or (), start, end):
+                return
         from opentelemetry.trace import Link
 
+        if head is not None:
+            head.pin_sampled()  # its trace id is one the ratio samples: the SDK's sampler agrees
         links = [Link(c) for c in recent] if recent else None
-        span = self.tracer.start_span(
-            "kafkatx transaction", start_time=end - int(seconds * 1e9), attributes=attributes, links=links
-        )
+        span = self.tracer.start_span(name, start_time=start, attributes=attributes, links=links)
         if head is not None:
             head.ids.unpin()
         span.end(end_time=end)
@@ -534,12 +539,8 @@ def _root_shortcut(spans: _RecordSpans) -> tuple[int | None, Callable[[], bool],
     the ids are not the SDK's random ones), the pin of a sampled trace id, the failing records."""
     head = spans.head
     if head is None or not head.random_ids:
-        return None, _no_pin, spans.attempts.records
+        return None, bool, spans.attempts.records  # bool(): False, nothing pinned
     return head.bound, head.pin_sampled, spans.attempts.records
-
-
-def _no_pin() -> bool:
-    return False
 
 
 def _traced_async(spec: TracedListener, spans: _RecordSpans) -> Callable[[Record], Any]:

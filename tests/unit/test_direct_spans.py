@@ -69,7 +69,10 @@ def _exported(span: ReadableSpan) -> tuple[Any, ...]:
         info = span.instrumentation_info
     status = (span.status.status_code, span.status.description)
     dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
-    return (span.name, span.context, span.parent, span.kind, dict(span.attributes or {}), span.events, span.links,
+    links = [(link.context, type(link.attributes), dict(link.attributes or {}), link.dropped_attributes)
+             for link in span.links]  # fmt: skip
+    events = [(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events]
+    return (span.name, span.context, span.parent, span.kind, dict(span.attributes or {}), events, links,
             status, span.start_time, span.end_time, span.resource, span.instrumentation_scope, info, dropped,
             span.to_json())  # fmt: skip
 
@@ -177,3 +180,45 @@ def test_the_sdk_counting_its_spans_keeps_its_path(monkeypatch: pytest.MonkeyPat
     deferred = _deferred(provider)
     _same_attempt_twice(deferred)
     assert not deferred.records_directly and len(exporter.get_finished_spans()) == 2
+
+
+def test_a_transaction_span_recorded_directly_is_exported_as_the_sdk_makes_it() -> None:
+    """A transaction's span, with its links to its records' spans, made by ``start_span`` and directly."""
+    import random
+
+    from opentelemetry.trace import Link, TraceFlags
+
+    provider, exporter = _provider()
+    tracer = provider.get_tracer("kafkatx", "9.9")
+    head = head_sampler(tracer)
+    assert head is not None
+    deferred = DeferredSpans(tracer, Pins(head.ids.pin, head.ids.pin_span, head.ids.unpin), random_ids=True)
+    _same_attempt_twice(deferred)  # its first span decides the path
+    assert deferred.records_directly
+    exporter.clear()
+    linked = [trace.SpanContext(0xA1 + i, 0xB1 + i, False, TraceFlags(TraceFlags.SAMPLED)) for i in range(3)]
+    attributes = {"messaging.system": "kafka", "messaging.batch.message_count": 3, "kafkatx.listener": "l",
+                  "kafkatx.worker": 0, "kafkatx.transaction.outcome": "committed"}  # fmt: skip
+    trace_id = head.sampled_trace_id()
+    random.seed(5)  # the span id: drawn by the SDK's id generator, or by kafkatx, from the same random numbers
+    head.ids.pin(trace_id)
+    span = tracer.start_span(
+        "kafkatx transaction", start_time=10, attributes=dict(attributes), links=[Link(c) for c in linked]
+    )
+    head.ids.unpin()
+    span.end(end_time=20)
+    random.seed(5)
+    assert deferred.record_directly("kafkatx transaction", trace_id, dict(attributes), linked, 10, 20)
+    made, direct = exporter.get_finished_spans()
+    assert _exported(direct) == _exported(made)
+    assert [link.context for link in direct.links] == linked
+    assert [(dict(link.attributes or {}), link.dropped_attributes) for link in direct.links] == [({}, 0)] * 3
+
+
+def test_a_transaction_span_comes_directly_only_where_its_records_spans_do() -> None:
+    provider, _ = _provider()
+    provider.add_span_processor(_Enriching())
+    deferred = _deferred(provider)
+    _same_attempt_twice(deferred)
+    assert not deferred.records_directly
+    assert not deferred.record_directly("kafkatx transaction", 1, {}, (), 1, 2)
