@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from helpers import make_app
@@ -210,28 +211,24 @@ def test_producer_initiated_transaction_commits_or_aborts(kafka: KafkaTestKit) -
     assert kafka.values(out) == [b"one", b"two"]
 
 
+def _transaction_helpers(app: App) -> Callable[[], set[str]]:
+    """The names of the helper threads of ``app.transaction()``'s producers (one per live producer)."""
+    ours = "kafkatx-call-" + app.client_config.producer_transactional_id(0).removesuffix("0")
+    return lambda: {t.name for t in threading.enumerate() if t.name.startswith(ours)}
+
+
 def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka: KafkaTestKit) -> None:
     """Each thread's ``app.transaction()`` producer keeps a librdkafka handle and a helper thread: the App's stop
     closes them (one in a transaction when it ends), and a later transaction opens its thread's producer again."""
     out = kafka.topic()
     app = make_app(kafka)
+    helpers = _transaction_helpers(app)
+    done, entered, release = threading.Event(), threading.Event(), threading.Event()
 
-    ours = "kafkatx-call-" + app.client_config.producer_transactional_id(0).removesuffix("0")
-
-    def helpers() -> set[str]:
-        return {t.name for t in threading.enumerate() if t.name.startswith(ours)}
-
-    def one(value: bytes) -> None:
+    def one_then_wait(value: bytes) -> None:
         with app.transaction() as tx:
             tx.send(out, value)
-
-    threads = [threading.Thread(target=one, args=(b"t%d" % i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(helpers()) == 3, helpers()
-    entered, release = threading.Event(), threading.Event()
+        done.wait(30)  # the thread lives on, and so does its producer
 
     def open_while_stopping() -> None:
         with app.transaction() as tx:
@@ -239,6 +236,10 @@ def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka:
             entered.set()
             release.wait(10)
 
+    threads = [threading.Thread(target=one_then_wait, args=(b"t%d" % i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(helpers()) == 3, message="a producer per thread")
     busy = threading.Thread(target=open_while_stopping)
     busy.start()
     assert entered.wait(10)
@@ -247,10 +248,33 @@ def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka:
     release.set()
     busy.join()
     wait_for(lambda: not helpers(), message="the producer in a transaction closed when it ended")
-    one(b"after")  # this thread's producer opens again
+    with app.transaction() as tx:  # this thread's producer opens again
+        tx.send(out, b"after")
     assert sorted(kafka.values(out)) == [b"after", b"during stop", b"t0", b"t1", b"t2"]
+    done.set()
+    for thread in threads:
+        thread.join()
     app.stop()
     wait_for(lambda: not helpers(), message="closed again")
+
+
+def test_a_threads_producer_is_closed_when_the_thread_ends(kafka: KafkaTestKit) -> None:
+    """A service that runs ``app.transaction()`` on short-lived threads (a thread per request) keeps no producer,
+    handle or helper thread of a thread that ended."""
+    out = kafka.topic()
+    app = make_app(kafka)
+    helpers = _transaction_helpers(app)
+
+    def one(value: bytes) -> None:
+        with app.transaction() as tx:
+            tx.send(out, value)
+
+    for i in range(4):
+        thread = threading.Thread(target=one, args=(b"t%d" % i,))
+        thread.start()
+        thread.join()
+    wait_for(lambda: not helpers(), message="each ended thread's producer closed")
+    assert sorted(kafka.values(out)) == [b"t0", b"t1", b"t2", b"t3"]
 
 
 def test_bootstrap_servers_from_environment(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,8 @@ class ProducerTransactions:
         self._local = threading.local()
         self._backends: dict[object, Backend] = {}  # transaction(database=...): one per database given
         self._counter = 0
-        #: Every thread's producer (each keeps a helper thread and a librdkafka handle until closed).
-        self._producers: list[TransactionalProducer] = []
+        #: Every live thread's producer (each keeps a helper thread and a librdkafka handle until closed).
+        self._producers: weakref.WeakSet[TransactionalProducer] = weakref.WeakSet()
         #: Bumped by :meth:`close`: a transaction under way then closes its producer when it ends.
         self._closings = 0
 
@@ -109,9 +110,16 @@ class ProducerTransactions:
                 self._client.producer_config(None, txn_id), txn_id, retry_timeout=self._client.transaction_retry_timeout
             )
             self._local.producer = producer
+            # The thread's end drops its locals: then this closes its producer, which nothing can use any more.
+            self._local.thread_end = _ThreadEnd()
+            weakref.finalize(self._local.thread_end, producer.close).atexit = False  # the process's end: no need
             with self._lock:
-                self._producers.append(producer)
+                self._producers.add(producer)
         return producer
+
+
+class _ThreadEnd:
+    """Kept in a thread's locals only: dropped when the thread ends (its producer's close is finalised on it)."""
 
 
 @contextmanager
