@@ -224,10 +224,12 @@ def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka:
     app = make_app(kafka)
     helpers = _transaction_helpers(app)
     done, entered, release = threading.Event(), threading.Event(), threading.Event()
+    committed: list[bytes] = []
 
     def one_then_wait(value: bytes) -> None:
         with app.transaction() as tx:
             tx.send(out, value)
+        committed.append(value)
         done.wait(30)  # the thread lives on, and so does its producer
 
     def open_while_stopping() -> None:
@@ -239,7 +241,7 @@ def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka:
     threads = [threading.Thread(target=one_then_wait, args=(b"t%d" % i,)) for i in range(3)]
     for thread in threads:
         thread.start()
-    wait_for(lambda: len(helpers()) == 3, message="a producer per thread")
+    wait_for(lambda: len(committed) == 3 and len(helpers()) == 3, message="a producer per thread, idle")
     busy = threading.Thread(target=open_while_stopping)
     busy.start()
     assert entered.wait(10)
@@ -256,6 +258,39 @@ def test_app_stop_closes_the_producers_of_producer_initiated_transactions(kafka:
         thread.join()
     app.stop()
     wait_for(lambda: not helpers(), message="closed again")
+
+
+def test_transactions_starting_while_the_app_stops_are_not_broken(kafka: KafkaTestKit) -> None:
+    """``App.stop`` closes only idle producers: a thread entering ``app.transaction()`` meanwhile (its producer
+    made, not begun yet) commits, and nothing it reported committed is missing."""
+    out = kafka.topic()
+    app = make_app(kafka)
+    committed: list[bytes] = []
+    failures: list[BaseException] = []
+    go = threading.Event()
+
+    def many(thread: int) -> None:
+        go.wait(10)
+        for i in range(15):
+            try:
+                with app.transaction() as tx:
+                    tx.send(out, b"%d-%d" % (thread, i))
+                committed.append(b"%d-%d" % (thread, i))
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
+                failures.append(exc)
+
+    threads = [threading.Thread(target=many, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    go.set()
+    helpers = _transaction_helpers(app)
+    wait_for(lambda: helpers(), interval=0.001, message="producers starting")  # inside their first transaction
+    app.stop()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert sorted(kafka.values(out)) == sorted(committed) and len(committed) == 60
+    wait_for(lambda: not helpers(), message="every thread's producer closed as its thread ended")
 
 
 def test_a_threads_producer_is_closed_when_the_thread_ends(kafka: KafkaTestKit) -> None:

@@ -35,30 +35,38 @@ class ProducerTransactions:
         self._counter = 0
         #: Every live thread's producer (each keeps a helper thread and a librdkafka handle until closed).
         self._producers: weakref.WeakSet[TransactionalProducer] = weakref.WeakSet()
+        #: The producers inside ``transaction()``: only their own thread closes them (when it leaves).
+        self._busy: set[TransactionalProducer] = set()
         #: Bumped by :meth:`close`: a transaction under way then closes its producer when it ends.
         self._closings = 0
+        #: Guards the three above: a producer is either busy or closed by :meth:`close`, never both at once.
+        self._closing = threading.Lock()
 
     def close(self) -> None:
         """Close every thread's producer (the App stops); a producer in a transaction is closed when it ends.
 
         A thread's next ``app.transaction()`` opens its producer again (same transactional id).
         """
-        with self._lock:
+        with self._closing:
             self._closings += 1
-            producers = list(self._producers)
-        for producer in producers:
-            if not producer.in_transaction:
-                producer.close()
+            for producer in list(self._producers):
+                if producer not in self._busy:
+                    producer.close()
 
     @contextmanager
     def transaction(self, *, database: Any = None) -> Iterator[Transaction]:
         """The transaction behind :meth:`kafkatx.App.transaction` (documented there)."""
-        closings = self._closings
         producer = self._thread_producer()
+        with self._closing:
+            self._busy.add(producer)
+            closings = self._closings
         try:
             yield from self._in_transaction(producer, database)
         finally:
-            if closings != self._closings:  # the App stopped meanwhile
+            with self._closing:
+                self._busy.discard(producer)
+                stopped = closings != self._closings  # the App stopped meanwhile
+            if stopped:
                 producer.close()
 
     def _in_transaction(self, producer: TransactionalProducer, database: Any) -> Iterator[Transaction]:
@@ -112,10 +120,15 @@ class ProducerTransactions:
             self._local.producer = producer
             # The thread's end drops its locals: then this closes its producer, which nothing can use any more.
             self._local.thread_end = _ThreadEnd()
-            weakref.finalize(self._local.thread_end, producer.close).atexit = False  # the process's end: no need
-            with self._lock:
+            weakref.finalize(self._local.thread_end, self._thread_ended, producer).atexit = False  # exit: no need
+            with self._closing:
                 self._producers.add(producer)
         return producer
+
+    def _thread_ended(self, producer: TransactionalProducer) -> None:
+        with self._closing:
+            self._producers.discard(producer)
+            producer.close()
 
 
 class _ThreadEnd:
