@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # n
 
 from kafkatx.trace_deferred import DeferredSpans, PendingSpan, Pins  # noqa: E402
 from kafkatx.trace_direct import direct_recorder  # noqa: E402
-from kafkatx.trace_sampling import head_sampler  # noqa: E402
+from kafkatx.trace_sampling import HeadSampler, head_sampler  # noqa: E402
 from kafkatx.tracing import Tracing  # noqa: E402
 
 ATTRIBUTES = {
@@ -47,11 +47,16 @@ def _provider(**options: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
-def _deferred(provider: TracerProvider) -> DeferredSpans:
+def _pinned(provider: TracerProvider) -> tuple[Any, HeadSampler, DeferredSpans]:
+    """kafkatx's tracer of ``provider``, its sampler (whose ids can be pinned), and its deferred spans."""
     tracer = provider.get_tracer("kafkatx", "9.9")
     head = head_sampler(tracer)
     assert head is not None
-    return DeferredSpans(tracer, Pins(head.ids.pin, head.ids.pin_span, head.ids.unpin), random_ids=True)
+    return tracer, head, DeferredSpans(tracer, Pins(head.ids.pin, head.ids.pin_span, head.ids.unpin), random_ids=True)
+
+
+def _deferred(provider: TracerProvider) -> DeferredSpans:
+    return _pinned(provider)[2]
 
 
 def _same_attempt_twice(deferred: DeferredSpans, error: BaseException | None = None) -> None:
@@ -113,6 +118,7 @@ def test_a_processor_that_acts_on_start_still_sees_every_span_start() -> None:
     _same_attempt_twice(deferred)
     assert not deferred.records_directly
     assert [dict(s.attributes or {}).get("tenant") for s in exporter.get_finished_spans()] == ["acme", "acme"]
+    assert not deferred.record_directly("kafkatx transaction", 1, {}, (), 1, 2), "nor a transaction's span"
 
 
 @pytest.mark.parametrize(
@@ -189,10 +195,7 @@ def test_a_transaction_span_recorded_directly_is_exported_as_the_sdk_makes_it() 
     from opentelemetry.trace import Link, TraceFlags
 
     provider, exporter = _provider()
-    tracer = provider.get_tracer("kafkatx", "9.9")
-    head = head_sampler(tracer)
-    assert head is not None
-    deferred = DeferredSpans(tracer, Pins(head.ids.pin, head.ids.pin_span, head.ids.unpin), random_ids=True)
+    tracer, head, deferred = _pinned(provider)
     _same_attempt_twice(deferred)  # its first span decides the path
     assert deferred.records_directly
     exporter.clear()
@@ -213,12 +216,3 @@ def test_a_transaction_span_recorded_directly_is_exported_as_the_sdk_makes_it() 
     assert _exported(direct) == _exported(made)
     assert [link.context for link in direct.links] == linked
     assert [(dict(link.attributes or {}), link.dropped_attributes) for link in direct.links] == [({}, 0)] * 3
-
-
-def test_a_transaction_span_comes_directly_only_where_its_records_spans_do() -> None:
-    provider, _ = _provider()
-    provider.add_span_processor(_Enriching())
-    deferred = _deferred(provider)
-    _same_attempt_twice(deferred)
-    assert not deferred.records_directly
-    assert not deferred.record_directly("kafkatx transaction", 1, {}, (), 1, 2)
