@@ -206,9 +206,10 @@ def test_a_dead_letter_of_a_record_without_headers_has_springs_ten_headers_and_t
 def test_seed_002_one_new_transaction_after_each_rollback_and_the_dead_letter_commits_with_the_offset(
     kafka: KafkaTestKit,
 ) -> None:
-    """Seed 002 (max attempts 2) and testConsumeAndProduceTransactionRollback: each failed attempt's sends
-    are aborted, each rollback is followed by one new transaction, the second one recovers the record and
-    commits its offset; read_committed consumers never see the failed attempts' sends."""
+    """Seed 002 (max attempts 2) and testConsumeAndProduceTransactionRollback: Spring aborts each failed
+    attempt's sends, then recovers the record and commits its offset in a new transaction. kafkatx drops a failed
+    attempt's sends before they reach the producer and, with backoff=0, retries and recovers inside the one
+    transaction that commits the offset: no reader, not even read_uncommitted, sees the failed attempts."""
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [b"poison"])
     app = make_app(kafka)
@@ -228,10 +229,10 @@ def test_seed_002_one_new_transaction_after_each_rollback_and_the_dead_letter_co
     with running(app):
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="the record committed")
     assert attempts == [1, 2]
-    assert transactions == ["abort", "after_rollback", "abort", "after_rollback"], transactions
+    assert transactions == ["batch"], transactions
     assert len(recovered) == 1
     assert kafka.values(out) == [], "read_committed sees nothing of the failed attempts"
-    assert kafka.values(out, isolation="read_uncommitted") == [b"sent-in-attempt-1", b"sent-in-attempt-2"]
+    assert kafka.values(out, isolation="read_uncommitted") == [], "nor does read_uncommitted: nothing was sent"
     assert [d.value for d in kafka.read(src + "-dlt")] == [b"poison"]
     assert kafka.committed(app.group_id, src) == {0: 1}
 
@@ -283,10 +284,10 @@ def test_a_failed_record_on_one_partition_with_unprocessed_records_on_another(ka
     assert len(recovery_failures) == 1
     assert Counter(kafka.values(out)) == Counter([b"bar-0", b"bar-1", b"bar-2"]), "the other partition's, once each"
     dead = kafka.read(dlt)
-    assert [d.value for d in dead] == [b"foo-0"], "the failed recovery's dead letter was aborted with it"
+    assert [d.value for d in dead] == [b"foo-0"], "the failed recovery's dead letter was dropped with it"
     info = parse_dead_letter_headers(dead[0].headers)
     assert (info.exception_fqcn, info.attempts) == ("kafkatx.errors.DeserializationError", 1)
-    assert len(kafka.read(dlt, isolation="read_uncommitted")) == 2, "the first dead letter is in the log, aborted"
+    assert len(kafka.read(dlt, isolation="read_uncommitted")) == 1, "what a failed recoverer sent never left"
     assert kafka.committed(app.group_id, src) == {0: 1, 1: 3}
 
 

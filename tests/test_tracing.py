@@ -110,13 +110,7 @@ def test_a_record_failing_twice_then_dead_lettered_stays_in_one_trace_through_re
         for s in exporter.get_finished_spans()
         if s.name == "kafkatx transaction"
     ]
-    assert "aborted" in outcomes and "committed" in outcomes and "recovered" in outcomes, outcomes
-    aborted = [
-        s for s in exporter.get_finished_spans() if (s.attributes or {}).get("kafkatx.transaction.outcome") == "aborted"
-    ]
-    assert [[link.context.span_id for link in s.links] for s in aborted] == [[a.context.span_id] for a in attempts], (
-        "each aborted transaction links to the attempt it held"
-    )
+    assert "aborted" not in outcomes and "recovered" in outcomes, outcomes  # a handler failure aborts nothing
     (dead,) = kafka.read(dlt)
     assert _trace_id(dead.headers) == TRACE_ID
     assert [v for k, v in dead.headers if k == "traceparent"] == [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafkatx.errors import NotInTransactionError
-from kafkatx.outputs import REFUSED_WITH_HEADERS, PendingOutput, buffer_output, encode, encode_headers, new_pending
+from kafkatx.outputs import PendingOutput, encode, encode_headers, new_pending
 from kafkatx.serde import RegistrySerializer
 
 __all__ = [
@@ -107,20 +107,6 @@ def send(
     ``(name, value)`` pairs.
     """
     sink = _current_sink()
-    # The common call first: a record runner whose failures abort the whole transaction lends its buffer a stream
-    # (confluent-kafka's produce per topic it has looked up); while nothing is buffered, the record goes straight
-    # to it, which encodes a str as kafkatx does and refuses what kafkatx must encode (the produce-or-buffer rule
-    # of outputs.buffer_output, written out here as in each emit function: no helper call on the fast path).
-    stream = getattr(sink, "stream", None)
-    if stream is not None and headers is None and partition is None and not sink:
-        try:
-            produce = stream.get(topic)  # None for a topic not looked up; TypeError for an unhashable one
-            if produce is not None:
-                produce(topic, value, key)
-                sink.produced += 1  # type: ignore[union-attr]
-                return
-        except REFUSED_WITH_HEADERS:
-            pass
     if sink is None:
         raise NotInTransactionError(
             "kafkatx.send() was called outside a transaction: call it from a listener handler, "
@@ -135,9 +121,6 @@ def send(
         and (type(value) is bytes or value is None)
         and (type(key) is bytes or key is None)
     ):
-        if stream is not None:
-            buffer_output(sink, topic, value, key)  # type: ignore[arg-type]
-            return
         sink.add(new_pending(PendingOutput, (topic, value, key, None, None)))
         return
     serializer = key_serializer = sink.serializer

@@ -328,6 +328,14 @@ def buffer_output(
     return 0
 
 
+class PartlyProducedError(Exception):
+    """Internal: an output was refused after the same record's earlier outputs went into the transaction."""
+
+    def __init__(self, error: OutputError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class ResultEmitters:
     """Produces what a handler returned, by one small function per result shape, for one transaction.
 
@@ -336,12 +344,11 @@ class ResultEmitters:
     and keeps it in ``by_type``; each one produces what needs no encoding by
     the produce-or-buffer rule (see :func:`buffer_output`) and encodes the
     rest into ``pending`` with :func:`to_pending` (a bad result fails its
-    record with an OutputError). ``stream_items`` produces an iterable's
-    items as they come (a failing handler aborts the whole transaction, so
-    nothing need be held back); without it they wait in ``pending`` until
-    the handler returned. ``directs`` (topic -> confluent-kafka's
-    ``produce``, or None) holds the topics looked up so far; ``send()``
-    produces through it.
+    record with an OutputError). An iterable's items wait in ``pending``
+    until the handler returned (a failing handler's items are dropped with
+    it), as what it ``send()``\\ s does; :meth:`produce_pending` produces
+    them. ``directs`` (topic -> confluent-kafka's ``produce``, or None)
+    holds the topics looked up so far.
     """
 
     __slots__ = (
@@ -350,7 +357,6 @@ class ResultEmitters:
         "_listener",
         "_direct_for",
         "_kinds",
-        "_stream_items",
         "pending",
         "directs",
         "by_type",
@@ -364,11 +370,10 @@ class ResultEmitters:
         pending: list[PendingOutput],
         direct_for: Callable[[str], Produce | None],
         *,
-        stream_items: bool,
         kinds: dict[type, int],
     ) -> None:
         self._default_topic, self._serializer, self._listener = default_topic, serializer, listener
-        self._direct_for, self._kinds, self._stream_items = direct_for, kinds, stream_items
+        self._direct_for, self._kinds = direct_for, kinds
         self.pending = pending
         self.directs: dict[str, Produce | None] = {}
         self.by_type: dict[type, Emit] = {}
@@ -398,7 +403,7 @@ class ResultEmitters:
         elif kind == OUTPUT:
             emit = _output_emitter(topic, produce, self.directs, self.direct, pending, fallback)
         elif kind == MANY:
-            emit = _many_emitter(produce if self._stream_items else None, pending, topic, fallback)
+            emit = _many_holder(pending, topic, fallback)
         elif kind == SERIALIZE and produce is not None:
             emit = _serialized_emitter(produce, pending, topic, self._serializer)  # type: ignore[arg-type]
         else:  # str, other tuples, an output topic not taken directly, unsupported: as collect_outputs() documents
@@ -418,15 +423,38 @@ class ResultEmitters:
         self.pending.append(to_pending(item, self._default_topic, self._serializer, self._listener))
         return 0
 
+    def flush_to(self, produce: Callable[[PendingOutput], None]) -> Callable[[], int]:
+        """:meth:`produce_pending` with ``produce`` bound once (the runner calls it after each handler that buffered)."""
+        return functools.partial(self.produce_pending, produce)
+
     def produce_pending(self, produce: Callable[[PendingOutput], None]) -> int:
         """Produce the buffered outputs in order, then clear them; returns how many.
 
         Each goes straight to confluent-kafka when it takes it, else through
         ``produce`` (the transactional producer's, which waits for queue
-        space or raises an OutputError naming the problem).
+        space or raises an OutputError naming the problem), so that a full
+        queue or a refusal never reorders them. Runs after every handler call
+        that buffered something: the topics looked up stay in ``directs``.
         """
-        pending = self.pending
-        produce_in_order(pending, self.direct, produce)
+        pending, directs = self.pending, self.directs
+        for out in pending:
+            topic, value, key, headers, partition = out
+            fast = directs[topic] if topic in directs else self.direct(topic)
+            if fast is not None:
+                try:
+                    if headers is None and partition is None:
+                        fast(topic, value, key)
+                    else:
+                        fast(topic, value, key, -1 if partition is None else partition, headers=headers)
+                    continue
+                except REFUSED:
+                    pass  # produce() waits for queue space, or classifies the error
+            try:
+                produce(out)
+            except OutputError as exc:
+                if out is not pending[0]:  # the record's outputs before it are in the transaction already
+                    raise PartlyProducedError(exc) from exc
+                raise
         count = len(pending)
         pending.clear()
         return count
@@ -512,51 +540,27 @@ def _output_emitter(
     return emit_output
 
 
-def _many_emitter(stream_to: Produce | None, pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
-    if stream_to is None:
-        return functools.partial(_buffer_items, fallback)
+def _many_holder(pending: list[PendingOutput], topic: str, fallback: Emit) -> Emit:
+    append = pending.append
 
-    def emit_many(result: Iterable[Any]) -> int:
-        """An iterable whose bytes and ``(key, value)`` items go out as they come.
-
-        The others, any item confluent-kafka does not take as it is, and any
-        item once one is buffered (order is kept), are encoded into the
-        buffer by ``fallback``.
-        """
-        produced = 0
+    def hold_many(result: Iterable[Any]) -> int:
+        """An iterable's items, held in the buffer until the handler returned (dropped if it raises): bytes and
+        ``(key, value)`` of bytes as they are, anything else encoded by ``fallback``."""
         for item in result:
             itype = type(item)
-            if itype is tuple:
-                if not pending:
-                    try:
-                        key, value = item  # ValueError unless a pair: fallback() names the problem
-                        stream_to(topic, value, key)
-                        produced += 1
-                        continue
-                    except REFUSED_WITH_HEADERS:
-                        pass
-            elif itype is bytes:
-                if not pending:
-                    try:
-                        stream_to(topic, item)
-                        produced += 1
-                        continue
-                    except REFUSED:
-                        pass
-            elif item is None:
+            if itype is bytes and topic:
+                append(new_pending(PendingOutput, (topic, item, None, None, None)))
                 continue
-            fallback(item)
-        return produced
+            if itype is tuple and topic and len(item) == 2:
+                key, value = item
+                if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
+                    append(new_pending(PendingOutput, (topic, value, key, None, None)))
+                    continue
+            if item is not None:
+                fallback(item)
+        return 0
 
-    return emit_many
-
-
-def _buffer_items(fallback: Emit, result: Iterable[Any]) -> int:
-    """An iterable's items, encoded into the buffer (``retry="in_place"``: held until the handler returned)."""
-    for item in result:
-        if item is not None:
-            fallback(item)
-    return 0
+    return hold_many
 
 
 def _serialized_emitter(produce: Produce, pending: list[PendingOutput], topic: str, serializer: Serializer) -> Emit:

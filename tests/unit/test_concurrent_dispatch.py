@@ -12,9 +12,12 @@ from confluent_kafka import Message
 from fakes import FakeHost, listener
 
 from kafkatx import InvalidConfigurationError, OutputError, Record, send
-from kafkatx.events import TransactionCommitted
+from kafkatx.events import HandlerFailed, TransactionCommitted
 from kafkatx.listener.concurrent import LaneSchedule, lanes_of
 from kafkatx.record import ConsumedMessage
+from kafkatx.rollback.durable import decode
+
+IN = ("in", 0)
 
 
 def keyed(*keys: bytes | None, partition: int = 0, start: int = 0) -> list[ConsumedMessage]:
@@ -231,36 +234,84 @@ def test_combinations_that_cannot_be_made_right_are_refused_when_declared() -> N
         listener(enrich, in_flight=0)
 
 
-@pytest.mark.parametrize("failing_again", [False, True])
-def test_batch_mates_are_re_run_together_after_a_rollback(failing_again: bool) -> None:
-    calls: dict[int, int] = {}
-    replaying = {"now": 0, "max": 0}
-    recovered: list[int] = []
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_the_records_before_a_failed_one_commit_once_and_the_rest_comes_next(max_attempts: int) -> None:
+    """The prefix before the failed record commits with the failure settled in its transaction, never re-run.
+    Recovered (attempts exhausted), its offset commits with that prefix; with backoff=0 and attempts left, the
+    transaction ends before it (its offset committed with its count) and it comes first in the next one, from
+    memory, at attempt 2: it is not called again inside the transaction."""
+    calls: dict[int, list[int]] = {}
+    recovered: list[tuple[int, int]] = []
 
     async def enrich(record: Record) -> bytes:
-        calls[record.offset] = calls.get(record.offset, 0) + 1
-        again = calls[record.offset] > 1
-        if again:
-            replaying["now"] += 1
-            replaying["max"] = max(replaying["max"], replaying["now"])
+        calls.setdefault(record.offset, []).append(record.attempt)
         await asyncio.sleep(0.002)
-        if again:
-            replaying["now"] -= 1
-        if record.offset == 30 or (failing_again and again and record.offset == 12):
+        if record.offset == 30 and record.attempt == 1:
             raise ValueError("poison")
         return record.value or b""
 
-    host = FakeHost(listener(enrich, in_flight=8, max_attempts=1, dlq=lambda r, e: recovered.append(r.offset)))
+    host = FakeHost(
+        listener(
+            enrich,
+            in_flight=8,
+            max_attempts=max_attempts,
+            backoff=0,
+            dlq=lambda r, e: recovered.append((r.offset, r.attempt)),
+        )
+    )
     runner = host.runner()
     keys = [b"k%d" % (i % 4) for i in range(40)]
     try:
         runner(host.unit(keyed(*keys)))
     finally:
         runner.close()
-    assert replaying["max"] > 1, "the records before the failed one were re-run concurrently"
-    poisoned = [12, 30] if failing_again else [30]
-    assert sorted(recovered) == poisoned
-    assert host.producer.committed_values == [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i not in poisoned]
+    assert all(calls[i] == [1] for i in range(30)), "the records before the failed one ran once"
+    first = host.producer.transactions[0]
+    assert first.outcome == "committed" and [v for _, v in first.produced] == [
+        b"%s:%d" % (k, i) for i, k in enumerate(keys[:30])
+    ]
+    assert [t.outcome for t in host.producer.transactions] == ["committed", "committed"], "nothing aborted"
+    assert [(e.record.offset, e.attempt) for e in host.events_of(HandlerFailed)] == [(30, 1)]
+    if max_attempts == 1:
+        assert recovered == [(30, 1)] and calls[30] == [1]
+        assert first.offsets == {IN: 31}, "the recovered record's offset commits with the prefix"
+        expected = [b"%s:%d" % (k, i) for i, k in enumerate(keys) if i != 30]
+    else:
+        assert recovered == [] and calls[30] == [1, 2]
+        assert first.offsets == {IN: 30} and decode(first.metadata[IN], 30).failures == 1  # type: ignore[union-attr]
+        expected = [b"%s:%d" % (k, i) for i, k in enumerate(keys)]
+    assert host.producer.committed_values == expected
+    assert host.producer.committed_offsets == {IN: 40} and not host.tracker
+
+
+def test_a_retried_recovery_counts_no_new_failure_when_records_run_concurrently() -> None:
+    """Rule 4 of failed_record.py, concurrently: a record whose recoverer failed is recovered on its next delivery
+    without calling the handler and without counting a failure: it is dead-lettered at the attempt it failed."""
+    calls: list[int] = []
+    recoveries: list[tuple[int, int]] = []
+
+    def handle(record: Record) -> bytes:
+        calls.append(record.offset)
+        if record.value == b"-:1":
+            raise ValueError("poison")
+        return record.value or b""
+
+    def recoverer(record: Record, error: BaseException) -> None:
+        recoveries.append((record.offset, record.attempt))
+        if len(recoveries) == 1:
+            raise ConnectionError("the dead-letter topic is down")
+
+    host = FakeHost(listener(handle, in_flight=2, max_attempts=1, recovery_backoff=4.0, dlq=recoverer))
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(None, None, None)))
+        runner(host.unit(host.deferred.pop(IN)[0]))  # handed back after recovery_backoff
+    finally:
+        runner.close()
+    assert calls == [0, 1, 2], "the handler is not called again for the record"
+    assert host.producer.committed_offsets == {IN: 3}
+    assert recoveries == [(1, 1), (1, 1)]
+    assert [e.attempt for e in host.events_of(HandlerFailed)] == [1]
 
 
 def test_pool_threads_log_as_the_container_and_async_sends_stay_with_their_record() -> None:

@@ -56,7 +56,6 @@ def emitters(
     topics: tuple[str, ...] = (OUT, "other"),
     output: str | None = OUT,
     serializer: Any = None,
-    stream_items: bool = True,
 ) -> tuple[ResultEmitters, list[PendingOutput]]:
     pending: list[PendingOutput] = []
     made = ResultEmitters(
@@ -65,7 +64,6 @@ def emitters(
         "listener",
         pending,
         lambda topic: fake if topic in topics else None,
-        stream_items=stream_items,
         kinds={},
     )
     return made, pending
@@ -143,7 +141,7 @@ def test_a_key_or_value_of_another_type_is_encoded_by_kafkatx_on_every_direct_pa
         emit(made, iter([(b"k", value)]))
     else:
         sink = Sink()
-        sink.stream, sink.serializer = made.directs, to_json
+        sink.serializer = to_json
         previous = bind_sink(sink)
         try:
             send("other", value, b"k")
@@ -213,7 +211,8 @@ def test_an_output_without_a_topic_needs_an_output_topic() -> None:
         emit(made, Output(b"v"))
 
 
-def test_a_generator_streams_its_items_in_order() -> None:
+def test_a_generators_items_wait_in_the_buffer_in_order_until_the_handler_returned() -> None:
+    """Held, so that a handler failing after some items produces none of them; produced in order afterwards."""
     fake = FakeProduce()
     made, pending = emitters(fake)
 
@@ -223,28 +222,22 @@ def test_a_generator_streams_its_items_in_order() -> None:
         yield b"k", b"b"
         yield Output(b"c", topic="other")
 
-    assert emit(made, items()) == 2
-    assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1)]
-    assert pending == [PendingOutput("other", b"c", None, None, None)]
-
-
-def test_a_generator_falls_back_to_the_buffer_from_the_first_refused_item_on() -> None:
-    fake = FakeProduce(refuse=1)
-    made, pending = emitters(fake)
-    assert emit(made, [b"a", b"b", (b"k", b"c")]) == 0
+    assert emit(made, items()) == 0
     assert fake.calls == []
     assert pending == [
         PendingOutput(OUT, b"a", None, None, None),
-        PendingOutput(OUT, b"b", None, None, None),
-        PendingOutput(OUT, b"c", b"k", None, None),
+        PendingOutput(OUT, b"b", b"k", None, None),
+        PendingOutput("other", b"c", None, None, None),
     ]
+    assert made.produce_pending(lambda out: None) == 3
+    assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1), ("other", b"c", None, None, -1)]
+    assert pending == []
 
 
-def test_without_streaming_a_generator_waits_in_the_buffer() -> None:
+def test_a_generators_items_of_other_types_are_encoded_into_the_buffer() -> None:
     fake = FakeProduce()
-    made, pending = emitters(fake, stream_items=False)
-    assert emit(made, [b"a", (b"k", b"b")]) == 0
-    assert fake.calls == []
+    made, pending = emitters(fake)
+    assert emit(made, ["a", ("k", b"b")]) == 0
     assert pending == [PendingOutput(OUT, b"a", None, None, None), PendingOutput(OUT, b"b", b"k", None, None)]
 
 
@@ -310,33 +303,10 @@ def test_a_buffered_output_confluent_kafka_refuses_goes_to_the_waiting_produce()
 
 
 class Sink(list[PendingOutput]):
+    """What ``send()`` appends to: a record's buffer (a record's work is held until its handler returns)."""
+
     serializer = None
-    produced = 0
     add = list.append
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stream: dict[str, Any] | None = None
-
-
-def test_send_goes_through_the_same_rule_as_returned_records() -> None:
-    fake = FakeProduce(refuse=1)
-    sink = Sink()
-    made = ResultEmitters(OUT, None, "listener", sink, lambda t: fake, stream_items=True, kinds={})
-    made.direct("other")
-    sink.stream = made.directs
-    previous = bind_sink(sink)
-    try:
-        send("other", b"refused", b"k")  # BufferError: buffered
-        send("other", b"after", b"k")  # something is buffered before it: buffered too
-        sink.clear()
-        send("other", b"now", b"k")
-        send("unknown", b"later")  # a topic the runner has not looked up: buffered
-    finally:
-        bind_sink(previous)
-    assert fake.calls == [("other", b"now", b"k", None, -1)]
-    assert sink.produced == 1
-    assert sink == [PendingOutput("unknown", b"later", None, None, None)]
 
 
 def test_a_bytes_subclass_is_produced_as_its_bytes_on_every_path() -> None:

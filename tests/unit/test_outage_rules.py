@@ -11,6 +11,7 @@ from fakes import FakeHost, listener, messages
 from kafkatx import App, DependencyUnavailable, InvalidConfigurationError, OutageTooLongError, Record
 from kafkatx.events import HandlerFailed, OutageEnded, OutageStarted, RecordRecovered
 from kafkatx.listener.outage import MAX_RETRY_DELAY, ListenerOutage, OutageHold, first_delay, is_outage
+from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.record import ConsumedMessage
 
 IN = ("in", 0)
@@ -232,7 +233,7 @@ def test_the_hold_pauses_the_containers_partitions_and_seeks_back_what_was_fetch
     host.consumer = consumer  # type: ignore[assignment]
     host.outage = outage = ListenerOutage(host.name, host.publish, first_delay=1.0, clock=clock)
     handled: list[list[ConsumedMessage]] = []
-    hold = OutageHold(host)
+    hold = OutageHold(host, KafkaErrorReactions(host).consumer_error)
     assert not hold.poll(handled.append), "no outage: the container polls as usual"
     outage.report(0, ConnectionError("down"), _record(5))
     consumer.fetched = messages(b"x", b"y", start=7)

@@ -9,7 +9,7 @@ from fakes import FakeHost, listener, messages
 
 import kafkatx
 from kafkatx import Record
-from kafkatx.listener.host import HandlerFailure
+from kafkatx.events import HandlerFailed
 from kafkatx.listener.overlap import CommitOverlap, overlap_of
 
 
@@ -46,34 +46,50 @@ def test_the_next_slice_is_handled_with_its_outputs_and_sends_held_not_produced(
     assert held.offsets == {("in", 0): 4}
 
 
-def test_a_handler_failure_ahead_of_the_commit_is_held_for_the_runner_to_take_on() -> None:
+def test_a_handler_failure_ahead_ends_the_held_batch_before_the_failed_record() -> None:
+    """The records before the failed one are held (and commit next); it and what follows are fetched again, and
+    its failure is counted in a transaction of its own, once the commit before it returned."""
+
     def handle(record: Record) -> bytes:
         if record.value == b"b1":
             raise ValueError("bad")
-        return b"ok"
+        return b"ok-" + (record.value or b"")
 
-    host, overlap = _setup(handle)
-    overlap._next = messages(b"b0", b"b1", start=2)
+    host, overlap = _setup(handle, backoff=0, max_attempts=1, dlq="in-dlt")
+    overlap._next = messages(b"b0", b"b1", b"b2", start=2)
     overlap.handle_next(_committing(host))
     [held] = overlap.held
-    assert isinstance(held.raised, HandlerFailure) and held.raised.index == 1, "as its transaction would raise it"
-    assert host.seeks == [] and not host.tracker, "counted when the runner takes it on, after the commit"
+    assert held.raised is None and [m.offset() for m in held.messages] == [2]
+    assert [(o[0], o[1]) for o in held.outputs] == [("out", b"ok-b0")] and held.offsets == {("in", 0): 3}
+    assert host.seeks == [(("in", 0), 3)], "the failed record and what follows are fetched again"
+    assert not host.tracker and host.events_of(HandlerFailed) == [], "not counted ahead of the commit"
+
+    host.consumer = None  # (nothing to poll during the held batch's own commit)
+    assert overlap.commit_held()
+    assert host.producer.committed_values == [b"ok-b0"] and host.producer.committed_offsets == {("in", 0): 3}
+    host.runner()(host.unit(messages(b"b1", b"b2", start=3)))  # fetched again: it fails in its own transaction
+    assert [(e.record.offset, e.attempt) for e in host.events_of(HandlerFailed)] == [(3, 1)]
+    assert host.producer.committed[-1].produced == [("in-dlt", b"b1"), ("out", b"ok-b2")]
+    assert host.producer.committed_offsets == {("in", 0): 5}
 
 
-def test_in_place_retries_and_recoveries_run_ahead_with_the_dead_letter_held() -> None:
-    calls: list[bytes] = []
+def test_in_place_failures_ahead_are_left_for_their_own_transaction_too() -> None:
+    """retry="in_place" ahead of a commit: no retry and no dead letter ahead; the record is fetched again."""
+    calls: list[tuple[bytes, int]] = []
 
     def handle(record: Record) -> bytes:
-        calls.append(record.value or b"")
+        calls.append((record.value or b"", record.attempt))
         raise ValueError("bad")
 
     host, overlap = _setup(handle, retry="in_place", backoff=0, max_attempts=2, dlq="in-dlt")
     overlap._next = messages(b"b0", start=2)
     overlap.handle_next(_committing(host))
-    assert calls == [b"b0", b"b0"]
-    [held] = overlap.held
-    assert held.raised is None and held.offsets == {("in", 0): 3}
-    assert [o[0] for o in held.outputs] == ["in-dlt"], "the dead letter waits with the batch's outputs"
+    assert calls == [(b"b0", 1)] and overlap.held == []
+    assert host.seeks == [(("in", 0), 2)] and not host.tracker
+    host.runner()(host.unit(messages(b"b0", start=2)))  # fetched again: retried and recovered in place
+    assert calls == [(b"b0", 1), (b"b0", 1), (b"b0", 2)], "attempt 1 again: the failure ahead was not counted"
+    assert host.producer.committed[-1].produced == [("in-dlt", b"b0")]
+    assert host.producer.committed_offsets == {("in", 0): 3}
 
 
 def test_a_seek_of_a_held_partition_or_a_failed_commit_gives_the_held_work_up() -> None:

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from types import GeneratorType
 from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.identity import LogIdentity, log_identity, succeeds_shared_id
@@ -160,23 +161,66 @@ class DatabaseSession:
         self.commits = 0
         self._crash_after = _crash_after()
         self._logs: dict[str, LogIdentity] = {}  # per input topic: the Kafka log this container reads
+        self._spoiled: str | None = None  # why the open transaction must not commit (see _undo)
 
     def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``handler``, noting each record's partition first, so that the outputs it causes are stored under it;
-        and checking after it that it left the transaction able to commit (see Backend.unusable)."""
-        unusable = self.backend.unusable
+        run in a savepoint of its own while a unit's transaction is open, so that its failure undoes only its
+        record's database work (the records before it in the unit keep theirs); and checking after it that it
+        left the transaction able to commit (see Backend.unusable).
+
+        Per call: one savepoint and one release (a rollback to the savepoint if the handler raises). A handler
+        that returns a generator has its body run here, inside the savepoint."""
+        backend = self.backend
+        unusable, savepoint, release = backend.unusable, backend.savepoint, backend.release
 
         def handle(record: Any) -> Any:
             self.source = (record.topic, record.partition)
-            result = handler(record)
-            problem = unusable(self._conn, self._txn) if self._open else None
+            if not self._open:
+                return handler(record)
+            conn, txn = self._conn, self._txn
+            point = savepoint(conn)  # fails if the connection is gone: lost_connection makes that an outage
+            try:
+                result = handler(record)
+                if type(result) is GeneratorType:
+                    result = list(result)
+            except BaseException:
+                self._undo(conn, point)
+                raise
+            problem = unusable(conn, txn)  # before the release: an ended transaction is named, not masked
             if problem is not None:
+                self._undo(conn, point)  # a PostgreSQL transaction aborted by the handler is usable again
                 raise RuntimeError(problem)
+            try:
+                release(conn, point)
+            except Exception as exc:
+                self._spoil(conn, exc, "release a record's savepoint")  # (the handler's own SQL released or ended it)
+                raise
             return result
 
         handle.__wrapped__ = handler  # type: ignore[attr-defined]
         handle.__qualname__ = getattr(handler, "__qualname__", "handler")
         return handle
+
+    def _undo(self, conn: Any, point: Any) -> None:
+        """Roll a failed record's database work back to its savepoint; quietly, the record's failure goes on."""
+        if self.backend.broken(conn):  # the server went away: nothing will commit, and the outage must show
+            return
+        try:
+            self.backend.rollback_to(conn, point)
+        except Exception as exc:
+            log.debug("listener %s: the rollback to the record's savepoint failed", self.listener, exc_info=True)
+            self._spoil(conn, exc, "roll a failed record's database work back to its savepoint")
+
+    def _spoil(self, conn: Any, exc: Exception, doing: str) -> None:
+        """A savepoint statement failed: unless the connection is gone (an outage: lost_connection says so, and
+        nothing commits), the transaction may hold work of a failed record, so it must not commit."""
+        if not self.backend.broken(conn):
+            self._spoiled = (
+                f"kafkatx could not {doing} ({type(exc).__name__}: {exc}); the unit's database "
+                "transaction is not committed (did the handler release the savepoint, or end the transaction, "
+                "with SQL of its own?)"
+            )
 
     # -- connection --------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -324,7 +368,7 @@ class DatabaseSession:
         conn = self._conn
         if self.backend.broken(conn):  # (a recoverer that swallowed the error: handlers are checked one by one)
             raise self._unavailable(ConnectionError("the connection was lost"), "committed")
-        problem = self.backend.unusable(conn, self._txn)
+        problem = self._spoiled or self.backend.unusable(conn, self._txn)
         if problem is not None:
             self.rollback()
             raise RuntimeError(problem)
@@ -382,3 +426,4 @@ class DatabaseSession:
             self._previous_handle = None
         self._outputs = _Recorded(self)
         self.source = None
+        self._spoiled = None

@@ -74,7 +74,6 @@ def after_rollback(
             unit.rewind(msgs)
             unit.outage.report(unit.worker, failure.exc, failure.record)
             return []
-        _end_counts_of_successes(unit, msgs, failure)
         scope = RollbackScope(unit.with_messages(msgs), msgs, failure, replay)
         started = time.perf_counter()
         again: HandlerFailure | None = None
@@ -113,18 +112,6 @@ def _process(processor: AfterRollbackProcessor, scope: RollbackScope) -> None:
     scope.send_offsets()
 
 
-def _end_counts_of_successes(unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure) -> None:
-    """The records before the failed one succeeded in the attempt that failed: their failure counts end.
-
-    Their transaction was aborted by another record's failure, which is not
-    theirs: re-run as batch-mates, they start again at attempt 1 (and the
-    scope built next gives them that ``attempt``). Nothing is done while no
-    record is failing.
-    """
-    if failure.index and unit.tracker.failing:
-        unit.tracker.succeeded(msgs[: failure.index], failure.record)
-
-
 def recovery_failed(
     unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
 ) -> None:
@@ -135,7 +122,6 @@ def recovery_failed(
     (:class:`~kafkatx.RecoveryExhaustedError`): the record was not committed
     and is delivered again on restart.
     """
-    _end_counts_of_successes(unit, msgs, failure)
     _recovery_failed(unit, msgs, failure, exc, replay)
 
 

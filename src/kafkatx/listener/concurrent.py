@@ -15,8 +15,10 @@ transaction commits a prefix of its records, exactly as the one-at-a-time
 runner does:
 
 - a failing record stops new records past it from starting; those in
-  flight finish; the records before it all ran, so the failure goes to the
-  after-rollback path (:mod:`kafkatx.listener.after_rollback`) as today's;
+  flight finish; the records before it all ran and commit, and the runner
+  settles the failure in the same transaction
+  (:mod:`kafkatx.listener.failed_record`); the records after it are handled
+  again in the next transaction;
 - the transaction's time budget, or a stop, ends the batch at the first
   record not started yet: what is in flight finishes, the prefix commits,
   and the rest is fetched again.
@@ -47,13 +49,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
-from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
+from kafkatx.events import RecordRecovered
+from kafkatx.listener.failed_record import Abandoned
 from kafkatx.listener.host import HandlerFailure
 from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action, Verdict
 
 if TYPE_CHECKING:
@@ -176,20 +179,18 @@ class ConcurrentDispatch:
         self._pool: ThreadPoolExecutor | None = None
 
     # -- the runner's side ---------------------------------------------------------------
-    def handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], budget: float) -> int:
-        """Handle ``msgs`` in the open transaction; return how many of them (a prefix) to commit.
+    def handle(
+        self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], budget: float
+    ) -> tuple[int, HandlerFailure | None]:
+        """Handle ``msgs`` in the open transaction; return how many of them (a prefix) are done, and the failure
+        of the record right after that prefix, if one failed (every record before it done and produced).
 
-        Sends the offsets of that prefix; raises :class:`HandlerFailure`
-        for a record that failed with every record before it done.
+        Sends no offsets: the runner settles the failure first (listener/failed_record.py).
         """
         run = _BatchRun(self, unit, msgs, budget)
         self.event_loop().run_until_complete(run.finished)
-        failure = run.failure
-        if failure is not None and failure.index == run.schedule.cut:
-            raise failure
-        cut = run.schedule.cut
-        unit.send_offsets(_next_offsets(msgs, cut))
-        return cut
+        failure, cut = run.failure, run.schedule.cut
+        return cut, failure if failure is not None and failure.index == cut else None
 
     def replay(self, record: Record) -> list[PendingOutput]:
         """Run the handler for ``record`` (after a rollback) and return its encoded outputs."""
@@ -323,20 +324,12 @@ class ConcurrentDispatch:
 
 
 def in_place_verdict(unit: TransactionUnit, record: Record, error: BaseException) -> tuple[Verdict, int]:
-    """A failed in-place attempt of ``record``: counted and published, then the policy's verdict, with the failures
-    so far. Abandoned is raised when the container stops; a retry is published with its delay (the caller waits)."""
-    state = unit.tracker.record_failure(record, error)
-    unit.publish(HandlerFailed(unit.listener, unit.worker, record, error, state.failures))
-    verdict = unit.policy.decide(state.failures, error, unit.stop_event)
+    """A failed in-place attempt of ``record``: decided by :func:`~kafkatx.rollback.decision.decide_failure`,
+    with the failures so far. Abandoned is raised when the container stops; on a retry the caller waits."""
+    verdict = decide_failure(unit, record, error)
     if verdict.action is Action.ABANDON:
         raise Abandoned
-    if verdict.action is Action.RETRY:
-        unit.publish(RecordRetryScheduled(unit.listener, unit.worker, record, state.failures + 1, verdict.delay))
-    return verdict, state.failures
-
-
-class Abandoned(Exception):
-    """Internal: the container stopped while a record waited for an in-place retry: the unit is given up."""
+    return verdict, verdict.attempt
 
 
 class InPlaceRecoveryFailed(Exception):
@@ -450,10 +443,7 @@ class _BatchRun:
         error = asyncio.CancelledError() if future.cancelled() else future.exception()
         if error is None:
             outcome = future.result()
-            tracker = self._unit.tracker
-            if tracker and type(outcome) is not _Recover:
-                tracker.clear(record)  # a call succeeded: that ends its count (FailureTracker)
-            self._done[index] = outcome
+            self._done[index] = outcome  # a success's count ends when its offset commits
             self._produce_prefix()
         elif isinstance(error, Exception) and not (
             isinstance(error, (KafkaClientError, Abandoned)) and not isinstance(error, OutputError)
@@ -505,11 +495,3 @@ class _BatchRun:
         unit.tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
         unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
         return True
-
-
-def _next_offsets(msgs: Sequence[ConsumedMessage], count: int) -> dict[TP, int]:
-    """The next offset of each partition, over the first ``count`` records."""
-    offsets: dict[TP, int] = {}
-    for msg in msgs[:count]:
-        offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-    return offsets

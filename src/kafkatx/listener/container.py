@@ -94,7 +94,7 @@ class ListenerContainer:
         self.guard = CrashGuard(self)
         #: Shared by the listener's containers (the App builds one per listener): an outage pauses them all.
         self.outage = outage or ListenerOutage.for_listener(spec, runtime.events.publish)
-        self._hold = OutageHold(self)
+        self._hold = OutageHold(self, self.reactions.consumer_error)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
         if self.database is not None:  # outputs are stored per input partition: the handler says whose they are

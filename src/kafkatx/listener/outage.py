@@ -39,6 +39,8 @@ from kafkatx.events import Event, OutageEnded, OutageStarted
 from kafkatx.rollback.classifier import cause_chain
 
 if TYPE_CHECKING:
+    from confluent_kafka import Message
+
     from kafkatx.listener.host import ContainerHost
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.rollback.policy import FailurePolicy
@@ -309,9 +311,12 @@ class OutageHold:
     back, to come again once the listener resumes.
     """
 
-    def __init__(self, host: ContainerHost) -> None:
+    def __init__(self, host: ContainerHost, consumer_error: Callable[[Message], None]) -> None:
         self._host = host
         self._paused: set[TP] = set()
+        #: The main loop's reaction to a consumer error from a poll (raises what ends the container, logs the rest):
+        #: an error librdkafka reports while the listener is held is reported once, and must not be lost.
+        self._consumer_error = consumer_error
 
     def poll(self, handle: Callable[[list[ConsumedMessage]], None]) -> bool:
         """Poll on the container's behalf while the listener is held (``handle``: what it admits). True if it did."""
@@ -328,6 +333,10 @@ class OutageHold:
         msgs = consumer.consume(host.spec.max_batch_records, _HELD_POLL_S)
         host.polled_at = time.monotonic()
         batch: list[ConsumedMessage] = [m for m in msgs if m.error() is None]  # type: ignore[misc]
+        if len(batch) != len(msgs):  # before anything is handled or sought, as in the main loop
+            for m in msgs:
+                if m.error() is not None:
+                    self._consumer_error(m)
         held = host.paused_until
         keep = [m for m in batch if (m.topic(), m.partition()) in admitted and (m.topic(), m.partition()) not in held]
         if len(keep) != len(batch):  # fetched before the pause took effect: they come again after it

@@ -24,11 +24,12 @@ they are fetched again and handled anew, as after an abort) when:
 - anything seeks or pauses one of its partitions (a time budget cut short the
   committing batch, a back-off), or the container stops;
 
-A handler that fails while its batch is handled ahead is treated as in its own
-transaction: ``retry="in_place"`` retries and recovers it there (a dead letter is
-held like any output); otherwise the record runner takes the failure on at the
-next turn, once the commit before it returned, as if its transaction had failed
-(after-rollback: the failure counts, the policy decides).
+A handler that fails while its batch is handled ahead ends the held batch just
+before that record: the records before it are held and commit as usual, and the
+failed record and what follows are fetched again, to fail (and be counted and
+decided about) in a transaction of their own. A failure that must abort (an
+outage, a client error) is taken on by the record runner at the next turn, once
+the commit before it returned, as if its transaction had failed.
 
 Records are handled ahead only when nothing else is going on: no record is
 failing, no partition is paused, no outage is on, and none of the records is
@@ -49,7 +50,8 @@ from typing import TYPE_CHECKING, Any, cast
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.errors import UnknownTopicError
 from kafkatx.events import TransactionAborted, TransactionCommitted
-from kafkatx.listener.concurrent import Abandoned, InPlaceRecoveryFailed
+from kafkatx.listener.concurrent import InPlaceRecoveryFailed
+from kafkatx.listener.failed_record import Abandoned
 from kafkatx.listener.host import ContainerHost, HandlerFailure
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit

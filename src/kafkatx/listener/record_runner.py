@@ -2,11 +2,12 @@
 
 Per unit: begin; for each record, call the handler and produce what it
 returns (and what it ``send()``\\ s); send the next offsets with the
-consumer's group metadata; commit. A handler failure aborts the transaction
-and hands the unit to the after-rollback path
-(:mod:`kafkatx.listener.after_rollback`); with ``retry="in_place"`` the
-failed record is retried (or recovered) inside the open transaction instead,
-asking the same :class:`~kafkatx.rollback.policy.FailurePolicy`.
+consumer's group metadata; commit. A handler failure aborts nothing (see
+below); only what must be undone whole (a dependency outage, an output the
+client refused half-way, a Kafka error) aborts and goes to the after-rollback
+path (:mod:`kafkatx.listener.after_rollback`), as does every failure of a
+listener with a custom ``after_rollback=`` processor, once the records before
+it committed.
 
 The loop in :meth:`RecordRunner._handle` is the hot path: it runs for every
 record, so it keeps to local variables, reads the clock once per step of
@@ -18,10 +19,15 @@ the one Python call per record kafkatx adds to the handler's: it calls
 confluent-kafka itself, with no helper call on the fast path
 (``bench/micro_hot_path.py --callgrind`` counts what each shape costs).
 
-While some record is failing, a success on its first call ends a record's
-count, commit or not (FailureTracker). ``send()`` and a generator's items are
-produced as they come (a failure aborts the whole transaction), or, with
-``retry="in_place"``, wait in the buffer until the handler returned. With
+A record's work is held until its handler returns: ``send()`` and a
+generator's items wait in a per-record buffer (returned values are produced
+after the return anyway), so a failed call is undone by dropping that buffer
+and the transaction goes on. The failure is settled in the open transaction
+(:mod:`kafkatx.listener.failed_record`): called again at once, recovered
+(the dead letter commits with the offset), or held: the transaction ends
+before the record, the records before it commit, and its partition waits for
+the back-off while the rest of the unit is handled next, from memory. A
+record's count ends when its offset commits. With
 tracing on, the handler is tracing's wrapper, and the root records its
 sampler leaves out (99 in 100 at the usual 1%) are run with the listener's
 own handler by a countdown the runner holds (``listener.host.UntracedRoots``);
@@ -35,27 +41,20 @@ import logging
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any
 
-from kafkatx.client.offsets import TP
+from kafkatx.client.offsets import TP, next_offsets
 from kafkatx.context import bind_sink
-from kafkatx.errors import OutputError, RecoveryError
-from kafkatx.events import RecordRecovered, TransactionCommitted
+from kafkatx.errors import KafkaClientError
+from kafkatx.events import TransactionCommitted
 from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
-from kafkatx.listener.concurrent import (
-    Abandoned,
-    ConcurrentDispatch,
-    InPlaceRecoveryFailed,
-    NotAwaitedError,
-    in_place_verdict,
-    refuse_awaitable,
-)
+from kafkatx.listener.concurrent import ConcurrentDispatch, InPlaceRecoveryFailed, NotAwaitedError, refuse_awaitable
+from kafkatx.listener.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.outputs import Emit, PendingOutput, Produce, ResultEmitters, collect_outputs, unproducible_stop
-from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord, to_record
-from kafkatx.rollback.policy import Action
+from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
+from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord
+from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
     from kafkatx.listener.unit import TransactionUnit
@@ -68,25 +67,39 @@ log = logging.getLogger("kafkatx.container")
 
 
 class _RecordBuffer(list[PendingOutput]):
-    """Outputs of the record being handled; ``send()`` appends here.
+    """Outputs of the record being handled: ``send()`` appends here, and so do a returned iterable's items; they
+    are produced once the handler returned, dropped if it raised."""
 
-    While the runner handles a unit with ``retry="rollback"``, ``stream``
-    maps the topics it has looked up to confluent-kafka's ``produce`` (or
-    None), and ``send()`` produces through it by the produce-or-buffer rule
-    (:func:`~kafkatx.outputs.buffer_output`), counting in ``produced``: a
-    failing handler aborts the whole transaction, so there is nothing to
-    hold back.
-    """
-
-    __slots__ = ("serializer", "stream", "produced")
+    __slots__ = ("serializer",)
+    stream = None  # send() produces through no stream: a record's work is held until its handler returns
 
     def __init__(self, serializer: Any) -> None:
         super().__init__()
         self.serializer = serializer
-        self.stream: dict[str, Produce | None] | None = None
-        self.produced = 0
 
     add = list.append
+
+
+class _Cut:
+    """Where a transaction ended before its last record, on a failure, and what comes after it.
+
+    ``index``: the first record not committed (with a ``hold``, that record's own offset is committed, carrying
+    its count). ``hold``: its partition waits; ``handover``: a custom after-rollback processor decides about it;
+    neither: the records from ``index`` are handled next (from memory, or fetched again when ``refetch``).
+    """
+
+    __slots__ = ("index", "hold", "handover", "refetch")
+
+    def __init__(
+        self, hold: Hold | None = None, handover: HandlerFailure | None = None, *, refetch: bool = False
+    ) -> None:
+        self.index = 0
+        self.hold, self.handover, self.refetch = hold, handover, refetch
+
+    @classmethod
+    def after(cls, hold: Hold | None) -> _Cut | None:
+        """A cut holding ``hold``'s record, or None: the record was settled in the transaction, which goes on."""
+        return None if hold is None else cls(hold)
 
 
 class RecordRunner:
@@ -96,11 +109,15 @@ class RecordRunner:
         self._c = container
         self.spec = container.spec
         self.processor = processor
+        #: The listener's own policy settles failures in the open transaction; a custom processor is handed them.
+        self._settles = type(processor) is DefaultAfterRollbackProcessor
         self._buffer = _RecordBuffer(self.spec.serializer)
         self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
         # A listener of one topic gets that topic's records only: the hot path need not ask each Message.
         self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
         self._stopped_at = -1
+        self._cut: _Cut | None = None
+        self._ahead = False  # handling ahead of a commit (listener/overlap.py): a failure is left for later
         #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
         self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
@@ -116,7 +133,7 @@ class RecordRunner:
             failure: HandlerFailure | None = None
             recovery: InPlaceRecoveryFailed | None = None
             abandoned = False
-            self._stopped_at = -1
+            self._stopped_at, self._cut = -1, None
             work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
             try:
                 if raised is not None:
@@ -134,8 +151,9 @@ class RecordRunner:
             if failure is not None:
                 if type(failure.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
                     raise failure.exc
-                in_memory = time.monotonic() - self._c.polled_at < self._c.transaction_budget
-                msgs = after_rollback(current, msgs, failure, self.processor, self._replay, keep_in_memory=in_memory)
+                msgs = after_rollback(
+                    current, msgs, failure, self.processor, self._replay, keep_in_memory=self._in_memory()
+                )
                 continue
             if recovery is not None:
                 recovery_failed(current, msgs, recovery.failure, recovery.error, self._replay)
@@ -143,13 +161,16 @@ class RecordRunner:
             if abandoned:  # nothing was committed; the records come back on restart
                 current.rewind()
                 return
-            stopped_at = self._stopped_at
+            stopped_at, cut = self._stopped_at, self._taken_cut()
             handled = len(msgs) if stopped_at < 0 else stopped_at
             current.publish(
                 TransactionCommitted(
                     current.listener, current.worker, handled, current.outputs, time.perf_counter() - started
                 )
             )
+            if cut is not None:
+                msgs = self._after_cut(current, msgs, cut)
+                continue
             if stopped_at >= 0:  # the rest of the poll is fetched again for the next transaction
                 log.debug(
                     "listener %s: transaction time budget (%.3gs) used after %d of %d records",
@@ -160,6 +181,44 @@ class RecordRunner:
                 )
                 current.rewind(msgs[stopped_at:])
             return
+
+    def _taken_cut(self) -> _Cut | None:
+        """Where the last transaction's work ended on a failure (set by the work, read once)."""
+        cut, self._cut = self._cut, None
+        return cut
+
+    def _in_memory(self) -> bool:
+        """True while the poll is recent enough for its records to be handled from memory (not fetched again)."""
+        return time.monotonic() - self._c.polled_at < self._c.transaction_budget
+
+    def _after_cut(self, unit: TransactionUnit, msgs: list[ConsumedMessage], cut: _Cut) -> list[ConsumedMessage]:
+        """The transaction before a failed record committed: hold its partition, or hand it over; the records to
+        handle next, from memory (none: they were sought back)."""
+        rest = msgs[cut.index :]
+        if cut.handover is not None:
+            return after_rollback(
+                unit.with_messages(rest),
+                rest,
+                cut.handover,
+                self.processor,
+                self._replay,
+                keep_in_memory=self._in_memory(),
+            )
+        in_memory = not cut.refetch and self._in_memory() and not unit.stopping
+        hold = cut.hold
+        if hold is not None and hold.delay > 0:
+            topic, partition = hold.record.topic, hold.record.partition
+            held = [m for m in rest if m.partition() == partition and m.topic() == topic]
+            rest = [m for m in rest if m.partition() != partition or m.topic() != topic]
+            if in_memory:  # handled from memory when the back-off ends
+                unit.defer(held, hold.delay)
+            else:
+                unit.seek((topic, partition), hold.record.offset)
+                unit.pause((topic, partition), hold.delay)
+        if not in_memory:
+            unit.rewind(rest)
+            return []
+        return rest
 
     def close(self) -> None:
         """The container is closing: stop the concurrent dispatch's event loop and threads, if any."""
@@ -174,21 +233,39 @@ class RecordRunner:
     def handle_ahead(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
         """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/overlap.py).
 
-        Returns how many were handled before the transaction's time budget ran out. Called while another
-        unit of this runner commits, so the state that unit reads afterwards is kept.
+        Returns how many were handled before the transaction's time budget ran out, or before a record that
+        failed (it is fetched again and fails in a transaction of its own, where it is counted). Called while
+        another unit of this runner commits, so the state that unit reads afterwards is kept.
         """
-        stopped_at = self._stopped_at
+        stopped_at, cut = self._stopped_at, self._cut
         try:
-            self._stopped_at = -1
+            self._stopped_at, self._ahead = -1, True
             self._handle(unit, msgs)
             return len(msgs) if self._stopped_at < 0 else self._stopped_at
         finally:
-            self._stopped_at = stopped_at
+            self._stopped_at, self._cut, self._ahead = stopped_at, cut, False
 
     def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""
         assert self._dispatch is not None
-        handled = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
+        handled, failure = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
+        offsets = next_offsets(msgs[:handled])
+        if failure is not None:
+            record = failure.record
+            state = unit.tracker.state(record)
+            if state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
+                cut = _Cut.after(retry_recovery(unit, record))
+            else:
+                cut = self._failed(unit, record, failure.exc, failure.index, False)
+            if cut is None:  # recovered in this transaction: its offset commits, the records after it come next
+                offsets[(record.topic, record.partition)] = record.offset + 1
+                cut = _Cut()
+                cut.index = failure.index + 1
+            else:
+                offsets[(record.topic, record.partition)] = record.offset
+                cut.index = failure.index
+            self._cut, handled = cut, cut.index
+        unit.send_offsets(offsets)
         self._stopped_at = handled if handled < len(msgs) else -1
 
     def replay(self, record: Record) -> list[PendingOutput]:
@@ -207,15 +284,30 @@ class RecordRunner:
 
     # -- the hot path ------------------------------------------------------------------
     def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
-        """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets (per
-        record: refill the record, call the handler, produce its result, then what it buffered: see the module)."""
+        """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
+        buf = self._buffer
+        emitters = self._emitters(unit)
+        previous = bind_sink(buf)
+        try:
+            outputs, offsets = self._handle_records(unit, msgs, emitters)
+            unit.outputs += outputs
+            unit.send_offsets(offsets)
+        finally:
+            buf.clear()
+            emitters.close()
+            bind_sink(previous)
+
+    def _handle_records(
+        self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], emitters: ResultEmitters
+    ) -> tuple[int, dict[TP, int]]:
+        """Per record: refill the record, call the handler, produce its result, then what it buffered (see the module).
+        Returns how many outputs it produced and the offsets to commit."""
         spec, buf, tracker = self.spec, self._buffer, unit.tracker
         handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
         failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
         roots, skip = spec.untraced_roots, 0  # tracing: the next ``skip`` root records run untraced
         untraced = roots.handler if roots is not None else handler
-        emitters = self._emitters(unit, in_place)
-        by_type, emitter_for = emitters.by_type, emitters.emitter
+        by_type, emitter_for, flush = emitters.by_type, emitters.emitter, emitters.flush_to(unit.producer.produce)
         shape: type = type(None)  # the type of the last result, and its emit function
         emit: Emit = _nothing
         offsets: dict[TP, int] = {}
@@ -223,7 +315,6 @@ class RecordRunner:
         outputs = handled = 0
         started, step, budget, unshared = time.perf_counter(), 1, self._c.transaction_budget, UNSHARED_REFCOUNT
         record: Any = _fresh_record()
-        previous = bind_sink(buf)
         try:
             while handled < len(msgs):
                 step_msgs = msgs[handled : handled + step]
@@ -233,130 +324,134 @@ class RecordRunner:
                     # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
                     if getrefcount(record) > unshared:
                         record = _fresh_record()
-                    record._msg = msg
-                    record.topic = topic
-                    record.partition = partition
-                    record.offset = offset
+                    record._msg, record.offset = msg, offset
+                    record.topic, record.partition = topic, partition
                     if failing:
-                        record.attempt = _attempt(tracker, msg, step_msgs, handled)
+                        record.attempt = _attempt(tracker, msg)
                     record.key, record.value = msg.key(), msg.value()
-                    error = None
-                    try:
-                        if roots is None:  # tracing off, or not sampling roots at a ratio
-                            result = handler(record)
-                        elif skip and not msg.headers():  # a root record (no headers) the sampler leaves out
-                            skip -= 1
-                            result = untraced(record)
-                        else:
-                            result = handler(record)
-                            if not skip:  # the traced handler may have drawn the next count
-                                skip = roots.take()
-                        if result is not None:
-                            if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
-                                shape = type(result)
-                                emit = by_type.get(shape) or emitter_for(shape)
-                            outputs += emit(result)
-                    except Exception as exc:
-                        error = exc
+                    error = cut = None
+                    if failing and not record.attempt:  # its recoverer failed before: recover it, not the handler
+                        cut = _Cut.after(retry_recovery(unit, record))
+                    else:
+                        try:
+                            if roots is None:  # tracing off, or not sampling roots at a ratio
+                                result = handler(record)
+                            elif skip and not msg.headers():  # a root record (no headers) the sampler leaves out
+                                skip -= 1
+                                result = untraced(record)
+                            else:
+                                result = handler(record)
+                                skip = skip or roots.take()  # the traced handler may have drawn the next count
+                            if result is not None:
+                                if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
+                                    shape = type(result)
+                                    emit = by_type.get(shape) or emitter_for(shape)
+                                outputs += emit(result)
+                            if buf:  # what it sent (or an iterable's items), held until it returned
+                                outputs += flush()
+                        except Exception as exc:
+                            error = exc
                     if error is not None:  # outside the except block: no chained context
-                        self._failed(unit, record, error, handled + _position(step_msgs, msg), in_place)
-                    if buf:
-                        outputs += _produce_buffered(emitters, unit.producer.produce, record, step_msgs, handled)
-                    if failing and error is None:  # its first call succeeded: that ends its count (FailureTracker)
-                        tracker.clear(record)
+                        cut = self._failed(unit, record, error, handled + _position(step_msgs, msg), in_place, flush)
+                    if cut is not None:  # the transaction ends before this record: its own offset commits (_Cut)
+                        offset -= 1
+                        cut.index = self._stopped_at = handled + _position(step_msgs, msg)
+                        self._cut = cut
                     if partition != run_partition or topic != run_topic:
                         if run_topic is not None:
                             offsets[(run_topic, run_partition)] = run_last + 1
                         run_topic, run_partition = topic, partition
                     run_last = offset
-                handled += len(step_msgs)
-                if handled < len(msgs):
-                    step = _records_to_next_check(started, budget, handled)
-                    if not step:  # the transaction's time is up: the rest is fetched again
-                        self._stopped_at = handled
+                    if cut is not None:
                         break
+                else:
+                    handled += len(step_msgs)
+                    step = _records_to_next_check(started, budget, handled) if handled < len(msgs) else 1
+                    if step:
+                        continue
+                    self._stopped_at = handled  # the transaction's time is up: the rest is fetched again
+                break
             if run_topic is not None:
                 offsets[(run_topic, run_partition)] = run_last + 1
-            unit.outputs += outputs + buf.produced
-            unit.send_offsets(offsets)
+            return outputs, offsets
         finally:
             if skip:
                 roots.give_back(skip)  # type: ignore[union-attr]  # skip is only ever set from roots
-            buf.stream = None
-            emitters.close()
-            bind_sink(previous)
 
-    def _failed(self, unit: TransactionUnit, record: Record, error: Exception, index: int, in_place: bool) -> None:
-        """A record's handler raised: fail the transaction (HandlerFailure), or retry it in place."""
-        if not in_place or unit.outage.matches(error):  # an outage pauses the listener instead
-            raise HandlerFailure(index, error, record)
-        self._retry_in_place(unit, record, error, index)
+    def _failed(
+        self,
+        unit: TransactionUnit,
+        record: Record,
+        error: BaseException,
+        index: int,
+        in_place: bool,
+        flush: Callable[[], int] | None = None,
+    ) -> _Cut | None:
+        """A record's call raised: its held work is dropped, and the failure settled in the open transaction.
 
-    def _emitters(self, unit: TransactionUnit, in_place: bool) -> ResultEmitters:
-        """The transaction's emit functions, over an empty buffer that ``send()`` streams through unless ``in_place``."""
+        None: it was called again and succeeded (its outputs produced through ``flush``), or recovered; a
+        :class:`_Cut`: the transaction ends before it. What must be undone whole raises :class:`HandlerFailure`
+        (an abort): an outage (the listener waits, nothing is counted), a client error, a declaration error, an
+        output refused after others of the record went out. Without ``flush`` (the concurrent dispatch) a retry
+        is not called here: the record comes first in the next transaction.
+        """
+        spec, buf = self.spec, self._buffer
+        buf.clear()
+        if self._ahead:  # handled ahead of a commit: fetched again, it fails in a transaction of its own
+            return _Cut(refetch=True)
+        while True:
+            if type(error) is PartlyProducedError:  # some of its outputs are in the transaction: only an abort helps
+                raise HandlerFailure(index, error.error, record)
+            if self._aborts_for(unit, error):
+                raise HandlerFailure(index, error, record)
+            if not self._settles:  # a custom after-rollback processor decides, once the records before it committed
+                return _Cut(handover=HandlerFailure(0, error, record))
+            outcome = settle_failure(unit, record, error, wait_in_transaction=in_place)
+            if not isinstance(outcome, CallAgain):
+                return _Cut.after(outcome)
+            if flush is None:
+                return _Cut(Hold(record, error, 0.0))
+            record = outcome.record
+            again: Exception | None = None
+            try:
+                collect_outputs(spec.handler(record), spec.output, spec.serializer, spec.name, buf)
+                if buf:
+                    unit.outputs += flush()
+            except Exception as exc:
+                again = exc
+            if again is None:
+                return None
+            buf.clear()
+            error = again
+
+    def _aborts_for(self, unit: TransactionUnit, error: BaseException) -> bool:
+        """True if ``error`` is no record's failure and must undo the whole transaction: an outage (the listener
+        waits), a client error, a declaration error. With ``database=``, a connection that died under the handler
+        raises the outage itself (:class:`~kafkatx.database.session.DatabaseUnavailableError`)."""
+        if unit.outage.matches(error) or isinstance(error, KafkaClientError) or type(error) is NotAwaitedError:
+            return True
+        database = self._c.database
+        unavailable = database.lost_connection(error) if database is not None else None
+        if unavailable is not None:
+            raise unavailable
+        return False
+
+    def _emitters(self, unit: TransactionUnit) -> ResultEmitters:
+        """The transaction's emit functions, over an empty buffer that holds a record's ``send()``\\ s and
+        iterable's items until its handler returned."""
         buf = self._buffer
         buf.clear()
-        buf.produced = 0
         emitters = ResultEmitters(
             self.spec.output,
             self.spec.serializer,
             self.spec.name,
             buf,
             unit.direct,
-            stream_items=not in_place,
             kinds=self._kinds,
         )
-        buf.stream = emitters.directs if not in_place else None
         refuse = functools.partial(refuse_awaitable, self.spec.name)
         emitters.by_type.update(dict.fromkeys(_AWAITABLES, refuse))
         return emitters
-
-    # -- retry="in_place" -----------------------------------------------------------------
-    def _retry_in_place(self, unit: TransactionUnit, record: Record, exc: BaseException, index: int) -> None:
-        """Retry or recover a failed record without aborting the batch's transaction.
-
-        Its outputs are discarded on each failure (they were only buffered),
-        so the Kafka transaction never sees a failed attempt. Returns once the
-        record is done (its outputs are in the buffer, or it was recovered);
-        raises to abandon the unit (the container stops during a back-off) or
-        when the recoverer fails.
-        """
-        spec, policy, tracker, buf = self.spec, unit.policy, unit.tracker, self._buffer
-        if type(exc) is NotAwaitedError:
-            raise exc
-        while True:
-            buf.clear()
-            stop = unproducible_stop(unit.listener, exc)
-            if stop is not None:  # a programming error: the container stops, the transaction is not committed
-                raise stop
-            verdict, failures = in_place_verdict(unit, record, exc)
-            if verdict.action is Action.RETRY:
-                if unit.wait(verdict.delay):
-                    raise Abandoned
-                record = replace(record, attempt=failures + 1)
-                error = None
-                try:
-                    collect_outputs(spec.handler(record), spec.output, spec.serializer, spec.name, buf)
-                except Exception as again:
-                    error = again
-                if error is None:
-                    tracker.clear(record)  # a success ends its count, whether or not the batch commits
-                    return
-                if unit.outage.matches(error):  # a dependency went down meanwhile: not this record's failure
-                    raise HandlerFailure(index, error, record)
-                exc = error
-                continue
-            recovery: RecoveryError | None = None
-            try:
-                unit.recover(policy.recoverer, replace(record, attempt=failures), exc, confirm=False)
-            except RecoveryError as err:
-                recovery = err
-            if recovery is not None:
-                log.warning("in-place recovery of %s failed: %s", record.coordinates, recovery)
-                raise InPlaceRecoveryFailed(HandlerFailure(index, exc, record), recovery)
-            tracker.record_recovered(record)  # not a success: an abort of the batch leaves its count
-            unit.publish(RecordRecovered(unit.listener, unit.worker, record, exc, policy.recoverer.name))
-            return
 
 
 #: What a handler returns when it is an ``async def`` hidden behind a plain function: never something to produce.
@@ -391,29 +486,9 @@ def _position(step_msgs: Sequence[ConsumedMessage], msg: ConsumedMessage) -> int
     return next(i for i, m in enumerate(step_msgs) if m is msg)
 
 
-def _attempt(tracker: FailureTracker, msg: ConsumedMessage, step_msgs: Sequence[ConsumedMessage], handled: int) -> int:
-    """The attempt number of a record while some record is failing; its pending recovery fails the unit again."""
+def _attempt(tracker: FailureTracker, msg: ConsumedMessage) -> int:
+    """The attempt number of a record while some record is failing; 0 if its recovery is pending (it failed)."""
     state = tracker.state_at(msg.topic(), msg.partition(), msg.offset())
     if state is None:
         return 1
-    if state.pending_recovery:  # its recovery failed: retry that, not the handler
-        error = state.last_exception or RuntimeError("recovery pending")
-        raise HandlerFailure(handled + _position(step_msgs, msg), error, to_record(msg, state.failures))
-    return state.failures + 1
-
-
-def _produce_buffered(
-    emitters: ResultEmitters,
-    produce: Callable[[PendingOutput], None],
-    record: _MessageRecord,
-    step_msgs: Sequence[ConsumedMessage],
-    handled: int,
-) -> int:
-    """Produce what the record's handler buffered; a refused output fails the record."""
-    output_error = None
-    try:
-        return emitters.produce_pending(produce)
-    except OutputError as exc:
-        output_error = exc
-    index = handled + _position(step_msgs, record._msg)
-    raise HandlerFailure(index, output_error, record)  # outside the except block: no chained context
+    return 0 if state.pending_recovery else state.failures + 1

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+import types
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -331,6 +334,12 @@ def _check_modes_and_limits(
         )
     if retry not in ("rollback", "in_place"):
         raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
+    if retry == "in_place":
+        _deprecated(
+            f'{listener}: retry="in_place" is deprecated: the default now retries a failed record inside the '
+            "batch's transaction too (with backoff=0, exactly as in place), and with a back-off it holds only the "
+            "record's partition, where in_place holds the whole transaction open; drop the option (docs/FAILURES.md)"
+        )
     idle = opts["idle_event_interval"]
     if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0):
         raise InvalidConfigurationError(f"idle_event_interval must be a number of seconds > 0, got {idle!r}")
@@ -355,8 +364,8 @@ def _database_of(database: Any, kind: str, runner: RunnerFactory | None, retry: 
         raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
     if retry == "in_place":
         raise InvalidConfigurationError(
-            'database= cannot be combined with retry="in_place": a failed attempt\'s database work could '
-            'not be undone without undoing the whole batch; use retry="rollback" (the default)'
+            'database= cannot be combined with retry="in_place" (deprecated): it would wait out each back-off '
+            'with both transactions open, holding their locks; use retry="rollback" (the default)'
         )
     return backend_for(database)
 
@@ -466,3 +475,12 @@ def _check_takes_one_argument(handler: Callable[..., Any]) -> None:
             f"listener handler {name}{signature} cannot be called with one Record ({exc}): "
             "declare it as def handler(record: Record) -> ..."
         ) from None
+
+
+def _deprecated(message: str) -> None:
+    """A DeprecationWarning pointing at the user's declaration (the first frame outside kafkatx)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 2
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("kafkatx"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)

@@ -409,14 +409,16 @@ class TransactionUnit(DatabaseSteps):
         """Run ``recoverer`` inside the open transaction; raise :class:`~kafkatx.RecoveryError` if it fails.
 
         ``kafkatx.send()`` produces directly into the transaction meanwhile.
-        With ``confirm=False`` (in-place recovery inside a batch transaction)
-        the recoverer's own deliveries are not waited for: the batch's commit
-        confirms them, and a failed dead letter fails that commit.
+        With ``confirm=False`` (recovery inside the batch's own transaction)
+        what the recoverer sends is held until it returns, so a recoverer
+        that fails half-way leaves nothing in the transaction; its deliveries
+        are not waited for: the batch's commit confirms them, and a failed
+        dead letter fails that commit.
         """
         producer = self._producer
         if self._c.database is not None:
             self._c.database.source = (record.topic, record.partition)  # the dead letter is stored under its record
-        sink = _DirectSink(self, self.spec.serializer)
+        sink = _DirectSink(self, self.spec.serializer, hold=not confirm)
         previous_sink = bind_sink(sink)
         previous_ctx = bind_recovery(
             RecoveryContext(
@@ -440,6 +442,8 @@ class TransactionUnit(DatabaseSteps):
             bind_sink(previous_sink)
         if failure is not None:
             raise RecoveryError(record, failure, recoverer.name) from failure
+        for output in sink.held:
+            producer.produce(output)
 
     def replace_producer(self, exc: KafkaClientError) -> None:
         """Application-recoverable outside a transaction: discard the producer, rewind to the committed offsets."""
@@ -484,14 +488,20 @@ class _Isolate(Exception):
 class _DirectSink:
     """``send()`` target inside recoverers: produces straight into the unit's transaction."""
 
-    __slots__ = ("_unit", "serializer", "_errors")
+    __slots__ = ("_unit", "serializer", "_errors", "held", "_hold")
 
-    def __init__(self, unit: TransactionUnit, serializer: Any) -> None:
+    def __init__(self, unit: TransactionUnit, serializer: Any, *, hold: bool = False) -> None:
         self._unit, self.serializer = unit, serializer
         self._errors: list[str] = []
+        #: With ``hold``: what was sent, produced once the recoverer returned (see TransactionUnit.recover).
+        self.held: list[PendingOutput] = []
+        self._hold = hold
 
     def add(self, output: PendingOutput) -> None:
-        self._unit.producer.produce(output)  # not counted in the unit's outputs: recoveries have their own events
+        if self._hold:
+            self.held.append(output)
+        else:
+            self._unit.producer.produce(output)  # not counted in the unit's outputs: recoveries have their own events
 
     def deliver(self, output: PendingOutput) -> str | None:
         """Produce ``output`` and wait for its own delivery; its error, or None."""

@@ -1,15 +1,17 @@
-"""After-rollback processors: what happens once a handler's transaction is aborted.
+"""After-rollback processors: what decides about a failed record in a transaction of its own.
 
-The container aborts the failed transaction, then calls
-:meth:`AfterRollbackProcessor.process` inside a NEW transaction, giving it a
-:class:`RollbackContext`. The default processor asks the listener's
+The record runner settles a failure in the open transaction itself
+(:mod:`kafkatx.listener.failed_record`, the same steps as
+:class:`DefaultAfterRollbackProcessor`). A processor is called, with a
+:class:`RollbackContext` in a NEW transaction, when the listener has a
+custom one (once the records before the failed one committed), and after an
+abort that had to undo a whole transaction (a dependency outage, a client
+error), where the records before the failed one are re-run first. The
+default processor asks the listener's
 :class:`~kafkatx.rollback.policy.FailurePolicy` and does what Spring's
 DefaultAfterRollbackProcessor does (count, back off, seek, recover and
-commit the offset in the same transaction), with three improvements:
+commit the offset in the same transaction), with two improvements:
 
-- the batch-mates that were aborted with the failed record are re-run and
-  committed in that same new transaction, so a poison record costs one abort
-  and one extra transaction per attempt, not one transaction per record;
 - back-off does not hold a transaction open or sleep through the poll
   interval: the failed record's partition is paused and the consumer keeps
   polling (and serving other partitions);
@@ -21,21 +23,19 @@ commit the offset in the same transaction), with three improvements:
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol, Unpack, runtime_checkable
 
-from kafkatx.events import Event, HandlerFailed, RecordRecovered, RecordRetryScheduled
+from kafkatx.events import Event, RecordRecovered
 from kafkatx.record import Record
 from kafkatx.recoverers import Recoverer
+from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action, FailurePolicy, PolicyOptions
 from kafkatx.rollback.tracker import FailureTracker
 
 __all__ = ["AfterRollbackProcessor", "DefaultAfterRollbackProcessor", "RollbackContext"]
-
-log = logging.getLogger("kafkatx.rollback")
 
 
 class RollbackContext(Protocol):
@@ -140,47 +140,20 @@ class DefaultAfterRollbackProcessor:
         if state is not None and state.pending_recovery:
             # An earlier recovery of this record failed: retry the recovery, not the handler.
             exc = state.last_exception or exc
+            failures = state.failures
             context.replay_processed()
         else:
             # Counted before the batch-mates are re-run: if one of them fails now, this failure still counts.
-            state = tracker.record_failure(failed, exc)
-            verdict = policy.decide(state.failures, exc, context.stop_event)
-            context.publish(HandlerFailed(context.listener, 0, failed, exc, state.failures))
+            verdict = decide_failure(_ContextBooks(context, policy), failed, exc)
+            failures = verdict.attempt
             context.replay_processed()
-            coords = _coords(failed, state.failures)
             if verdict.action is Action.ABANDON:
-                log.info(
-                    "%s failed on attempt %d; the container is stopping, so it is left for the next start",
-                    failed.coordinates,
-                    state.failures,
-                    extra=coords,
-                )
                 return
             if verdict.action is Action.RETRY:
-                log.info(
-                    "%s failed on attempt %d/%d (%s: %s); retrying%s",
-                    failed.coordinates,
-                    state.failures,
-                    policy.max_attempts,
-                    type(exc).__name__,
-                    exc,
-                    f" in {verdict.delay:.3g}s" if verdict.delay else "",
-                    extra=coords,
-                )
                 context.seek_unprocessed(include_failed=True)
                 context.backoff(failed, verdict.delay)
-                context.publish(RecordRetryScheduled(context.listener, 0, failed, state.failures + 1, verdict.delay))
                 return
-            log.warning(
-                "%s failed (%s: %s), %s; recovering with %s",
-                failed.coordinates,
-                type(exc).__name__,
-                exc,
-                verdict.reason,
-                policy.recoverer.name,
-                extra=coords,
-            )
-        context.recover(policy.recoverer, replace(failed, attempt=state.failures), exc)
+        context.recover(policy.recoverer, replace(failed, attempt=failures), exc)
         context.commit_offset(failed)
         context.seek_unprocessed(include_failed=False)
         context.publish(RecordRecovered(context.listener, 0, failed, exc, policy.recoverer.name))
@@ -189,5 +162,18 @@ class DefaultAfterRollbackProcessor:
         return f"DefaultAfterRollbackProcessor({self.policy!r})"
 
 
-def _coords(record: Record, attempt: int) -> dict[str, object]:
-    return {"topic": record.topic, "partition": record.partition, "offset": record.offset, "attempt": attempt}
+class _ContextBooks:
+    """A :class:`RollbackContext` seen as the books :func:`~kafkatx.rollback.decision.decide_failure` keeps."""
+
+    worker = 0
+
+    def __init__(self, context: RollbackContext, policy: FailurePolicy) -> None:
+        self.listener, self.tracker, self.policy = context.listener, context.tracker, policy
+        self._context = context
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self._context.stop_event
+
+    def publish(self, event: Event) -> None:
+        self._context.publish(event)

@@ -4,8 +4,7 @@ Unlike Spring's FailedRecordTracker (one slot per partition, replaced when
 another offset of the partition fails), kafkatx keeps a slot per record:
 a batch transaction can fail on one record, then on an earlier batch-mate
 while it is re-run, and neither count may be lost. A slot ends when its
-record's offset is committed (success or recovery), when its handler
-succeeds (see below), when its partition is revoked, or when the exception
+record's offset is committed (success or recovery), when its partition is revoked, or when the exception
 type changes the way Spring resets: the count goes on only if the previous
 failure is an instance of the new one's class
 (``SubError`` then ``BaseError`` keeps counting; ``BaseError`` then
@@ -23,21 +22,21 @@ was retried for as long as its causes kept changing, never reaching
 Counts restored from committed offset metadata (see
 :mod:`kafkatx.rollback.durable`) seed a slot with :meth:`FailureTracker.seed`.
 
-A success ends a record's count too, whether or not the transaction it
-succeeded in commits (Spring clears a record's state on success): a batch
-aborted by another record's failure is not this record's failure, so when it
-fails later, as a re-run batch-mate, it starts again at attempt 1
-(:meth:`FailureTracker.succeeded`). Ending the slot also keeps a stale count
-out of the offset metadata of the next commit.
+A record's count ends when its offset commits, and only then: a record's
+failure undoes its own work alone (the records before it in the transaction
+commit), so a success is never rolled back by a batch-mate's failure, and a
+record's attempt numbers only go up, within a process and across restarts.
+A replay after an abort that must undo a whole transaction (a Kafka
+abortable error, a fenced producer, a stop) keeps the counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kafkatx.client.offsets import TP
-from kafkatx.record import ConsumedMessage, Record
+from kafkatx.record import Record
 from kafkatx.rollback.classifier import exception_fqcn
 
 __all__ = ["FailureTracker", "FailureState"]
@@ -54,8 +53,7 @@ class FailureState:
     # Set after a recoverer failed: the next delivery goes straight to recovery
     # instead of calling the handler again.
     pending_recovery: bool = False
-    # Set once it was recovered inside a transaction that has not committed yet (retry="in_place"): if that
-    # transaction is aborted, the record did not succeed, and its count must not end with its batch-mates'.
+    # Set once it was recovered inside a transaction that has not committed yet.
     recovered: bool = False
 
 
@@ -91,41 +89,10 @@ class FailureTracker:
         return state
 
     def record_recovered(self, record: Record) -> None:
-        """``record`` was recovered in a transaction not committed yet: not a success (see :meth:`succeeded`)."""
+        """``record`` was recovered in a transaction not committed yet (its count ends when that commits)."""
         state = self.state(record)
         if state is not None:
             state.recovered = True
-
-    def succeeded(self, messages: Sequence[ConsumedMessage], failed: Record | None = None) -> None:
-        """The handler succeeded for ``messages`` (a unit's records before ``failed``): their counts end.
-
-        Whether or not their transaction commits: see the module docstring.
-        A record recovered in that transaction keeps its count. Nothing to do
-        while no record is failing, and no pass over ``messages`` when the
-        only failing records are ``failed`` and those after it on its
-        partition (a unit holds each partition's records in offset order),
-        the usual case of a record failing again.
-        """
-        slots_by_tp = self._slots
-        if not slots_by_tp or not messages:
-            return
-        if failed is not None and len(slots_by_tp) == 1:
-            slots = slots_by_tp.get((failed.topic, failed.partition))
-            if slots is not None and min(slots) >= failed.offset:
-                return
-        for msg in messages:
-            tp = (msg.topic(), msg.partition())
-            slots = slots_by_tp.get(tp)
-            if slots is None:
-                continue
-            state = slots.get(msg.offset())
-            if state is None or state.recovered:
-                continue
-            del slots[state.offset]
-            if not slots:
-                del slots_by_tp[tp]
-                if not slots_by_tp:
-                    return
 
     def record_recovery_failure(self, record: Record, exc: BaseException | None = None) -> FailureState:
         """Count a failed recovery; the record's next delivery retries the recovery, not the handler."""

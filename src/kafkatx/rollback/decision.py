@@ -1,0 +1,86 @@
+"""The first step of every failed record: count the failure, publish it, ask the policy, say what it decided.
+
+Whatever runs the handler (the record runner, its concurrent dispatch, the
+after-rollback processor) calls :func:`decide_failure` once per failed call,
+so a record's count, its ``HandlerFailed`` and ``RecordRetryScheduled``
+events and the log line about it are the same on every path. Carrying the
+verdict out (call again, hold the partition, recover) is the caller's: it
+is client I/O, which this package does not do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Protocol
+
+from kafkatx.events import Event, HandlerFailed, RecordRetryScheduled
+from kafkatx.record import Record
+from kafkatx.rollback.policy import Action, FailurePolicy, Verdict
+from kafkatx.rollback.tracker import FailureTracker
+
+__all__ = ["FailureBooks", "decide_failure", "log_fields"]
+
+log = logging.getLogger("kafkatx.rollback")
+
+
+class FailureBooks(Protocol):
+    """What deciding about a failed record needs: its listener's names, counts, policy and events."""
+
+    listener: str
+    worker: int
+    tracker: FailureTracker
+    policy: FailurePolicy
+
+    @property
+    def stop_event(self) -> threading.Event: ...
+
+    def publish(self, event: Event) -> None: ...
+
+
+def decide_failure(books: FailureBooks, record: Record, exc: BaseException) -> Verdict:
+    """Count ``record``'s failed call (``exc``), publish it, and return the policy's verdict.
+
+    ``verdict.attempt`` is the number of failures so far: the next call is attempt ``verdict.attempt + 1``.
+    """
+    state = books.tracker.record_failure(record, exc)
+    failures = state.failures
+    books.publish(HandlerFailed(books.listener, books.worker, record, exc, failures))
+    policy = books.policy
+    verdict = policy.decide(failures, exc, books.stop_event)
+    fields = log_fields(record, failures)
+    if verdict.action is Action.ABANDON:
+        log.info(
+            "%s failed on attempt %d; the container is stopping, so it is left for the next start",
+            record.coordinates,
+            failures,
+            extra=fields,
+        )
+    elif verdict.action is Action.RETRY:
+        log.info(
+            "%s failed on attempt %d/%d (%s: %s); retrying%s",
+            record.coordinates,
+            failures,
+            policy.max_attempts,
+            type(exc).__name__,
+            exc,
+            f" in {verdict.delay:.3g}s" if verdict.delay else "",
+            extra=fields,
+        )
+        books.publish(RecordRetryScheduled(books.listener, books.worker, record, failures + 1, verdict.delay))
+    else:
+        log.warning(
+            "%s failed (%s: %s), %s; recovering with %s",
+            record.coordinates,
+            type(exc).__name__,
+            exc,
+            verdict.reason,
+            policy.recoverer.name,
+            extra=fields,
+        )
+    return verdict
+
+
+def log_fields(record: Record, attempt: int) -> dict[str, object]:
+    """The structured fields of a log line about ``record`` at ``attempt``."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset, "attempt": attempt}
