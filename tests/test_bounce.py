@@ -86,8 +86,9 @@ APP = textwrap.dedent(
     def copy(record: Record) -> Output:
         time.sleep(SLEEP_S)  # slow enough that bounces land inside transactions
         # Kafka's copier aborts about a third of its transactions at random. Here a record fails its first
-        # attempt now and then (one in ABORT_EVERY: about one 200-record transaction in three), which aborts
-        # the transaction and takes kafkatx's after-rollback path; its second attempt succeeds.
+        # attempt now and then (one in ABORT_EVERY: about one 200-record transaction in three); since precise
+        # rollback that undoes the record's own work only and it is retried at once in the same transaction
+        # (attempt 2 succeeds), so the transactions aborted are the bounces' own (fenced, cut short, stopped).
         if ABORT_EVERY and record.attempt == 1 and zlib.crc32(record.value) % ABORT_EVERY == 0:
             raise RuntimeError("a random abort")
         return Output(record.value, key=record.key, topic=OUT, partition=record.partition)

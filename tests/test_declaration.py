@@ -142,3 +142,10 @@ def test_concurrency_options_are_refused_on_spark_listeners() -> None:
     for option in ("in_flight", "ordering"):
         with pytest.raises(InvalidConfigurationError, match=rf"spark_listener does not take {option!r}: a Spark job"):
             app().spark_listener("in", **{option: 4})  # type: ignore[arg-type]
+
+
+def test_retry_in_place_is_deprecated_with_a_warning_pointing_at_the_declaration() -> None:
+    """Since precise rollback the default retries inside the transaction too: in_place warns, and still works."""
+    with pytest.warns(DeprecationWarning, match=r'retry="in_place" is deprecated') as caught:
+        app().listener("in", retry="in_place")(handle)
+    assert caught[0].filename == __file__, "the warning names the user's line, not kafkatx's"

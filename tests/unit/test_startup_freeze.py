@@ -10,11 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from kafkatx.app.heap import FreezeHolders, StartupFreeze
+from kafkatx.app.heap import HOLDERS, FreezeHolders, StartupFreeze
+from kafkatx.testing import wait_for
 
 
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
+    # gc.freeze is the process's: an App of an earlier test still stopping would unfreeze under these tests.
+    wait_for(lambda: HOLDERS.count == 0, 30, message="an App of an earlier test still holds the process's freeze")
     gc.unfreeze()
     yield
     gc.unfreeze()

@@ -402,6 +402,8 @@ class RecordRunner:
         while True:
             if type(error) is PartlyProducedError:  # some of its outputs are in the transaction: only an abort helps
                 raise HandlerFailure(index, error.error, record)
+            if isinstance(error, KafkaClientError) and type(error) is not NotAwaitedError:
+                raise error  # the client's or the transaction's state failed (producing its outputs): KIP-1050's reaction
             if self._aborts_for(unit, error):
                 raise HandlerFailure(index, error, record)
             if not self._settles:  # a custom after-rollback processor decides, once the records before it committed
@@ -426,9 +428,9 @@ class RecordRunner:
 
     def _aborts_for(self, unit: TransactionUnit, error: BaseException) -> bool:
         """True if ``error`` is no record's failure and must undo the whole transaction: an outage (the listener
-        waits), a client error, a declaration error. With ``database=``, a connection that died under the handler
-        raises the outage itself (:class:`~kafkatx.database.session.DatabaseUnavailableError`)."""
-        if unit.outage.matches(error) or isinstance(error, KafkaClientError) or type(error) is NotAwaitedError:
+        waits), a declaration error. With ``database=``, a connection that died under the handler raises the
+        outage itself (:class:`~kafkatx.database.session.DatabaseUnavailableError`)."""
+        if unit.outage.matches(error) or type(error) is NotAwaitedError:
             return True
         database = self._c.database
         unavailable = database.lost_connection(error) if database is not None else None
