@@ -85,16 +85,14 @@ class _Cut:
 
     ``index``: the first record not committed (with a ``hold``, that record's own offset is committed, carrying
     its count). ``hold``: its partition waits; ``handover``: a custom after-rollback processor decides about it;
-    neither: the records from ``index`` are handled next (from memory, or fetched again when ``refetch``).
+    neither: the records from ``index`` are handled next, from memory.
     """
 
-    __slots__ = ("index", "hold", "handover", "refetch")
+    __slots__ = ("index", "hold", "handover")
 
-    def __init__(
-        self, hold: Hold | None = None, handover: HandlerFailure | None = None, *, refetch: bool = False
-    ) -> None:
+    def __init__(self, hold: Hold | None = None, handover: HandlerFailure | None = None) -> None:
         self.index = 0
-        self.hold, self.handover, self.refetch = hold, handover, refetch
+        self.hold, self.handover = hold, handover
 
     @classmethod
     def after(cls, hold: Hold | None) -> _Cut | None:
@@ -204,7 +202,7 @@ class RecordRunner:
                 self._replay,
                 keep_in_memory=self._in_memory(),
             )
-        in_memory = not cut.refetch and self._in_memory() and not unit.stopping
+        in_memory = self._in_memory() and not unit.stopping
         hold = cut.hold
         if hold is not None and hold.delay > 0:
             topic, partition = hold.record.topic, hold.record.partition
@@ -398,7 +396,7 @@ class RecordRunner:
         spec, buf = self.spec, self._buffer
         buf.clear()
         if self._ahead:  # handled ahead of a commit: fetched again, it fails in a transaction of its own
-            return _Cut(refetch=True)
+            return _Cut()  # (handle_ahead reports where it stopped; the rest is fetched again)
         while True:
             if type(error) is PartlyProducedError:  # some of its outputs are in the transaction: only an abort helps
                 raise HandlerFailure(index, error.error, record)
