@@ -49,13 +49,14 @@ def test_the_first_app_freezes_and_the_last_one_unfreezes() -> None:
     frozen = gc.get_freeze_count()
     late = _Cycle()  # made while the first App runs: the second App's start does not freeze it
     alive = weakref.ref(late)
-    assert second.hold() and gc.get_freeze_count() == frozen
+    # (frozen objects another thread lets go of leave the count: it can only go down meanwhile, never up)
+    assert second.hold() and gc.get_freeze_count() <= frozen, "the second App's start froze nothing more"
     del late
     gc.collect()
     assert alive() is None
     first.release()
     first.release()  # a second stop changes nothing
-    assert gc.get_freeze_count() == frozen, "the second App still runs"
+    assert 0 < gc.get_freeze_count() <= frozen, "the second App still runs: still frozen"
     second.release()
     assert gc.get_freeze_count() == 0
 
