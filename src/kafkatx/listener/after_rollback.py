@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.offsets import TP
-from kafkatx.errors import KafkaClientError, OutputError, RecoveryError, RecoveryExhaustedError
-from kafkatx.events import Event, RecoveryFailed, TransactionCommitted
+from kafkatx.errors import KafkaClientError, OutputError, RecoveryError
+from kafkatx.events import Event, TransactionCommitted
+from kafkatx.listener import failed_record
 from kafkatx.listener.host import HandlerFailure, Unit
 from kafkatx.outputs import PendingOutput, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
@@ -129,27 +130,7 @@ def _recovery_failed(
     unit: Unit, msgs: list[ConsumedMessage], failure: HandlerFailure, exc: RecoveryError, replay: Replay
 ) -> None:
     record = exc.record
-    state = unit.tracker.record_recovery_failure(record, failure.exc)
-    unit.publish(
-        RecoveryFailed(unit.listener, unit.worker, record, failure.exc, exc.exception, state.recovery_failures)
-    )
-    delay = unit.policy.recovery_delay(state.recovery_failures)
-    if delay is None:
-        raise RecoveryExhaustedError(
-            f"listener {unit.listener!r}: recovery of {record.coordinates} failed {state.recovery_failures} time(s) "
-            f"(max_recovery_failures={unit.policy.max_recovery_failures}); last error: "
-            f"{type(exc.exception).__name__}: {exc.exception}. The container stopped; the record was not "
-            "committed and will be delivered again on restart."
-        ) from exc.exception
-    log.error(
-        "recovery of %s failed (%d time(s)): %s: %s; keeping the record, retrying recovery in %.3gs",
-        record.coordinates,
-        state.recovery_failures,
-        type(exc.exception).__name__,
-        exc.exception,
-        delay,
-        extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
-    )
+    delay = failed_record.recovery_failed(unit, record, failure.exc, exc).delay  # or RecoveryExhaustedError
     if not _commit_processed(unit, msgs, failure, replay):
         unit.with_messages(msgs).rewind()
     unit.pause((record.topic, record.partition), delay)

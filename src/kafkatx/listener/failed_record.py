@@ -30,36 +30,25 @@ abortable errors, a fenced producer, a dependency outage, a stop).
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kafkatx.errors import RecoveryError, RecoveryExhaustedError
-from kafkatx.events import Event, RecordRecovered, RecoveryFailed
+from kafkatx.events import RecordRecovered, RecoveryFailed
 from kafkatx.outputs import unproducible_stop
 from kafkatx.record import Record
 from kafkatx.recoverers import Recoverer
-from kafkatx.rollback.decision import decide_failure, log_fields
-from kafkatx.rollback.policy import Action, FailurePolicy
-from kafkatx.rollback.tracker import FailureTracker
+from kafkatx.rollback.decision import FailureBooks, decide_failure, log_fields
+from kafkatx.rollback.policy import Action
 
-__all__ = ["Abandoned", "CallAgain", "FailureScope", "Hold", "settle_failure", "retry_recovery"]
+__all__ = ["Abandoned", "CallAgain", "FailureScope", "Hold", "recovery_failed", "retry_recovery", "settle_failure"]
 
 log = logging.getLogger("kafkatx.rollback")
 
 
-class FailureScope(Protocol):
-    """What the procedure needs of a transaction unit (:class:`~kafkatx.listener.unit.TransactionUnit` is one)."""
-
-    listener: str
-    worker: int
-    tracker: FailureTracker
-    policy: FailurePolicy
-
-    @property
-    def stop_event(self) -> threading.Event: ...
-
-    def publish(self, event: Event) -> None: ...
+class FailureScope(FailureBooks, Protocol):
+    """What the procedure needs of a transaction unit (:class:`~kafkatx.listener.unit.TransactionUnit` is one):
+    the books a decision keeps, a wait that a stop cuts short, and recovery in the open transaction."""
 
     def wait(self, seconds: float) -> bool: ...
 
@@ -138,10 +127,12 @@ def _recover(scope: FailureScope, record: Record, exc: BaseException) -> Hold | 
         scope.tracker.record_recovered(record)  # its count ends when the offset commits
         scope.publish(RecordRecovered(scope.listener, scope.worker, record, exc, recoverer.name))
         return None
-    return _recovery_failed(scope, record, exc, error)
+    return recovery_failed(scope, record, exc, error)
 
 
-def _recovery_failed(scope: FailureScope, record: Record, exc: BaseException, error: RecoveryError) -> Hold:
+def recovery_failed(scope: FailureBooks, record: Record, exc: BaseException, error: RecoveryError) -> Hold:
+    """``record``'s recoverer failed: counted and published; a :class:`Hold` for ``recovery_backoff``, or
+    :class:`~kafkatx.RecoveryExhaustedError` after ``max_recovery_failures``."""
     state = scope.tracker.record_recovery_failure(record, exc)
     scope.publish(RecoveryFailed(scope.listener, scope.worker, record, exc, error.exception, state.recovery_failures))
     policy = scope.policy
