@@ -18,6 +18,7 @@ import pytest
 from helpers import client_threads, wait_for_client_threads_to_end
 from process_helpers import read_until
 
+from kafkatx.app.signals import SAME_REQUEST_WINDOW_S
 from kafkatx.testing import produce, read_topic, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +100,8 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
         read_until(proc, "handler: inside the transaction")  # stuck there from now on
         proc.send_signal(signal.SIGINT)
         read_until(proc, "stopping gracefully")
+        first = time.monotonic()  # a signal within the window repeats the first request (test_stop_signals)
+        wait_for(lambda: time.monotonic() - first > SAME_REQUEST_WINDOW_S, message="the same-request window passed")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) != 0, "forced exit is not a clean exit"
     finally:

@@ -25,7 +25,6 @@ from database_helpers import fresh_table, new_table, restart_until_caught_up, ta
 from kafkatx import App, InvalidConfigurationError, Record, db, send
 from kafkatx.database._store import decode_records, encode_records
 from kafkatx.events import HandlerFailed, RecordRecovered
-from kafkatx.outputs import PendingOutput
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 from kafkatx.testing.postgres import LocalPostgres
 
@@ -72,7 +71,7 @@ def test_a_crash_between_the_database_commit_and_the_kafka_commit_repeats_nothin
         rows = conn.execute(
             sa.text("SELECT kpartition, records FROM kafkatx_outbox WHERE group_id = :g"), {"g": group}
         ).all()
-    stored = [(p, out.value or b"") for p, data in rows for out in decode_records(bytes(data))]
+    stored = [(p, out[1] or b"") for p, data in rows for out in decode_records(bytes(data))]
     assert stored and all(int(v.split(b"c")[1]) % 3 == p for p, v in stored), "outputs stored under their input"
     if fencing == "group":
         assert len({p for p, _ in stored}) > 1, "the crashed unit spanned several partitions"
@@ -146,11 +145,11 @@ def test_two_owners_of_a_partition_cannot_both_commit_its_database_work(postgres
         waiter.start()
         waiter.join(1.0)
         assert waiter.is_alive(), "the second owner waits for the first's unit"
-        store.advance(new_owner, ("t", 0), 10, [PendingOutput("out", b"v", b"k", [("h", b"1")], None)])
+        store.advance(new_owner, ("t", 0), 10, [("out", b"v", b"k", [("h", b"1")], None)])
         backend.commit(new_owner)
         waiter.join(10)
         assert seen == [10], "the second owner sees the first's committed position"
-        assert store.outputs_between(zombie, ("t", 0), 0, 10) == [PendingOutput("out", b"v", b"k", [("h", b"1")], None)]
+        assert store.outputs_between(zombie, ("t", 0), 0, 10) == [("out", b"v", b"k", [("h", b"1")], None)]
         backend.rollback(zombie)
     finally:
         backend.close(new_owner)
@@ -160,9 +159,9 @@ def test_two_owners_of_a_partition_cannot_both_commit_its_database_work(postgres
 
 def test_the_outbox_keeps_every_field_of_a_record() -> None:
     outputs = [
-        PendingOutput("out", b"value", None, None, None),
-        PendingOutput("ütf-topic", None, b"", [("h", b"\x00\xff"), ("none", None)], 3),  # type: ignore[list-item]
-        PendingOutput("x", b"", b"key", [], None),
+        ("out", b"value", None, None, None),
+        ("ütf-topic", None, b"", [("h", b"\x00\xff"), ("none", None)], 3),  # type: ignore[list-item]
+        ("x", b"", b"key", [], None),
     ]
     assert decode_records(encode_records(outputs)) == outputs
     assert decode_records(encode_records([])) == []
@@ -364,7 +363,7 @@ if os.environ.get("CRASH_AT_A_SPANNING_DEAD_LETTER"):
     # dead-letters a record (an after-rollback transaction: batch-mates replayed, the poison recovered)
     commit = DatabaseSession.commit
     def commit_then_die(self, offsets, committed):
-        spanning = len(offsets) > 1 and any(o.topic.endswith("-dlt") for o in self._outputs)
+        spanning = len(offsets) > 1 and any(o[0].endswith("-dlt") for o in self._outputs)
         commit(self, offsets, committed)
         if spanning:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -433,9 +432,10 @@ def test_a_crash_after_the_database_commit_of_a_unit_with_dead_letters_repeats_n
             sa.text("SELECT kpartition, next_offset, records FROM kafkatx_outbox WHERE group_id = :g"), {"g": group}
         ).all()
     outputs = [(p, o) for p, _, data in stored for o in decode_records(bytes(data))]
-    [(p, letter)] = [(p, o) for p, o in outputs if o.topic == src + "-dlt"]
-    assert letter.value == poison.encode() and int(poison[1:]) % 3 == p == letter.partition, "under its record"
-    events = [(p, o.value or b"") for p, o in outputs if o.topic == out]
+    [(p, letter)] = [(p, o) for p, o in outputs if o[0] == src + "-dlt"]
+    _, value, _, _, partition = letter
+    assert value == poison.encode() and int(poison[1:]) % 3 == p == partition, "under its record"
+    events = [(p, o[1] or b"") for p, o in outputs if o[0] == out]
     assert events and len({p for p, _ in outputs}) > 1, "the crashed transaction spans partitions"
     assert all(int(v.split(b"c")[1]) % 3 == p for p, v in events), "each event under its record's partition"
 

@@ -16,15 +16,15 @@ def collect(result: object, topic: str | None = "out", serializer: object = None
 
 def test_return_shapes() -> None:
     assert collect(None) == []
-    assert collect(b"v") == [PendingOutput("out", b"v", None, None, None)]
-    assert collect("é") == [PendingOutput("out", "é".encode(), None, None, None)]
-    assert collect(("k", "v")) == [PendingOutput("out", b"v", b"k", None, None)]
+    assert collect(b"v") == [("out", b"v", None, None, None)]
+    assert collect("é") == [("out", "é".encode(), None, None, None)]
+    assert collect(("k", "v")) == [("out", b"v", b"k", None, None)]
     assert collect(Output("v", key=b"k", topic="x", headers={"a": "b"}, partition=2)) == [
-        PendingOutput("x", b"v", b"k", [("a", b"b")], 2)
+        ("x", b"v", b"k", [("a", b"b")], 2)
     ]
-    assert [p.value for p in collect(iter([b"1", None, "2"]))] == [b"1", b"2"]
-    assert collect({"a": 1}, serializer=lambda v: b"json") == [PendingOutput("out", b"json", None, None, None)]
-    assert collect(Output(None, key=b"k")) == [PendingOutput("out", None, b"k", None, None)], "tombstones are allowed"
+    assert [p[1] for p in collect(iter([b"1", None, "2"]))] == [b"1", b"2"]
+    assert collect({"a": 1}, serializer=lambda v: b"json") == [("out", b"json", None, None, None)]
+    assert collect(Output(None, key=b"k")) == [("out", None, b"k", None, None)], "tombstones are allowed"
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_unsupported_returns_name_the_problem(result: object, message: str) -> N
 def test_no_output_topic() -> None:
     with pytest.raises(OutputError, match="has no output topic"):
         collect(b"v", topic=None)
-    assert collect(Output(b"v", topic="x"), topic=None)[0].topic == "x"
+    assert collect(Output(b"v", topic="x"), topic=None)[0][0] == "x"
 
 
 def test_serializer_must_return_bytes() -> None:

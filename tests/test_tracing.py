@@ -256,7 +256,7 @@ def test_a_typed_listeners_model_output_and_undecodable_dead_letter_carry_the_tr
 def test_each_records_span_is_made_by_the_time_its_transaction_committed_with_the_ids_its_outputs_carry(
     kafka: KafkaTestKit,
 ) -> None:
-    """The SDK spans of root records are made while their transaction commits (kafkatx.trace_deferred): by the
+    """The SDK spans of root records are made while their transaction commits (kafkatx.tracing._deferred): by the
     time a transaction has committed its records' spans are exported, with the ids their outputs carry, what the
     handler set on its current span, and a transaction span linking them."""
     from opentelemetry import trace

@@ -6,7 +6,6 @@ from collections import Counter
 
 from kafkatx import App, TransactionUnit
 from kafkatx.listener.spec import build_spec
-from kafkatx.outputs import PendingOutput
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -19,7 +18,7 @@ def test_a_custom_batch_runner_commits_exactly_once(kafka: KafkaTestKit) -> None
     def uppercase_batch(unit: TransactionUnit) -> None:
         records = unit.records()
         assert all(r.attempt == 1 for r in records)
-        outputs = [PendingOutput(out, (r.value or b"").upper(), r.key, None, None) for r in records]
+        outputs = [(out, (r.value or b"").upper(), r.key, None, None) for r in records]
 
         def work() -> None:
             for o in outputs:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafkatx.errors import NotInTransactionError
-from kafkatx.outputs import PendingOutput, encode, encode_headers, new_pending
+from kafkatx.outputs import PendingOutput, encode, encode_headers
 from kafkatx.serde import RegistrySerializer
 
 __all__ = [
@@ -121,14 +121,14 @@ def send(
         and (type(value) is bytes or value is None)
         and (type(key) is bytes or key is None)
     ):
-        sink.add(new_pending(PendingOutput, (topic, value, key, None, None)))
+        sink.add((topic, value, key, None, None))
         return
     serializer = key_serializer = sink.serializer
     registry = serializer
     if isinstance(registry, RegistrySerializer):  # its subject names come from the topic sent to, and the part
         serializer, key_serializer = registry.to(topic, "value"), registry.to(topic, "key")
     sink.add(
-        PendingOutput(
+        (
             topic,
             encode(value, "value", serializer),
             encode(key, "key", key_serializer),

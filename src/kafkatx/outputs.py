@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -51,18 +51,10 @@ __all__ = [
 Serializer = Callable[[Any], bytes]
 
 
-class PendingOutput(NamedTuple):
-    """One encoded record waiting to be produced in the transaction."""
-
-    topic: str
-    value: bytes | None
-    key: bytes | None
-    headers: list[tuple[str, bytes]] | None
-    partition: int | None
-
-
-#: A new PendingOutput from a tuple of its fields, without NamedTuple's Python-level ``__new__`` (hot path).
-new_pending: Callable[[type[PendingOutput], tuple[Any, ...]], PendingOutput] = tuple.__new__
+#: One encoded record waiting to be produced in the transaction: ``(topic, value, key, headers, partition)``.
+#: A plain tuple, not a NamedTuple: a tuple subclass costs more to make and free, and the hot path makes one per
+#: output a handler sends or yields (read them by unpacking).
+PendingOutput = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int | None]
 
 # What a handler returned, by its type (see result_kind).
 VALUE = 1  # bytes or str: one value for the listener's output topic
@@ -180,11 +172,11 @@ def to_pending(
     cls = type(item)
     if default_topic is not None:  # the common forms first: bytes, and (key, value) of bytes
         if cls is bytes:
-            return new_pending(PendingOutput, (default_topic, item, None, None, None))
+            return (default_topic, item, None, None, None)
         if cls is tuple and len(item) == 2:
             key, value = item
             if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                return new_pending(PendingOutput, (default_topic, value, key, None, None))
+                return (default_topic, value, key, None, None)
     if cls is Output or isinstance(item, Output):
         topic = item.topic or default_topic
         if topic is None:
@@ -199,7 +191,7 @@ def to_pending(
             key = encode(key, "key", serializer)
         if headers is not None:
             headers = encode_headers(headers)
-        return new_pending(PendingOutput, (topic, value, key, headers, partition))
+        return (topic, value, key, headers, partition)
     if default_topic is None:
         raise OutputError(
             f"listener {listener!r} returned a {type(item).__name__} but has no output topic: "
@@ -209,10 +201,8 @@ def to_pending(
         if len(item) != 2:
             raise OutputError(f"a returned tuple must be (key, value), got a tuple of {len(item)} items")
         key, value = item
-        return PendingOutput(
-            default_topic, encode(value, "value", serializer), encode(key, "key", serializer), None, None
-        )
-    return PendingOutput(default_topic, encode(item, "value", serializer), None, None, None)
+        return (default_topic, encode(value, "value", serializer), encode(key, "key", serializer), None, None)
+    return (default_topic, encode(item, "value", serializer), None, None, None)
 
 
 def collect_outputs(
@@ -263,7 +253,7 @@ def unproducible_stop(listener: str, exc: BaseException) -> InvalidConfiguration
 #
 # The produce-or-buffer rule: a record that needs no encoding goes straight to confluent-kafka's ``produce`` when
 # its topic was looked up and nothing is buffered before it (order is kept); otherwise, or when confluent-kafka
-# refuses it, it waits in the buffer (buffer_output) for the runner's buffered produce (produce_pending). Each emit
+# refuses it, it waits in the buffer (buffer_output) for the runner's buffered produce (ResultEmitters.flush_to). Each emit
 # function, and send(), calls ``produce`` itself, in its own ``try``: a Python call costs up to a tenth of a
 # record's handling (bench/micro_hot_path.py --callgrind), so the fast path calls no helper.
 
@@ -324,7 +314,7 @@ def buffer_output(
     header and does not chain to the refusal.
     """
     encoded = None if headers is None else encode_headers(headers)
-    pending.append(new_pending(PendingOutput, (topic, value, key, encoded, None)))
+    pending.append((topic, value, key, encoded, None))
     return 0
 
 
@@ -346,7 +336,7 @@ class ResultEmitters:
     rest into ``pending`` with :func:`to_pending` (a bad result fails its
     record with an OutputError). An iterable's items wait in ``pending``
     until the handler returned (a failing handler's items are dropped with
-    it), as what it ``send()``\\ s does; :meth:`produce_pending` produces
+    it), as what it ``send()``\\ s does; :meth:`flush_to` makes the function that produces
     them. ``directs`` (topic -> confluent-kafka's ``produce``, or None)
     holds the topics looked up so far.
     """
@@ -424,40 +414,41 @@ class ResultEmitters:
         return 0
 
     def flush_to(self, produce: Callable[[PendingOutput], None]) -> Callable[[], int]:
-        """:meth:`produce_pending` with ``produce`` bound once (the runner calls it after each handler that buffered)."""
-        return functools.partial(self.produce_pending, produce)
+        """The function producing the buffered outputs, in order, then clearing them; it returns how many.
 
-    def produce_pending(self, produce: Callable[[PendingOutput], None]) -> int:
-        """Produce the buffered outputs in order, then clear them; returns how many.
-
-        Each goes straight to confluent-kafka when it takes it, else through
-        ``produce`` (the transactional producer's, which waits for queue
-        space or raises an OutputError naming the problem), so that a full
-        queue or a refusal never reorders them. Runs after every handler call
-        that buffered something: the topics looked up stay in ``directs``.
+        The runner calls it after each handler call that buffered something.
+        Each output goes straight to confluent-kafka when it takes it, else
+        through ``produce`` (the transactional producer's, which waits for
+        queue space or raises an OutputError naming the problem), so that a
+        full queue or a refusal never reorders them. The topics looked up
+        stay in ``directs``.
         """
-        pending, directs = self.pending, self.directs
-        for out in pending:
-            topic, value, key, headers, partition = out
-            fast = directs[topic] if topic in directs else self.direct(topic)
-            if fast is not None:
+        pending, directs, direct = self.pending, self.directs, self.direct
+
+        def flush() -> int:
+            for out in pending:
+                topic, value, key, headers, partition = out
+                fast = directs[topic] if topic in directs else direct(topic)
+                if fast is not None:
+                    try:
+                        if headers is None and partition is None:
+                            fast(topic, value, key)
+                        else:
+                            fast(topic, value, key, -1 if partition is None else partition, headers=headers)
+                        continue
+                    except REFUSED:
+                        pass  # produce() waits for queue space, or classifies the error
                 try:
-                    if headers is None and partition is None:
-                        fast(topic, value, key)
-                    else:
-                        fast(topic, value, key, -1 if partition is None else partition, headers=headers)
-                    continue
-                except REFUSED:
-                    pass  # produce() waits for queue space, or classifies the error
-            try:
-                produce(out)
-            except OutputError as exc:
-                if out is not pending[0]:  # the record's outputs before it are in the transaction already
-                    raise PartlyProducedError(exc) from exc
-                raise
-        count = len(pending)
-        pending.clear()
-        return count
+                    produce(out)
+                except OutputError as exc:
+                    if out is not pending[0]:  # the record's outputs before it are in the transaction already
+                        raise PartlyProducedError(exc) from exc
+                    raise
+            count = len(pending)
+            pending.clear()
+            return count
+
+        return flush
 
 
 def _collect(
@@ -549,12 +540,12 @@ def _many_holder(pending: list[PendingOutput], topic: str, fallback: Emit) -> Em
         for item in result:
             itype = type(item)
             if itype is bytes and topic:
-                append(new_pending(PendingOutput, (topic, item, None, None, None)))
+                append((topic, item, None, None, None))
                 continue
             if itype is tuple and topic and len(item) == 2:
                 key, value = item
                 if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
-                    append(new_pending(PendingOutput, (topic, value, key, None, None)))
+                    append((topic, value, key, None, None))
                     continue
             if item is not None:
                 fallback(item)

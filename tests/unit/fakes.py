@@ -113,7 +113,7 @@ class FakeProducer(TransactionalProducer):
         self._step("produce")
         if self.recorder is not None:
             self.recorder.append(out)
-        self._current.produced.append((out.topic, out.value))
+        self._current.produced.append((out[0], out[1]))
 
     def direct(self, topic: str) -> Callable[..., Any] | None:
         if not self._fast or not self.in_transaction:

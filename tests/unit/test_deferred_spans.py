@@ -1,4 +1,4 @@
-"""A sampled root record's SDK span made after its handler, while its transaction commits (kafkatx.trace_deferred):
+"""A sampled root record's SDK span made after its handler, while its transaction commits (kafkatx.tracing._deferred):
 the same span, ids, times and what the handler did to it, as if it had been made at once."""
 
 from __future__ import annotations

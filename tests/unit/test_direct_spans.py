@@ -1,4 +1,4 @@
-"""A deferred record span handed straight to the SDK's span processors (kafkatx.trace_direct) is exported exactly as
+"""A deferred record span handed straight to the SDK's span processors (kafkatx.tracing._sdk) is exported exactly as
 the span ``start_span`` and ``end`` make; any setting where the SDK would do more keeps ``start_span``."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: E402
 
-from kafkatx.trace_deferred import DeferredSpans, PendingSpan, Pins  # noqa: E402
-from kafkatx.trace_direct import direct_recorder  # noqa: E402
-from kafkatx.trace_sampling import HeadSampler, head_sampler  # noqa: E402
 from kafkatx.tracing import Tracing  # noqa: E402
+from kafkatx.tracing._deferred import DeferredSpans, PendingSpan, Pins  # noqa: E402
+from kafkatx.tracing._sampling import HeadSampler, head_sampler  # noqa: E402
+from kafkatx.tracing._sdk import direct_recorder  # noqa: E402
 
 ATTRIBUTES = {
     "messaging.system": "kafka",

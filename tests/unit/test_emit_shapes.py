@@ -86,7 +86,7 @@ def test_bytes_are_buffered_when_confluent_kafka_refuses_them() -> None:
     made, pending = emitters(fake)
     assert emit(made, b"v") == 0
     assert fake.calls == []
-    assert pending == [PendingOutput(OUT, b"v", None, None, None)]
+    assert pending == [(OUT, b"v", None, None, None)]
 
 
 def test_anything_after_a_buffered_record_is_buffered_too_keeping_the_order() -> None:
@@ -95,7 +95,7 @@ def test_anything_after_a_buffered_record_is_buffered_too_keeping_the_order() ->
     emit(made, b"first")
     emit(made, (b"k", b"second"))
     assert fake.calls == []
-    assert pending == [PendingOutput(OUT, b"first", None, None, None), PendingOutput(OUT, b"second", b"k", None, None)]
+    assert pending == [(OUT, b"first", None, None, None), (OUT, b"second", b"k", None, None)]
 
 
 def test_a_key_value_pair() -> None:
@@ -122,8 +122,8 @@ def test_a_pair_confluent_kafka_refuses_is_encoded_into_the_buffer() -> None:
     assert emit(made, (b"k", b"after")) == 0  # something is buffered before it: buffered too, in order
     assert fake.calls == []
     assert pending == [
-        PendingOutput(OUT, b'{"n": 1}', b"k", None, None),
-        PendingOutput(OUT, b"after", b"k", None, None),
+        (OUT, b'{"n": 1}', b"k", None, None),
+        (OUT, b"after", b"k", None, None),
     ]
 
 
@@ -149,7 +149,7 @@ def test_a_key_or_value_of_another_type_is_encoded_by_kafkatx_on_every_direct_pa
             bind_sink(previous)
         pending = list(sink)
     assert fake.calls == []
-    assert [(out.value, out.key) for out in pending] == [(b'{"n": 1}', b"k")]
+    assert [(value, key) for _, value, key, _, _ in pending] == [(b'{"n": 1}', b"k")]
 
 
 def test_a_tuple_that_is_not_a_pair_fails_with_output_error() -> None:
@@ -175,8 +175,8 @@ def test_an_output_with_a_partition_or_header_pairs_is_buffered_encoded() -> Non
     assert emit(made, Output("v", key="k", headers=[("h", "x")])) == 0
     assert fake.calls == []
     assert pending == [
-        PendingOutput("other", b"v", None, None, 3),
-        PendingOutput(OUT, b"v", b"k", [("h", b"x")], None),
+        ("other", b"v", None, None, 3),
+        (OUT, b"v", b"k", [("h", b"x")], None),
     ]
 
 
@@ -184,7 +184,7 @@ def test_a_refused_output_is_buffered_with_its_headers_encoded() -> None:
     fake = FakeProduce(refuse=1)
     made, pending = emitters(fake)
     assert emit(made, Output(b"v", key=b"k", headers={"h": "x", "n": None})) == 0
-    assert pending == [PendingOutput(OUT, b"v", b"k", [("h", b"x"), ("n", None)], None)]
+    assert pending == [(OUT, b"v", b"k", [("h", b"x"), ("n", None)], None)]
 
 
 def test_an_output_with_a_bad_header_value_fails_with_output_error() -> None:
@@ -202,7 +202,7 @@ def test_an_output_to_a_missing_topic_is_buffered_for_the_producer_to_refuse() -
     fake = FakeProduce()
     made, pending = emitters(fake)
     assert emit(made, Output(b"v", topic="missing")) == 0
-    assert pending == [PendingOutput("missing", b"v", None, None, None)]
+    assert pending == [("missing", b"v", None, None, None)]
 
 
 def test_an_output_without_a_topic_needs_an_output_topic() -> None:
@@ -225,11 +225,11 @@ def test_a_generators_items_wait_in_the_buffer_in_order_until_the_handler_return
     assert emit(made, items()) == 0
     assert fake.calls == []
     assert pending == [
-        PendingOutput(OUT, b"a", None, None, None),
-        PendingOutput(OUT, b"b", b"k", None, None),
-        PendingOutput("other", b"c", None, None, None),
+        (OUT, b"a", None, None, None),
+        (OUT, b"b", b"k", None, None),
+        ("other", b"c", None, None, None),
     ]
-    assert made.produce_pending(lambda out: None) == 3
+    assert made.flush_to(lambda out: None)() == 3
     assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1), ("other", b"c", None, None, -1)]
     assert pending == []
 
@@ -238,7 +238,7 @@ def test_a_generators_items_of_other_types_are_encoded_into_the_buffer() -> None
     fake = FakeProduce()
     made, pending = emitters(fake)
     assert emit(made, ["a", ("k", b"b")]) == 0
-    assert pending == [PendingOutput(OUT, b"a", None, None, None), PendingOutput(OUT, b"b", b"k", None, None)]
+    assert pending == [(OUT, b"a", None, None, None), (OUT, b"b", b"k", None, None)]
 
 
 def test_the_serializer_encodes_anything_else() -> None:
@@ -269,7 +269,7 @@ def test_str_is_encoded_and_buffered() -> None:
     fake = FakeProduce()
     made, pending = emitters(fake)
     assert emit(made, "v") == 0
-    assert pending == [PendingOutput(OUT, b"v", None, None, None)]
+    assert pending == [(OUT, b"v", None, None, None)]
 
 
 def test_the_emit_function_is_chosen_once_per_type() -> None:
@@ -286,9 +286,9 @@ def test_buffered_outputs_are_produced_in_order_with_their_partition_and_headers
     emit(made, Output(b"b", topic="other", partition=2, headers=[("h", b"x")]))
     emit(made, Output(b"c", topic="missing"))
     waited: list[PendingOutput] = []
-    assert made.produce_pending(waited.append) == 3
+    assert made.flush_to(waited.append)() == 3
     assert fake.calls == [(OUT, b"a", None, None, -1), ("other", b"b", None, [("h", b"x")], 2)]
-    assert waited == [PendingOutput("missing", b"c", None, None, None)]
+    assert waited == [("missing", b"c", None, None, None)]
     assert pending == []
 
 
@@ -297,9 +297,9 @@ def test_a_buffered_output_confluent_kafka_refuses_goes_to_the_waiting_produce()
     made, _ = emitters(fake)
     emit(made, b"a")  # refused once: buffered
     waited: list[PendingOutput] = []
-    made.produce_pending(waited.append)  # refused again: the producer's produce waits for queue space
+    made.flush_to(waited.append)()  # refused again: the producer's produce waits for queue space
     assert fake.calls == []
-    assert waited == [PendingOutput(OUT, b"a", None, None, None)]
+    assert waited == [(OUT, b"a", None, None, None)]
 
 
 class Sink(list[PendingOutput]):
@@ -317,5 +317,5 @@ def test_a_bytes_subclass_is_produced_as_its_bytes_on_every_path() -> None:
     made, pending = emitters(fake, serializer=to_json)
     emit(made, Payload(b"alone"))  # returned as it is: encoded into the buffer
     emit(made, (Payload(b"k"), Payload(b"pair")))
-    assert [(out.value, out.key) for out in pending] == [(b"alone", None), (b"pair", b"k")]
-    assert all(type(out.value) is bytes and type(out.key) in (bytes, type(None)) for out in pending)
+    assert [(value, key) for _, value, key, _, _ in pending] == [(b"alone", None), (b"pair", b"k")]
+    assert all(type(value) is bytes and type(key) in (bytes, type(None)) for _, value, key, _, _ in pending)

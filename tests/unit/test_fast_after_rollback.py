@@ -21,7 +21,7 @@ IN = ("in", 0)
 
 
 def _replay(record: Record) -> list[PendingOutput]:
-    return [PendingOutput("out", b"re-" + (record.value or b""), None, None, None)]
+    return [("out", b"re-" + (record.value or b""), None, None, None)]
 
 
 def _drive(failed_index: int, *, keep_in_memory: bool = False, **policy: Any) -> tuple[FakeHost, list[Any]]:

@@ -8,7 +8,6 @@ from fakes import FakeHost, listener, messages
 from kafkatx.errors import ApplicationRecoverableError, FencedTooOftenError, TransactionAbortableError
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated, TransactionAborted
 from kafkatx.listener.unit import commit_offsets
-from kafkatx.outputs import PendingOutput
 
 
 def _host(**options: object) -> FakeHost:
@@ -20,7 +19,7 @@ def test_transact_begins_runs_the_work_sends_the_offsets_and_commits() -> None:
     unit = host.unit(messages(b"a", b"b"))
 
     def work() -> None:
-        unit.produce(PendingOutput("out", b"A", None, None, None))
+        unit.produce(("out", b"A", None, None, None))
         unit.send_offsets(unit.next_offsets())
 
     assert unit.transact(work) is True
@@ -35,7 +34,7 @@ def test_a_failing_work_aborts_the_transaction_and_propagates() -> None:
     unit = host.unit(messages(b"a"))
 
     def work() -> None:
-        unit.produce(PendingOutput("out", b"A", None, None, None))
+        unit.produce(("out", b"A", None, None, None))
         raise ValueError("bad record")
 
     with pytest.raises(ValueError, match="bad record"):
@@ -53,7 +52,7 @@ def test_an_abortable_error_aborts_and_runs_the_work_again() -> None:
 
     def work() -> None:
         runs.append(1)
-        unit.produce(PendingOutput("out", b"A", None, None, None))
+        unit.produce(("out", b"A", None, None, None))
         unit.send_offsets(unit.next_offsets())
 
     assert unit.transact(work) is True

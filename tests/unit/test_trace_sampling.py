@@ -1,4 +1,4 @@
-"""kafkatx's own sampling decision (kafkatx.trace_sampling): the same as the SDK's, made before any SDK call."""
+"""kafkatx's own sampling decision (kafkatx.tracing._sampling): the same as the SDK's, made before any SDK call."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from kafkatx import Output, Record, send
 from kafkatx.events import TransactionCommitted
-from kafkatx.trace_sampling import head_sampler, parse_traceparent
 from kafkatx.tracing import Tracing
+from kafkatx.tracing._sampling import head_sampler, parse_traceparent
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -216,7 +216,7 @@ def test_a_record_with_a_traced_earlier_attempt_is_traced_whatever_the_draw() ->
 
 def test_the_gap_between_sampled_root_records_has_the_ratios_distribution() -> None:
     """One geometric draw per sampled record instead of one draw per record: the same share sampled."""
-    from kafkatx.trace_sampling import root_gap
+    from kafkatx.tracing._sampling import root_gap
 
     random.seed(11)
     for rate in (0.5, 0.01):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overlo
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
 from kafkatx.app.heap import StartupFreeze
 from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
+from kafkatx.app.signals import StopRequests
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
 from kafkatx.app.transactions import ProducerTransactions, Transaction
 from kafkatx.client.brokers import warn_about_chained_listeners
@@ -343,11 +344,13 @@ class App:
             warn_about_chained_listeners(self.listeners, self.resolved_bootstrap_servers())
             _ = self.instance_id
             check_client_config(self.client_config, self.listeners)
+            tracing = self._app_tracing()  # the dead-letter publisher gets it as its recoverer is set up
             self.cluster_id = prepare_topics(
                 self.client_config,
                 self.listeners,
                 create_topics=self.create_topics,
                 topic_partitions=self.topic_partitions,
+                dead_letter_trace=tracing.dead_letter_headers if tracing is not None else None,
             )
             resolve_fencing(self.client_config, self.listeners, self.cluster_id)
             self.client_config.warn_without_instance_id()
@@ -374,15 +377,21 @@ class App:
             )
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
 
-    def _traced(self, spec: ListenerSpec, worker: int) -> ListenerSpec:
-        """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
+    def _app_tracing(self) -> Tracing | None:
+        """The App's tracing, made at its first start (from the provider of then); None with tracing off."""
         if self.tracing is False:
-            return spec
+            return None
         if self._tracing is None:
             self._tracing = Tracing(None if self.tracing is True else self.tracing)
             self._tracing.subscribe(self.events.subscribe)
-        handler = self._tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
-        tracing = self._tracing
+        return self._tracing
+
+    def _traced(self, spec: ListenerSpec, worker: int) -> ListenerSpec:
+        """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
+        tracing = self._app_tracing()
+        if tracing is None:
+            return spec
+        handler = tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
         return replace(
             spec,
             handler=handler,
@@ -485,16 +494,18 @@ class App:
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Start and block until :meth:`stop`, SIGINT or SIGTERM (a second signal forces the exit).
 
+        Signals within ``SAME_REQUEST_WINDOW_S`` of the first are the same request (kafkatx.app.signals).
         Raises the error that stopped a container, if one did.
         """
         handlers_installed = install_signal_handlers and threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
-        signals_seen = 0
+        requests = StopRequests()
 
         def on_signal(signum: int, _frame: Any) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen == 1:
+            request = requests.receive(signum)
+            if request is None:
+                log.debug("%s received again at once: the same stop request", signal.Signals(signum).name)
+            elif request == 1:
                 log.info("%s received: stopping gracefully (send it again to force exit)", signal.Signals(signum).name)
                 for c in self.containers:
                     c.stop()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from kafkatx._suggest import closest_topic
 from kafkatx.client.brokers import is_embedded_broker
 from kafkatx.client.topics import create_topic
 from kafkatx.errors import (
@@ -21,6 +22,7 @@ from kafkatx.errors import (
 
 if TYPE_CHECKING:
     from kafkatx.app.config import ClientConfig
+    from kafkatx.dlq.publisher import DeadLetterTrace
     from kafkatx.listener.spec import ListenerSpec
 
 __all__ = ["check_client_config", "prepare_topics", "resolve_fencing"]
@@ -54,9 +56,17 @@ def check_client_config(client: ClientConfig, listeners: Sequence[ListenerSpec])
 
 
 def prepare_topics(
-    client: ClientConfig, listeners: Sequence[ListenerSpec], *, create_topics: bool, topic_partitions: int
+    client: ClientConfig,
+    listeners: Sequence[ListenerSpec],
+    *,
+    create_topics: bool,
+    topic_partitions: int,
+    dead_letter_trace: DeadLetterTrace | None = None,
 ) -> str | None:
-    """Fail fast, before any consumer starts, on missing topics (or create them if allowed); the cluster id."""
+    """Fail fast, before any consumer starts, on missing topics (or create them if allowed); the cluster id.
+
+    Each listener's recoverer is set up here, and given ``dead_letter_trace`` (the App's tracing, None when off).
+    """
     check_resolvable(client.resolved_bootstrap_servers())
     admin = _admin(client)
     try:
@@ -78,6 +88,7 @@ def prepare_topics(
             ) from None
         raise KafkaTxError.from_kafka(exc, operation="list_topics (startup)") from exc
     setup = _SetupContext(admin, meta, create_topics=create_topics, topic_partitions=topic_partitions)
+    setup.dead_letter_trace = dead_letter_trace  # the recoverers' port to the App's tracing
     for spec in listeners:
         for topic in spec.topics:
             setup.require(topic, f"input topic of listener {spec.name!r}")
@@ -159,12 +170,14 @@ def _client_error_text(exc: BaseException) -> str:
 
 
 class _SetupContext:
-    """What recoverers see at startup: topic metadata and topic creation."""
+    """What recoverers see at startup: topic metadata and topic creation, and the App's tracing."""
 
     def __init__(self, admin: AdminClient, meta: Any, *, create_topics: bool, topic_partitions: int) -> None:
         self._admin, self._meta = admin, meta
         self._create_topics, self._topic_partitions = create_topics, topic_partitions
         self.input_topics: tuple[str, ...] = ()
+        #: A dead letter's trace headers (the App's tracing, None when off), for the dead-letter publisher.
+        self.dead_letter_trace: DeadLetterTrace | None = None
 
     def partitions(self, topic: str) -> int | None:
         t = self._meta.topics.get(topic)
@@ -175,11 +188,14 @@ class _SetupContext:
     def require(self, topic: str, what: str) -> None:
         if self.partitions(topic) is not None:
             return
+        hint = closest_topic(topic, self._meta.topics)  # a misspelt name is the likeliest reason
         if not self._create_topics:
             raise InvalidConfigurationError(
-                f"{what}: topic {topic!r} does not exist. Create it, or pass App(create_topics=True) "
+                f"{what}: topic {topic!r} does not exist{hint}. Create it, or pass App(create_topics=True) "
                 "to let kafkatx create missing topics"
             )
+        if hint:
+            log.warning("%s: creating the missing topic %r%s", what, topic, hint)
         self.create_topic(topic, self._topic_partitions, why=what)
 
     def create_topic(self, topic: str, partitions: int, *, why: str) -> None:

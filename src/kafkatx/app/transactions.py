@@ -157,4 +157,4 @@ class Transaction:
 
     def send(self, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None) -> None:
         """Produce a record in the transaction: ``value``/``key`` as bytes or str, ``headers`` a mapping or pairs."""
-        self.add(PendingOutput(topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))
+        self.add((topic, encode(value, "value"), encode(key, "key"), encode_headers(headers), partition))

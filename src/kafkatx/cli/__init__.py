@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kafkatx.cli.parser import CommandParser
+
 __all__ = ["main"]
 
 EX_USAGE = 64
@@ -62,13 +64,13 @@ def _broker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_verbose(parser: argparse.ArgumentParser) -> None:
+def _add_verbose(parser: CommandParser) -> None:
     """``-v`` after the command too (``kafkatx run app:app -v``), counted with the one before it.
 
     Only leaf commands get it: a subcommand's defaults would overwrite what its parent parsed.
     """
-    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not groups:
+    children = parser.subcommands()
+    if not children:
         parser.add_argument(
             "-v",
             "--verbose",
@@ -77,15 +79,14 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
             default=0,
             help="more logging: -v kafkatx's debug lines, -vv librdkafka's too",
         )
-    for action in groups:
-        for child in dict.fromkeys(action.choices.values()):
-            _add_verbose(child)
+    for child in children:
+        _add_verbose(child)
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> CommandParser:
     from kafkatx._version import __version__
 
-    parser = argparse.ArgumentParser(prog="kafkatx", description=__doc__)
+    parser = CommandParser(prog="kafkatx", description=__doc__)
     parser.add_argument(
         "-v",
         "--verbose",
@@ -113,12 +114,30 @@ def _build_parser() -> argparse.ArgumentParser:
         dlq_cli = None  # type: ignore[assignment]
     if dlq_cli is not None and hasattr(dlq_cli, "add_parser"):
         dlq_cli.add_parser(sub)
-    for command in dict.fromkeys(sub.choices.values()):
+    for command in parser.subcommands():
         _add_verbose(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` (default: this process's own command line, ``sys.argv``) and return its exit code.
+
+    ``kafkatx run`` keeps SIGINT/SIGTERM handlers installed once the App has stopped, so that a late copy of the
+    stop signal cannot kill the exiting process (kafkatx.app.signals.install_exit_handlers). Called with
+    ``argv`` from a program that goes on afterwards, main() puts that program's handlers back before returning.
+    """
+    if argv is None or threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: installed outside Python, cannot be put back from here
+                signal.signal(sig, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     args.verbosity = args.verbose + getattr(args, "sub_verbose", 0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kafkatx.app import startup
+from kafkatx.app.signals import install_exit_handlers
 from kafkatx.cli.progress import report_progress
 from kafkatx.errors import ClusterUnreachableError, InvalidConfigurationError, KafkaTxError
 from kafkatx.health.checks import check_health_options
@@ -244,6 +245,7 @@ def _supervise(args: argparse.Namespace) -> int:
         if server is not None:
             print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
         print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
+        install_exit_handlers(lambda: supervisor.started)
         return supervisor.run()
     finally:
         if broker is not None:
@@ -305,6 +307,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.tracing and app.tracing is False:  # the App's own provider, if it names one, is kept
         try:
             require_opentelemetry()
+            _require_opentelemetry_sdk()
         except InvalidConfigurationError as exc:
             print(f"kafkatx run: --tracing: {exc}", file=sys.stderr)
             return EX_CONFIG
@@ -335,6 +338,20 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _require_opentelemetry_sdk() -> None:
+    """Refuse ``--tracing`` without an OpenTelemetry SDK, which would trace nothing and say nothing.
+
+    It takes the global TracerProvider, which stays the API's no-op one unless an SDK is installed (and
+    configured, by the application or opentelemetry-instrument): no span would ever be exported.
+    """
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        raise InvalidConfigurationError(
+            "no OpenTelemetry SDK is installed, so no span would ever be exported: pip install 'kafkatx[otel]' "
+            "opentelemetry-sdk and an exporter (e.g. opentelemetry-exporter-otlp), and configure them in the "
+            "application or run under opentelemetry-instrument"
+        )
 
 
 def _load(target: str) -> Any:
@@ -386,6 +403,7 @@ def _serve(app: Any, args: argparse.Namespace) -> int:
             status = StatusLine(app).start()
         except ImportError:
             status = None
+    install_exit_handlers(lambda: bool(app.containers))  # app.run() puts them back when it returns
     try:
         app.run()
     finally:
@@ -411,7 +429,7 @@ def _failed(exc: BaseException, app: Any, args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    r = sub.add_parser("run", help="run an App: kafkatx run module:app")
+    r = sub.add_parser("run", help="run an App: kafkatx run module:app", usage_exit_code=EX_USAGE)
     r.add_argument("target", help="module:attribute of a kafkatx.App (or a function returning one)")
     r.add_argument(
         "--bootstrap-servers", help="Kafka bootstrap servers (default: the App's, or $KAFKATX_BOOTSTRAP_SERVERS)"

@@ -11,7 +11,9 @@ rebalance.
 The supervisor forwards SIGINT/SIGTERM to every worker and waits for them
 (exit 0 once they stopped gracefully); a second signal kills them, and the
 run exits 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM),
-as one process forced out by a second signal does. A worker that exits non-zero is restarted after a
+as one process forced out by a second signal does. Signals within
+``SAME_REQUEST_WINDOW_S`` of the first are one request (kafkatx.app.signals):
+systemd and GNU ``timeout`` signal the supervisor and its workers at once. A worker that exits non-zero is restarted after a
 back-off (1 s, doubling to 30 s); one that keeps crashing (5 times within
 60 s) ends the whole run with exit code 1, and a configuration error (exit
 78) ends it at once with 78: restarting cannot fix either. A crash after
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kafkatx.app.signals import StopRequests
 from kafkatx.cli.progress import ENV_PROGRESS_FILE, ProgressFile
 from kafkatx.health.server import HealthServer, verdict_response
 from kafkatx.health.workers import (
@@ -92,8 +95,9 @@ class Supervisor:
         ]
         self.env = env
         self.shutdown_timeout = shutdown_timeout
-        self._signals = 0
-        self._first_signal = 0
+        self._requests = StopRequests()
+        #: True once :meth:`run` has its signal handlers installed and starts the workers.
+        self.started = False
         self.exit_code = 0
         #: (address, port) of the one health endpoint that reports every worker (``--health-port``), if any.
         self.health = health
@@ -116,12 +120,13 @@ class Supervisor:
         log.info("worker %s started (pid %d)", worker.instance_id, worker.proc.pid)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self._signals += 1
-        self._first_signal = self._first_signal or signum
+        request = self._requests.receive(signum)
+        if request is None:  # the same request again (sent to the supervisor and its group): forwarded already
+            return
         for worker in self.workers:
             if worker.proc is not None and worker.proc.poll() is None:
                 try:
-                    worker.proc.send_signal(signal.SIGKILL if self._signals > 1 else signum)
+                    worker.proc.send_signal(signal.SIGKILL if request > 1 else signum)
                 except ProcessLookupError:
                     pass
 
@@ -163,10 +168,11 @@ class Supervisor:
         try:
             if self.health_server is None:
                 self.serve_health()
+            self.started = True
             for worker in self.workers:
                 self._spawn(worker)
             while True:
-                if self._signals:
+                if self._requests.count:
                     return self._wait_all()
                 now = time.monotonic()
                 for worker in self.workers:
@@ -246,8 +252,8 @@ class Supervisor:
                 worker.proc.kill()
                 exit_code = worker.proc.wait()
             code = code or (exit_code if exit_code not in (-signal.SIGTERM, -signal.SIGINT) else 0)
-        if self._signals > 1:  # forced: the workers were killed, as the user asked
-            return 128 + self._first_signal
+        if self._requests.count > 1:  # forced: the workers were killed, as the user asked
+            return 128 + self._requests.first_signal
         return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + its number
 
     def _stop_all(self) -> None:

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from kafkatx._suggest import closest_topic
+
 __all__ = ["add_parsers"]
 
 EX_USAGE = 64
@@ -143,8 +145,9 @@ def _produce(args: argparse.Namespace) -> int:
         return 1
     if args.topic not in existing:
         print(
-            f"kafkatx produce: topic {args.topic!r} does not exist on {servers}: create it with "
-            f"`kafkatx topics create {args.topic}` (an App creates its own with --create-topics or --local)",
+            f"kafkatx produce: topic {args.topic!r} does not exist on {servers}{closest_topic(args.topic, existing)}: "
+            f"create it with `kafkatx topics create {args.topic}` (an App creates its own with --create-topics or "
+            "--local)",
             file=sys.stderr,
         )
         return 1

@@ -160,25 +160,26 @@ class TransactionalProducer:
         assert producer is not None and self.in_transaction, "produce outside a transaction"
         if self.recorder is not None:
             self.recorder.append(out)
-        if out.topic not in self._known_topics and self.partition_count(out.topic) is None:
+        topic, value, key, headers, partition = out
+        if topic not in self._known_topics and self.partition_count(topic) is None:
             raise UnknownTopicError(
-                f"output topic {out.topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
+                f"output topic {topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
             )
         while True:
             try:
                 if on_error is not None:
                     producer.produce(
-                        out.topic,
-                        out.value,
-                        out.key,
-                        out.partition if out.partition is not None else -1,
-                        headers=out.headers,  # type: ignore[arg-type]
+                        topic,
+                        value,
+                        key,
+                        partition if partition is not None else -1,
+                        headers=headers,  # type: ignore[arg-type]
                         on_delivery=self._own_delivery(on_error),
                     )
-                elif out.partition is None:
-                    producer.produce(out.topic, out.value, out.key, headers=out.headers)  # type: ignore[arg-type]
+                elif partition is None:
+                    producer.produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
                 else:
-                    producer.produce(out.topic, out.value, out.key, out.partition, headers=out.headers)  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, partition, headers=headers)  # type: ignore[arg-type]
                 return
             except BufferError:
                 producer.poll(0.05)  # local queue full: let deliveries drain
@@ -470,21 +471,22 @@ class TransactionalProducer:
     def _produce_error(self, exc: KafkaException, out: PendingOutput) -> BaseException:
         err: KafkaError = self._fatal_cause(exc.args[0])
         code = err.code()
+        topic, value, key, _, partition = out
         if code == KafkaError._STATE and self.in_transaction and not err.fatal():
             return self._failed_delivery_error(err, "produce")
         if code in (KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART):
-            return UnknownTopicError(f"output topic {out.topic!r} does not exist ({err.str()})")
+            return UnknownTopicError(f"output topic {topic!r} does not exist ({err.str()})")
         if code == KafkaError._UNKNOWN_PARTITION:
-            return UnknownTopicError(f"output topic {out.topic!r} has no partition {out.partition}")
+            return UnknownTopicError(f"output topic {topic!r} has no partition {partition}")
         cls = classify(err, path="produce")
         if cls in (ErrorClass.INVALID_CONFIGURATION, ErrorClass.HANDLER_FAILURE) or code in (
             KafkaError.MSG_SIZE_TOO_LARGE,
             KafkaError._MSG_TIMED_OUT,
             KafkaError._INVALID_ARG,
         ):
-            size = len(out.value or b"") + len(out.key or b"")
+            size = len(value or b"") + len(key or b"")
             return RecordRejectedError(
-                f"the client rejected an output record for {out.topic!r} ({size} bytes): {err.str()}"
+                f"the client rejected an output record for {topic!r} ({size} bytes): {err.str()}"
             )
         return KafkaClientError.from_kafka(err, operation="produce", path="produce")
 

@@ -11,12 +11,12 @@ know is an error, raised where the App or listener declares it, so
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from kafkatx._suggest import closest_name
 from kafkatx.errors import InvalidConfigurationError
 
 __all__ = ["LIBRDKAFKA_PROPERTIES", "check_property_names"]
@@ -235,8 +235,8 @@ def check_property_names(what: str, config: Mapping[str, Any]) -> None:
             continue
         if not _unknown_to_librdkafka(name, value):
             continue
-        close = difflib.get_close_matches(name, sorted(LIBRDKAFKA_PROPERTIES), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else " (see librdkafka's CONFIGURATION.md)"
+        close = closest_name(name, LIBRDKAFKA_PROPERTIES)
+        hint = f"; did you mean {close!r}?" if close else " (see librdkafka's CONFIGURATION.md)"
         raise InvalidConfigurationError(f"{what}: no such librdkafka property {name!r}{hint}")
 
 

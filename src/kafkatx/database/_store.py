@@ -80,10 +80,9 @@ _HEAD = struct.Struct(">Hiiii")
 def encode_records(outputs: Sequence[PendingOutput]) -> bytes:
     parts: list[bytes] = [_FORMAT]
     pack = _HEAD.pack
-    for out in outputs:
-        topic = out.topic.encode()
-        key, value = out.key, out.value
-        headers = _headers_out(out.headers)
+    for topic_name, value, key, out_headers, partition in outputs:
+        topic = topic_name.encode()
+        headers = _headers_out(out_headers)
         hdr = headers.encode() if headers is not None else None
         parts.append(
             pack(
@@ -91,7 +90,7 @@ def encode_records(outputs: Sequence[PendingOutput]) -> bytes:
                 -1 if key is None else len(key),
                 -1 if value is None else len(value),
                 -1 if hdr is None else len(hdr),
-                -1 if out.partition is None else out.partition,
+                -1 if partition is None else partition,
             )
         )
         parts.append(topic)
@@ -120,7 +119,7 @@ def decode_records(data: bytes) -> list[PendingOutput]:
         pos += max(lv, 0)
         headers = None if lh < 0 else _headers_in(bytes(view[pos : pos + lh]).decode())
         pos += max(lh, 0)
-        outputs.append(PendingOutput(topic, value, key, headers, None if partition < 0 else partition))
+        outputs.append((topic, value, key, headers, None if partition < 0 else partition))
     return outputs
 
 

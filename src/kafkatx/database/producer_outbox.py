@@ -160,7 +160,7 @@ class ProducerOutbox:
             backend.close(conn)
         try:
             if outputs:
-                producer.send_offsets([TopicPartition(outputs[0].topic, 0, sequence)], self._metadata())
+                producer.send_offsets([TopicPartition(outputs[0][0], 0, sequence)], self._metadata())
             producer.commit()
         except BaseException:
             self._committed = None  # the next unit asks Kafka what committed and produces the rest first
@@ -210,7 +210,7 @@ class ProducerOutbox:
                 self.producer.begin()
                 for out in outputs:
                     self.producer.produce(out)
-                self.producer.send_offsets([TopicPartition(outputs[0].topic, 0, position)], self._metadata())
+                self.producer.send_offsets([TopicPartition(outputs[0][0], 0, position)], self._metadata())
                 self.producer.commit()
                 known = position
         self._committed = known

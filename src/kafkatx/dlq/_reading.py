@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from kafkatx._suggest import closest_topic
 from kafkatx.client.brokers import ENV_BOOTSTRAP, bootstrap_from_env, port_in_use
 from kafkatx.dlq.entries import DlqToolError
 from kafkatx.errors import KafkaClientError
@@ -103,8 +104,16 @@ def topic_partitions(client: Any, servers: str, topic: str, what: str = "topic")
         ) from None
     if meta is None or meta.error is not None or not meta.partitions:
         reason = f" ({meta.error.str()})" if meta is not None and meta.error is not None else ""
-        raise DlqToolError(f"{what} {topic!r} does not exist on {servers}{reason}")
+        raise DlqToolError(f"{what} {topic!r} does not exist on {servers}{reason}{_closest_topic(client, topic)}")
     return sorted(meta.partitions)
+
+
+def _closest_topic(client: Any, topic: str) -> str:
+    """The did-you-mean of a missing topic, from every topic's name (asked for only then: a second call)."""
+    try:
+        return closest_topic(topic, client.list_topics(timeout=10).topics)
+    except KafkaException:
+        return ""
 
 
 def watermarks(consumer: Consumer, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:

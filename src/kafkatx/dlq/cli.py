@@ -188,6 +188,7 @@ def _replay(args: argparse.Namespace) -> int:
             progress=progress,
             on_record=show if args.dry_run else None,
             idle_timeout=args.timeout,
+            force=args.force,
         )
     except DlqToolError as exc:
         return _fail("replay", str(exc))
@@ -208,6 +209,8 @@ def _summary(r: ReplayResult) -> str:
             f"{'would skip' if r.dry_run else 'skipped'} {r.skipped} record(s) that did not match the filters; "
             f"the group moves past them, so replay them later with another --group"
         )
+    if r.dry_run and r.skipped and not r.replayed:
+        lines.append("no record matches the filters: the replay refuses to skip them all without --force")
     if r.dry_run:
         lines.append("dry run: nothing was produced and no offsets were committed")
     return "\n".join(lines)
@@ -260,6 +263,11 @@ def add_parser(sub: Any) -> None:
         "--group", help="replay group whose offsets on the DLT say where to resume (default kafkatx-dlq-replay.TOPIC)"
     )
     r.add_argument("--dry-run", action="store_true", help="list what would be replayed; produce and commit nothing")
+    r.add_argument(
+        "--force",
+        action="store_true",
+        help="with --filter: move the group past the records even when none matches (refused without it)",
+    )
     r.add_argument("--batch-size", type=_positive, default=500, help="records per transaction (default 500)")
     r.add_argument(
         "--limit", type=_positive, default=None, help="stop after replaying N records (the rest wait for the next run)"

@@ -14,12 +14,12 @@ from typing import Any
 
 from kafkatx.dlq.headers import dead_letter_headers
 from kafkatx.errors import DeadLetterPublishError, InvalidConfigurationError
-from kafkatx.outputs import PendingOutput, encode_headers
+from kafkatx.outputs import encode_headers
 from kafkatx.record import Headers, Record
 from kafkatx.recoverers import Recoverer, current_recovery
-from kafkatx.tracing import dead_letter_trace_headers, with_trace
+from kafkatx.tracing import with_trace
 
-__all__ = ["DeadLetterPublishingRecoverer", "DeadLetterPublishError", "DEFAULT_SUFFIX"]
+__all__ = ["DeadLetterPublishingRecoverer", "DeadLetterPublishError", "DeadLetterTrace", "DEFAULT_SUFFIX"]
 
 log = logging.getLogger("kafkatx.dlq")
 
@@ -28,6 +28,9 @@ DEFAULT_SUFFIX = "-dlt"  # Spring for Apache Kafka's suffix since 3.3 (it was ".
 TopicResolver = Callable[[Record, BaseException], str]
 PartitionResolver = Callable[[Record, BaseException], int | None]
 HeadersFunction = Callable[[Record, BaseException], Headers | Mapping[str, bytes] | None]
+#: The trace headers of a record's last attempt, by consumer group (None: no trace): what a traced App hands
+#: the publisher in its setup context (``dead_letter_trace``), so that the dead letter continues the trace.
+DeadLetterTrace = Callable[[str, Record], list[tuple[str, bytes]] | None]
 
 
 class DeadLetterPublishingRecoverer(Recoverer):
@@ -82,6 +85,8 @@ class DeadLetterPublishingRecoverer(Recoverer):
         self.max_stacktrace_bytes = max_stacktrace_bytes
         self.create_topics = create_topics
         self.skip_same_topic_fatal = skip_same_topic_fatal
+        #: The App's tracing, handed over in :meth:`setup` (None: tracing off, or not run by an App).
+        self.dead_letter_trace: DeadLetterTrace | None = None
 
     def destination(self, record: Record, exception: BaseException) -> str:
         """The dead-letter topic for ``record``: the fixed topic, the resolver's, or ``<topic><suffix>``."""
@@ -100,7 +105,9 @@ class DeadLetterPublishingRecoverer(Recoverer):
         return topic
 
     def setup(self, context: Any) -> None:
-        """Check (and create if allowed) the dead-letter topic of each input topic."""
+        """Take the App's tracing (``dead_letter_trace``, None with tracing off); check (and create if allowed)
+        the dead-letter topic of each input topic."""
+        self.dead_letter_trace = getattr(context, "dead_letter_trace", None)
         if callable(self.topic) and not isinstance(self.topic, str):
             return  # dynamic destinations are checked when used
         for source in context.input_topics:
@@ -154,13 +161,13 @@ class DeadLetterPublishingRecoverer(Recoverer):
         if extra:
             items = extra.items() if isinstance(extra, Mapping) else extra
             headers += [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
-        trace = dead_letter_trace_headers(ctx.group_id, record)
+        trace = self.dead_letter_trace(ctx.group_id, record) if self.dead_letter_trace is not None else None
         if trace is not None:  # tracing on: the dead letter continues the trace of the record's last attempt
             headers = with_trace(headers, trace)
         # The bytes as consumed: a typed listener's record carries decoded objects in key and value.
         value = record.value if record.raw_value is None else record.raw_value
         key = record.key if record.raw_key is None else record.raw_key
-        error = ctx.deliver(PendingOutput(topic, value, key, encode_headers(headers), partition))
+        error = ctx.deliver((topic, value, key, encode_headers(headers), partition))
         if error is not None:
             raise DeadLetterPublishError(
                 f"dead-letter publication of {record.coordinates} to {topic!r} failed: {error}"

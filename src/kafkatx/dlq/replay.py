@@ -146,6 +146,7 @@ def replay_dlq(
     on_record: RecordHook | None = None,
     idle_timeout: float = 30.0,
     transaction_timeout_ms: int = 60_000,
+    force: bool = False,
 ) -> ReplayResult:
     """Re-publish dead-lettered records to their original topic (or ``to``), exactly once.
 
@@ -156,7 +157,10 @@ def replay_dlq(
     crash the same call resumes after the last committed batch. Records that
     fail a filter are skipped, and the group moves past them too (offsets are
     a position, not a set: not committing them would replay the records after
-    them again). ``limit`` stops after that many replayed records.
+    them again). Filters that match none of the records read are refused
+    (a DlqToolError, the group left where it was: a misspelt value would
+    otherwise move it past every record); ``force=True`` skips them all.
+    ``limit`` stops after that many replayed records.
     ``dry_run`` reads from the same position and reports what would happen,
     producing and committing nothing. ``on_record`` is called for each record
     inside its transaction; an exception from it aborts the open batch.
@@ -195,7 +199,7 @@ def replay_dlq(
             # First fence any earlier replay of this group (aborting its open transaction), then read the
             # group's offsets: they now include everything that replay committed and nothing it did not.
             kafka_call(producer.ensure, "start the replay transaction")
-        run = _Replay(consumer, producer, topic, group, parts, targets, checks, on_record, dry_run)
+        run = _Replay(consumer, producer, topic, group, parts, targets, checks, on_record, dry_run, force)
         return run.run(batch_size, limit, progress, idle_timeout)
     finally:
         if producer is not None:
@@ -217,6 +221,7 @@ class _Replay:
         filters: Sequence[EntryFilter],
         on_record: RecordHook | None,
         dry_run: bool,
+        force: bool = False,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
@@ -227,6 +232,8 @@ class _Replay:
         self.filters = filters
         self.on_record = on_record
         self.dry_run = dry_run
+        #: Move the group past the records even when none matches the filters.
+        self.force = force
         self.replayed = 0
         self.skipped = 0
         self.per_topic: dict[str, int] = {}
@@ -263,9 +270,11 @@ class _Replay:
                 done[event.partition] = event.offset + 1
                 bar.update(1)
                 handled += 1
-                if handled >= batch_size:
+                if handled >= batch_size and (self.replayed or self.force):  # skipped only: held until a match
                     self._commit(batch, done, positions)
                     handled = 0
+            if self.skipped and not self.replayed and not self.force and not self.dry_run:
+                raise DlqToolError(self._nothing_matches())
             self._commit(batch, done, positions)
         except BaseException:
             if self.producer is not None and self.producer.in_transaction:
@@ -287,6 +296,13 @@ class _Replay:
             transactions=self.transactions,
         )
 
+    def _nothing_matches(self) -> str:
+        return (
+            f"no record of {self.topic!r} matches the filters ({self.skipped} record(s) read, none replayed); the "
+            f"replay group {self.group!r} was left where it was rather than moved past them all. Check the filters "
+            f"with `kafkatx dlq inspect {self.topic} --filter ...`, or pass --force (force=True) to skip them all"
+        )
+
     def _committed(self) -> dict[int, int]:
         tps = [TopicPartition(self.topic, p) for p in self.partitions]
         got = kafka_call(lambda: self.consumer.committed(tps, timeout=15), f"read the offsets of group {self.group!r}")
@@ -299,7 +315,7 @@ class _Replay:
                 self.on_record(entry, None)
             return
         target, partition = self.targets.resolve(entry)
-        out = PendingOutput(target, entry.value, entry.key, replayed_headers(entry), partition)
+        out = (target, entry.value, entry.key, replayed_headers(entry), partition)
         if self.producer is not None:
             try:
                 self.producer.produce(out)

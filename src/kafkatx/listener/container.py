@@ -49,6 +49,7 @@ from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.host import Runner
 from kafkatx.listener.outage import ListenerOutage, OutageHold
 from kafkatx.listener.overlap import overlap_of
+from kafkatx.listener.partition_turns import slices_runner
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.time_limits import fence_hold, transaction_budget
@@ -133,6 +134,8 @@ class ListenerContainer:
             factory(self) if factory is not None else RecordRunner(self, spec.processor)
         )
         self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)  # listener/overlap.py
+        #: ``fencing="partition"``: how a poll's partition slices run, one transaction each (partition_turns.py).
+        self._run_slices = slices_runner(self, self._runner, self._overlap)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -517,7 +520,7 @@ class ListenerContainer:
             units: dict[TP, list[ConsumedMessage]] = {}
             for record in batch:
                 units.setdefault((record.topic(), record.partition()), []).append(record)
-            self._overlap.run_partitions(list(units.values()), self._runner)  # one transaction each, in turn
+            self._run_slices(list(units.values()))  # one transaction each, their commits overlapping
         else:
             assert self._group_producer is not None
             self._runner(TransactionUnit(self, self._group_producer, batch, ahead=self._overlap.ahead))

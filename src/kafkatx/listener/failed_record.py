@@ -23,7 +23,8 @@ records before it stay in the transaction and commit, never run again.
   stops with :class:`~kafkatx.RecoveryExhaustedError`.
 
 Every runner uses this module: the record runner one record at a time and
-concurrently; aborts are left to what really must be undone (KIP-1050
+concurrently, and the Spark runner (a job's failure counted on its first
+record, a failed recovery held here); aborts are left to what really must be undone (KIP-1050
 abortable errors, a fenced producer, a dependency outage, a stop).
 """
 

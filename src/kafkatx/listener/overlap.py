@@ -354,7 +354,7 @@ def _not_ahead(unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
 
 def _produce_held(unit: TransactionUnit, held: HeldBatch) -> None:
     """The held batch's transaction: its outputs in order (straight to confluent-kafka when it takes them)."""
-    produced = produce_in_order(held.outputs, unit.direct, lambda out: unit.produce(PendingOutput(*out)))
+    produced = produce_in_order(held.outputs, unit.direct, unit.produce)
     unit.outputs += produced
     unit.send_offsets(held.offsets)
 
@@ -373,9 +373,10 @@ class _Hold:
         self._producer, self.outputs = producer, outputs
 
     def produce(self, out: PendingOutput, on_error: Any = None) -> None:
-        if not self._producer.knows_topic(out.topic):
+        topic = out[0]
+        if not self._producer.knows_topic(topic):
             raise UnknownTopicError(
-                f"output topic {out.topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
+                f"output topic {topic!r} does not exist; create it first (kafkatx never auto-creates output topics)"
             )
         self.outputs.append(out)
 
@@ -387,11 +388,11 @@ class _Hold:
         self, topic: str, value: Any = None, key: Any = None, partition: int = -1, headers: Any = None
     ) -> None:
         value, key = _as_produced(value), _as_produced(key)
-        if headers is None and partition == -1:  # the usual record: a plain tuple of PendingOutput's fields is cheaper
-            self.outputs.append((topic, value, key, None, None))  # type: ignore[arg-type]
+        if headers is None and partition == -1:  # the usual record
+            self.outputs.append((topic, value, key, None, None))
             return
         encoded = None if headers is None else encode_headers(headers)
-        self.outputs.append(PendingOutput(topic, value, key, encoded, None if partition == -1 else partition))
+        self.outputs.append((topic, value, key, encoded, None if partition == -1 else partition))
 
     def partition_count(self, topic: str, *, refresh: bool = False) -> int | None:
         return self._producer.partition_count(topic, refresh=refresh)

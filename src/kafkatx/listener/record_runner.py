@@ -36,11 +36,12 @@ with tracing off that costs a test per record.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any
 
@@ -242,6 +243,16 @@ class RecordRunner:
             return len(msgs) if self._stopped_at < 0 else self._stopped_at
         finally:
             self._stopped_at, self._cut, self._ahead = stopped_at, cut, False
+
+    @contextlib.contextmanager
+    def inside_another_commit(self) -> Iterator[None]:
+        """Run a unit while another unit of this runner commits (listener/partition_turns.py): the state that
+        unit reads once its commit returned (where it stopped, where it was cut) is kept."""
+        stopped_at, cut = self._stopped_at, self._cut
+        try:
+            yield
+        finally:
+            self._stopped_at, self._cut = stopped_at, cut
 
     def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""

@@ -121,7 +121,7 @@ class ListenerSpec:
     #: Handle the next batch while a transaction commits, holding its outputs (listener/overlap.py, docs/OVERLAP.md).
     overlap_commit: bool = False
     #: Work the container does while each of its transactions commits, the thread being idle then (tracing makes
-    #: its deferred record spans: kafkatx.trace_deferred). Set by the App, not declared.
+    #: its deferred record spans: kafkatx.tracing._deferred). Set by the App, not declared.
     while_committing: Callable[[], None] | None = None
     #: Tracing's root records sampled out, which the record runner runs with the untraced handler
     #: (listener.host.UntracedRoots). Set by the App, not declared.

@@ -105,6 +105,7 @@ class TransactionUnit(DatabaseSteps):
         "outputs",
         "_stored",
         "ahead",
+        "during_commit",
     )
 
     def __init__(
@@ -113,6 +114,8 @@ class TransactionUnit(DatabaseSteps):
         producer: TransactionalProducer,
         messages: list[ConsumedMessage],
         ahead: CommitAhead | None = None,
+        *,
+        during_commit: Callable[[], None] | None = None,
     ) -> None:
         self._c = container
         self._producer = producer
@@ -131,12 +134,14 @@ class TransactionUnit(DatabaseSteps):
         self._stored: dict[TP, tuple[int, int]] | None = None
         #: The overlapped commit: what handles the next records while this unit's transaction commits.
         self.ahead = ahead
+        #: Other work for the wait of this unit's commits (listener/partition_turns.py: other partitions' turns).
+        self.during_commit = during_commit
 
     def with_messages(self, messages: list[ConsumedMessage]) -> TransactionUnit:
         """The same container and producer, over ``messages`` (e.g. the records left after a failure)."""
         if messages is self.messages:
             return self
-        return TransactionUnit(self._c, self._producer, messages)
+        return TransactionUnit(self._c, self._producer, messages, during_commit=self.during_commit)
 
     # -- the container's state ------------------------------------------------
     @property
@@ -362,6 +367,8 @@ class TransactionUnit(DatabaseSteps):
         guard = self._c.membership_guard(membership) if membership is not None else None
         ahead = self.ahead
         meanwhile = self.spec.while_committing  # e.g. tracing's deferred spans, made while the broker commits
+        if self.during_commit is not None:
+            meanwhile = self.during_commit if meanwhile is None else _in_turn(meanwhile, self.during_commit)
         if ahead is None or database is not None:
             self._producer.commit(guard=guard, meanwhile=meanwhile)
         else:
@@ -516,7 +523,7 @@ class _DirectSink:
                 cause = producer.transaction_failure(besides=own)
                 if cause is not None:
                     raise cause
-            return f"{output.topic}: {own.name()} {own.str()}"
+            return f"{output[0]}: {own.name()} {own.str()}"
         if undelivered:
             return f"not delivered yet: {undelivered} record(s) of the transaction still in flight"
         return None

@@ -185,7 +185,7 @@ def table_to_outputs(table: pa.Table, default_topic: str | None, listener: str) 
         if partition is not None and partition < 0:
             raise SparkOutputError(f"spark listener {listener!r}: output partition must be >= 0, got {partition}")
         out.append(
-            PendingOutput(
+            (
                 topic,
                 values[i],
                 keys[i] if keys is not None else None,

@@ -43,12 +43,13 @@ from kafkatx.errors import (
     ContainerError,
     OutputError,
     RecoveryError,
-    RecoveryExhaustedError,
 )
-from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled, RecoveryFailed, TransactionCommitted
+from kafkatx.events import RecordRecovered, TransactionCommitted
+from kafkatx.listener.failed_record import recovery_failed
 from kafkatx.listener.host import Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, to_record
+from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action
 from kafkatx.spark._errors import SparkOutputError, as_job_error, is_data_independent
 from kafkatx.spark._frames import messages_to_table, table_to_outputs
@@ -144,7 +145,6 @@ class SparkUnitRunner:
         # Poison records whose recovery failed: on redelivery they go straight
         # to recovery instead of into the job (like the tracker's pending_recovery).
         self._known: dict[Coords, _Poison] = {}
-        self._recovery_failures: dict[Coords, int] = {}
         #: Jobs run so far (attempts, bisection probes, final runs), for logs and tests.
         self.jobs_run = 0
 
@@ -170,34 +170,22 @@ class SparkUnitRunner:
     def _process(self, batch: _Batch, candidates: list[int], tx: Unit) -> _Outcome:
         if not candidates:
             return _Outcome([], failed=True)
-        policy = tx.policy
-        attempts = 0
+        head = batch.coords(candidates[0])  # a job's failure is counted on its first record
+        first = to_record(batch.msgs[candidates[0]], tx.tracker.attempt(*head))
         while True:
             try:
                 return _Outcome(self._run(batch, candidates, tx))
             except _JobFailed as failed:
                 exc = failed.exc
-            attempts += 1
-            first = to_record(batch.msgs[candidates[0]], attempts)
-            tx.publish(HandlerFailed(tx.listener, tx.worker, first, exc, attempts))
-            verdict = policy.decide(attempts, exc, tx.stop_event)
+            log.info("spark listener %s: the job over %d record(s) failed", tx.listener, len(candidates))
+            verdict = decide_failure(tx, first, exc)  # the decision of every failed record (count, events, log)
+            attempts = verdict.attempt
             if verdict.action is Action.ABANDON:
                 raise _Stopping
             if verdict.action is Action.RETRY:
-                log.info(
-                    "spark listener %s: job over %d record(s) from %s failed on attempt %d/%d (%s: %s); retrying%s",
-                    tx.listener,
-                    len(candidates),
-                    first.coordinates,
-                    attempts,
-                    policy.max_attempts,
-                    type(exc).__name__,
-                    exc,
-                    f" in {verdict.delay:.3g}s" if verdict.delay else "",
-                )
-                tx.publish(RecordRetryScheduled(tx.listener, tx.worker, first, attempts + 1, verdict.delay))
                 if tx.wait(verdict.delay):
                     raise _Stopping
+                first = to_record(batch.msgs[candidates[0]], attempts + 1)
                 continue
             log.warning(
                 "spark listener %s: job over %d record(s) from %s failed (%s: %s), %s; isolating the records that "
@@ -251,9 +239,8 @@ class SparkUnitRunner:
     def _check_destinations(self, outputs: list[PendingOutput], tx: Unit) -> None:
         """Missing topics and partitions fail the job now, so that bisection can find the rows' records."""
         wanted: dict[str, int] = {}
-        for out in outputs:
-            top = wanted.get(out.topic, -1)
-            wanted[out.topic] = max(top, out.partition if out.partition is not None else -1)
+        for topic, _, _, _, partition in outputs:
+            wanted[topic] = max(wanted.get(topic, -1), partition if partition is not None else -1)
         for topic, max_partition in wanted.items():
             count = tx.partition_count(topic)
             if count is None:
@@ -418,7 +405,6 @@ class SparkUnitRunner:
             break
         for i, p in poison:
             self._known.pop(batch.coords(i), None)
-            self._recovery_failures.pop(batch.coords(i), None)
             tx.publish(RecordRecovered(tx.listener, tx.worker, records[i], p.exc, tx.policy.recoverer.name))
         tx.publish(
             TransactionCommitted(
@@ -432,44 +418,23 @@ class SparkUnitRunner:
         )
 
     def _recovery_failed(self, batch: _Batch, outcome: _Outcome, exc: RecoveryError, tx: Unit) -> None:
-        """Keep every poison record (skip the job for them next time), back off, rewind; stop at the limit."""
+        """Keep every poison record (skip the job for them next time); the failed recovery counted and held by
+        the failed-record procedure (a back-off, or the stop at ``max_recovery_failures``); nothing committed."""
         for i, p in outcome.poison.items():
             self._known[batch.coords(i)] = p
         record = exc.record
-        key = (record.topic, record.partition, record.offset)
-        failures = self._recovery_failures[key] = self._recovery_failures.get(key, 0) + 1
-        original = self._known.get(key)
-        tx.publish(
-            RecoveryFailed(tx.listener, tx.worker, record, original.exc if original else None, exc.exception, failures)
-        )
-        delay = tx.policy.recovery_delay(failures)
-        if delay is None:
-            raise RecoveryExhaustedError(
-                f"listener {tx.listener!r}: recovery of {record.coordinates} failed {failures} time(s) "
-                f"(max_recovery_failures={tx.policy.max_recovery_failures}); last error: "
-                f"{type(exc.exception).__name__}: {exc.exception}. The container stopped; the record was not "
-                "committed and will be delivered again on restart."
-            ) from exc.exception
-        log.error(
-            "spark listener %s: recovery of %s failed (%d time(s)): %s: %s; nothing committed, retrying in %.3gs",
-            tx.listener,
-            record.coordinates,
-            failures,
-            type(exc.exception).__name__,
-            exc.exception,
-            delay,
-        )
+        original = self._known.get((record.topic, record.partition, record.offset))
+        hold = recovery_failed(tx, record, original.exc if original else exc.exception, exc)
         tx.rewind()
-        tx.pause((record.topic, record.partition), delay)
+        tx.pause((record.topic, record.partition), hold.delay)
 
     def _forget_stale(self, tx: Unit) -> None:
         """Drop remembered poison of partitions we lost, or offsets already committed by someone."""
-        if not self._known and not self._recovery_failures:
+        if not self._known:
             return
         assigned = tx.assignment
         first = first_offsets(tx.messages)
-        for table in (self._known, self._recovery_failures):
-            for key in list(table):
-                tp = (key[0], key[1])
-                if tp not in assigned or (tp in first and key[2] < first[tp]):
-                    del table[key]
+        for key in list(self._known):
+            tp = (key[0], key[1])
+            if tp not in assigned or (tp in first and key[2] < first[tp]):
+                del self._known[key]

@@ -16,14 +16,15 @@ headers, :class:`HeadSampler` makes the same decision from the record's
 - a record without one is a root: a trace id is drawn as the tracer's id
   generator does and the ratio applied to it as ``TraceIdRatioBased`` does.
   Sampled in, the SDK makes the span with that very trace id
-  (:class:`PinnedTraceIds`), so its sampler agrees. Sampled out, the handler
+  (:class:`~kafkatx.tracing._sdk.PinnedTraceIds`), so its sampler agrees. Sampled out, the handler
   runs as with tracing off: no context, and no trace header on its outputs
   (there is no recorded trace to continue; writing a fresh *not sampled*
   ``traceparent``, as the SDK's non-recording span would, costs more than
   kafkatx's whole per-record work). A downstream service decides for such a
   record as for any record without a trace.
 
-Any other sampler or propagator: ``head_sampler`` returns None and every
+Any other sampler or propagator, or an SDK outside the adapter's version
+gate (:mod:`kafkatx.tracing._sdk`): ``head_sampler`` returns None and every
 record goes through the SDK, as before.
 """
 
@@ -32,16 +33,16 @@ from __future__ import annotations
 import math
 import re
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from random import getrandbits, random
 from typing import Any
+
+from kafkatx.tracing._sdk import PinnedTraceIds, pinned_ids, tracer_sampler
 
 __all__ = [
     "ALWAYS_SAMPLED",
     "TRACE_ID_LIMIT",
     "HeadSampler",
-    "PinnedTraceIds",
     "RootCountdown",
     "head_sampler",
     "parse_traceparent",
@@ -112,47 +113,6 @@ class RootCountdown:
 
     def give_back(self, left: int) -> None:
         self.skip += left
-
-
-class PinnedTraceIds:
-    """The tracer's id generator, except that the next trace id of this thread can be fixed in advance.
-
-    kafkatx draws a root record's trace id to decide its sampling; when the
-    record is sampled in, the SDK must make its span with that id.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._next = threading.local()
-
-    def pin(self, trace_id: int) -> None:
-        self._next.trace_id = trace_id
-
-    def pin_span(self, span_id: int) -> None:
-        """The next span id of this thread (a deferred span is made with the id its record's outputs carry)."""
-        self._next.span_id = span_id
-
-    def unpin(self) -> None:
-        self._next.trace_id = 0
-        self._next.span_id = 0
-
-    def generate_trace_id(self) -> int:
-        trace_id: int = getattr(self._next, "trace_id", 0)
-        if trace_id:
-            self._next.trace_id = 0
-            return trace_id
-        return int(self.inner.generate_trace_id())
-
-    def generate_span_id(self) -> int:
-        span_id: int = getattr(self._next, "span_id", 0)
-        if span_id:
-            self._next.span_id = 0
-            return span_id
-        return int(self.inner.generate_span_id())
-
-    def is_trace_id_random(self) -> bool:
-        random = getattr(self.inner, "is_trace_id_random", None)
-        return bool(random()) if random is not None else False
 
 
 class HeadSampler:
@@ -240,9 +200,13 @@ class HeadSampler:
 
 
 def head_sampler(tracer: Any) -> HeadSampler | None:
-    """The shortcut for ``tracer``'s sampler, or None if kafkatx cannot decide for it (then the SDK decides)."""
-    sampler, ids = getattr(tracer, "sampler", None), getattr(tracer, "id_generator", None)
-    if sampler is None or ids is None or type(tracer).__module__ != "opentelemetry.sdk.trace":
+    """The shortcut for ``tracer``'s sampler, or None if kafkatx cannot decide for it (then the SDK decides).
+
+    The SDK's sampler and id generator come through the adapter (:mod:`kafkatx.tracing._sdk`): None outside its
+    version gate, and the SDK samples every record itself.
+    """
+    sampler = tracer_sampler(tracer)
+    if sampler is None:
         return None
     from opentelemetry import propagate
 
@@ -252,10 +216,7 @@ def head_sampler(tracer: Any) -> HeadSampler | None:
     rule = _sampler_rule(sampler)
     if rule is None:
         return None
-    if not isinstance(ids, PinnedTraceIds):
-        ids = PinnedTraceIds(ids)
-        tracer.id_generator = ids  # the tracer of kafkatx's instrumentation scope: no one else's spans
-    return HeadSampler(rule[0], rule[1], ids, fields)
+    return HeadSampler(rule[0], rule[1], pinned_ids(tracer), fields)
 
 
 def _sampler_rule(sampler: Any) -> tuple[bool, int] | None:

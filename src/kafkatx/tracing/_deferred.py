@@ -6,20 +6,20 @@ alone was measured at ~24 us per sampled record in a busy listener, most of
 what tracing at 1% costs. While the handler runs, the record needs only the
 span's *context*: as the current span (the parent of the handler's own
 spans) and in its outputs' ``traceparent``. So for a root record kafkatx has
-sampled itself (its trace id drawn under the ratio, :mod:`kafkatx.trace_sampling`),
+sampled itself (its trace id drawn under the ratio, :mod:`kafkatx.tracing._sampling`),
 the handler runs under a :class:`PendingSpan`: a recording stand-in with the
 context the SDK span will have, which keeps what the handler does to the
 current span (attributes, events, exceptions, status, links, a new name).
 
 :class:`DeferredSpans` makes the SDK spans afterwards, with the same ids
-(:class:`~kafkatx.trace_sampling.PinnedTraceIds`), the attempt's start and
+(:class:`~kafkatx.tracing._sdk.PinnedTraceIds`), the attempt's start and
 end times, and what was kept replayed onto them. Its container calls
 :meth:`DeferredSpans.make` while a transaction commits (the thread waits on
 the broker then: ``ListenerSpec.while_committing``), and kafkatx again when
 a transaction's outcome is known and when the App stops, so that no span is
 left behind. The spans are exported as before, a few milliseconds later. A span
 with nothing to replay goes straight to the span processors where that is all
-the SDK would do (:mod:`kafkatx.trace_direct`).
+the SDK would do and the SDK's version allows (:mod:`kafkatx.tracing._sdk`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from random import getrandbits
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span as _ApiSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from kafkatx.trace_direct import DirectRecorder, direct_recorder
+from kafkatx.tracing._sdk import direct_recorder
+
+if TYPE_CHECKING:
+    from kafkatx.tracing._sdk import DirectRecorder
 
 __all__ = ["DeferredSpans", "PendingSpan", "Pins"]
 
@@ -115,7 +118,7 @@ class DeferredSpans:
         self._empty = Context()  # a root span: no parent, whatever is current where it is made
         #: Spans that could not be made (the SDK or an exporter raised): logged once.
         self.dropped = 0
-        #: Records a span with nothing to replay straight to the span processors (kafkatx.trace_direct); None:
+        #: Records a span with nothing to replay straight to the span processors (kafkatx.tracing._sdk); None:
         #: not known yet (decided at the first span the SDK makes), or the SDK's own ``start_span`` is needed.
         self._direct: DirectRecorder | None = None
         self._direct_checked = False
@@ -137,7 +140,7 @@ class DeferredSpans:
 
     @property
     def records_directly(self) -> bool:
-        """Whether a span with nothing to replay skips ``start_span`` (:mod:`kafkatx.trace_direct`)."""
+        """Whether a span with nothing to replay skips ``start_span`` (``kafkatx.tracing._sdk.direct_recorder``)."""
         return self._direct is not None
 
     def record_directly(

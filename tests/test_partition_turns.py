@@ -1,0 +1,126 @@
+"""fencing="partition" on the real broker: a poll is one transaction per partition, and their commits overlap.
+
+Each partition has its own transactional producer, so while one partition's commit waits for the broker, the
+next partition's records are handled (and committed) in that partition's own transaction. The tests hold a
+commit in ``commit_transaction`` (a probe subclass of confluent-kafka's Producer) until another partition's
+record was handled meanwhile: without the overlap nothing is handled before the commit returns, and the probe's
+wait fails the test. Outputs are read back read_committed: each exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+import kafkatx.producer as producer_module
+from kafkatx import App, Record
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+_WAIT = 10.0  # seconds a held commit waits for another partition's record to be handled
+
+
+class _Handled:
+    """The records handled, by partition, and a probe that holds the first commit of handled records until a
+    record of a partition not handled before that commit began is handled too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values: list[bytes] = []
+        self.attempts: dict[bytes, list[int]] = {}
+        self.partitions: set[int] = set()
+        self.other_partition = threading.Event()
+        self.held_once = False
+        self.seen_meanwhile = False
+
+    def note(self, record: Record) -> None:
+        with self.lock:
+            value = record.value or b""
+            self.values.append(value)
+            self.attempts.setdefault(value, []).append(record.attempt)
+            if self.partitions and record.partition not in self.partitions:
+                self.other_partition.set()
+            self.partitions.add(record.partition)
+
+    def hold(self) -> None:
+        """In commit_transaction: the first commit after records were handled waits for another partition's."""
+        with self.lock:
+            if self.held_once or not self.values:
+                return
+            self.held_once = True
+            self.other_partition.clear()
+        self.seen_meanwhile = self.other_partition.wait(_WAIT)
+
+
+@pytest.fixture
+def handled(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Handled]:
+    seen = _Handled()
+
+    class ProbedProducer(Producer):  # type: ignore[misc]
+        def commit_transaction(self, *args: Any) -> None:
+            seen.hold()
+            super().commit_transaction(*args)
+
+    monkeypatch.setattr(producer_module, "Producer", ProbedProducer)
+    yield seen
+
+
+def _app(kafka: KafkaTestKit) -> App:
+    return App(
+        unique_name("turns"),
+        bootstrap_servers=kafka.bootstrap_servers,
+        instance_id="w1",
+        transaction_timeout_ms=60_000,  # the commit deadline outlasts the probe's wait
+        config={"log_level": 2},
+    )
+
+
+def test_another_partition_is_handled_and_committed_while_one_commits(kafka: KafkaTestKit, handled: _Handled) -> None:
+    src, dst = kafka.topic(partitions=4), kafka.topic(partitions=1)
+    values = [b"p%03d" % i for i in range(400)]
+    kafka.produce(src, [{"value": v, "partition": i % 4} for i, v in enumerate(values)])
+    app = _app(kafka)
+
+    def handle(record: Record) -> bytes:
+        handled.note(record)
+        return b"out-" + (record.value or b"")
+
+    app.add_listener(handle, src, output=dst, name="h", fencing="partition")
+    with running(app):
+        wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 400, 30, message="all committed")
+    assert app.failure is None
+    assert handled.held_once and handled.seen_meanwhile, "a partition's records were handled during another's commit"
+    assert sorted(kafka.values(dst)) == sorted(b"out-" + v for v in values), "each output committed once"
+    assert sorted(handled.values) == sorted(values), "each record handled once"
+
+
+def test_a_record_failing_in_a_turn_taken_during_a_commit_is_settled_in_its_partition(
+    kafka: KafkaTestKit, handled: _Handled
+) -> None:
+    """A record of another partition fails (and is held for its back-off) while the first commit waits: the
+    transaction under way still commits its records, the failed one is retried once, nothing is lost or doubled."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=1)
+    values = [b"q%03d" % i for i in range(100)]
+    kafka.produce(src, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
+    app = _app(kafka)
+    flaky = {b"q011", b"q051"}  # partition 1's
+
+    def handle(record: Record) -> bytes:
+        handled.note(record)
+        if record.value in flaky and record.attempt == 1:
+            raise ValueError("try again")
+        return b"out-" + (record.value or b"")
+
+    app.add_listener(handle, src, output=dst, name="h", fencing="partition", max_attempts=3, backoff=0.2)
+    with running(app):
+        wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 100, 30, message="all committed")
+    assert app.failure is None
+    assert handled.seen_meanwhile
+    assert Counter(kafka.values(dst)) == Counter(b"out-" + v for v in values), "each output committed once"
+    assert {v: a for v, a in handled.attempts.items() if a != [1]} == {v: [1, 2] for v in flaky}
