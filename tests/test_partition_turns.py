@@ -24,38 +24,41 @@ from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 pytestmark = pytest.mark.timeout(90)
 
 _WAIT = 10.0  # seconds a held commit waits for another partition's record to be handled
+#: The first poll waits this long (at most 500 ms) for records: every partition's, produced before the start.
+_GATHER_MS = 2000
 
 
 class _Handled:
-    """The records handled, by partition, and a probe that holds the first commit of handled records until a
-    record of a partition not handled before that commit began is handled too."""
+    """The records handled, in order, and a probe that holds the first commit of handled records until a record
+    of another partition is handled after the committing partition's last one."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.changed = threading.Condition()
         self.values: list[bytes] = []
+        self.order: list[int] = []  # the partition of each record handled, in order
         self.attempts: dict[bytes, list[int]] = {}
-        self.partitions: set[int] = set()
-        self.other_partition = threading.Event()
         self.held_once = False
         self.seen_meanwhile = False
 
     def note(self, record: Record) -> None:
-        with self.lock:
+        with self.changed:
             value = record.value or b""
             self.values.append(value)
+            self.order.append(record.partition)
             self.attempts.setdefault(value, []).append(record.attempt)
-            if self.partitions and record.partition not in self.partitions:
-                self.other_partition.set()
-            self.partitions.add(record.partition)
+            self.changed.notify_all()
 
-    def hold(self) -> None:
-        """In commit_transaction: the first commit after records were handled waits for another partition's."""
-        with self.lock:
-            if self.held_once or not self.values:
+    def hold(self, partition: int) -> None:
+        """In commit_transaction of ``partition``'s producer: the first commit after records were handled waits
+        for a record of another partition handled after that partition's last one (its transaction's)."""
+        with self.changed:
+            if self.held_once or partition not in self.order:
                 return
             self.held_once = True
-            self.other_partition.clear()
-        self.seen_meanwhile = self.other_partition.wait(_WAIT)
+            last = len(self.order) - 1 - self.order[::-1].index(partition)
+            self.seen_meanwhile = self.changed.wait_for(
+                lambda: any(p != partition for p in self.order[last + 1 :]), _WAIT
+            )
 
 
 @pytest.fixture
@@ -63,8 +66,14 @@ def handled(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Handled]:
     seen = _Handled()
 
     class ProbedProducer(Producer):  # type: ignore[misc]
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            # fencing="partition": the transactional.id ends with ".<topic>.<partition>" (docs/RESTARTS.md)
+            tail = str(config.get("transactional.id", "")).rsplit(".", 1)[-1]
+            self.partition = int(tail) if tail.isdigit() else -1
+
         def commit_transaction(self, *args: Any) -> None:
-            seen.hold()
+            seen.hold(self.partition)
             super().commit_transaction(*args)
 
     monkeypatch.setattr(producer_module, "Producer", ProbedProducer)
@@ -91,7 +100,7 @@ def test_another_partition_is_handled_and_committed_while_one_commits(kafka: Kaf
         handled.note(record)
         return b"out-" + (record.value or b"")
 
-    app.add_listener(handle, src, output=dst, name="h", fencing="partition")
+    app.add_listener(handle, src, output=dst, name="h", fencing="partition", max_batch_ms=_GATHER_MS)
     with running(app):
         wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 400, 30, message="all committed")
     assert app.failure is None
@@ -117,7 +126,9 @@ def test_a_record_failing_in_a_turn_taken_during_a_commit_is_settled_in_its_part
             raise ValueError("try again")
         return b"out-" + (record.value or b"")
 
-    app.add_listener(handle, src, output=dst, name="h", fencing="partition", max_attempts=3, backoff=0.2)
+    app.add_listener(
+        handle, src, output=dst, name="h", fencing="partition", max_attempts=3, backoff=0.2, max_batch_ms=_GATHER_MS
+    )
     with running(app):
         wait_for(lambda: sum(kafka.committed(app.group_id, src).values()) == 100, 30, message="all committed")
     assert app.failure is None

@@ -37,7 +37,6 @@ from kafkatx.errors import (
     StuckCallError,
 )
 from kafkatx.events import (
-    ContainerIdle,
     ContainerStarted,
     ContainerStopped,
     Event,
@@ -47,13 +46,14 @@ from kafkatx.events import (
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.host import Runner
+from kafkatx.listener.idle import IdleDuties
 from kafkatx.listener.outage import ListenerOutage, OutageHold
 from kafkatx.listener.overlap import overlap_of
 from kafkatx.listener.partition_turns import slices_runner
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.time_limits import fence_hold, transaction_budget
-from kafkatx.listener.unit import TransactionUnit, commit_offsets
+from kafkatx.listener.unit import TransactionUnit
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 
@@ -65,7 +65,6 @@ __all__ = ["ListenerContainer", "Runner"]
 
 log = logging.getLogger("kafkatx.container")
 
-_IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction markers
 _CLOSE_DEADLINE_S = 10.0  # how long leaving the group may take at exit
 
 
@@ -115,10 +114,8 @@ class ListenerContainer:
         self._revoked_in_poll: set[TP] = set()
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
-        self._last_activity = time.monotonic()
-        self.polled_at = self._last_activity
-        self._positions_checked = True
-        self._last_idle_event = self._last_activity
+        self.polled_at = time.monotonic()
+        self._idle = IdleDuties(self, spec.idle_event_interval)  # listener/idle.py: the loop's idle stage
         self._stall_check = StallCheck(self)
         #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
         self.handling_since: float | None = None
@@ -460,23 +457,40 @@ class ListenerContainer:
 
     # -- the loop -------------------------------------------------------------
     def _poll_and_process(self) -> None:
+        """One turn of the loop: the first stage with work does it (records handled during the last commit, the
+        outage or pause gate, records whose back-off ended, a poll)."""
         self.handling_since = None  # the previous batch, if any, is done
-        consumer = self.consumer
-        assert consumer is not None
-        spec = self.spec
         if self._overlap.commit_held():  # records handled while the last transaction committed (listener/overlap.py)
-            self._last_activity, self._positions_checked = time.monotonic(), False
-            return
-        if self._hold.poll(self._handle_batch):  # the listener waits out an outage, or an operator paused it
-            return
-        timeout = min(max(spec.max_batch_ms, 10), 500) / 1000.0
-        if self._paused_until:
+            self._idle.activity()
+        elif not self._hold.poll(self._handle_batch):  # an outage or an operator's pause holds the listener
             deferred = self._resume_due()
             if deferred:  # a back-off ended: its records were kept in memory (see defer())
                 self._handle_batch(deferred)
-                return
-            if self._paused_until:  # wake up when the next pause ends, not a poll later
-                timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
+            else:
+                self._poll()
+
+    def _poll(self) -> None:
+        """Poll a batch and hand it on; when nothing came, the idle stage (listener/idle.py)."""
+        msgs = self._consume(self._poll_timeout())
+        if not msgs:
+            self._idle.run()
+            return
+        batch = self._usable(msgs)
+        if batch:
+            self._handle_batch(batch)
+
+    def _poll_timeout(self) -> float:
+        """A poll waits up to ``max_batch_ms`` (within 10-500 ms), and no longer than the next pause's end."""
+        timeout = min(max(self.spec.max_batch_ms, 10), 500) / 1000.0
+        if self._paused_until:  # wake up when the next pause ends, not a poll later
+            timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
+        return timeout
+
+    def _consume(self, timeout: float) -> list[Message]:
+        """What the consumer has (a batch listener's batch filled for up to ``max_batch_ms``), with the checks
+        that run once per poll (a stalled partition, no partitions at all)."""
+        consumer, spec = self.consumer, self.spec
+        assert consumer is not None
         self._revoked_in_poll.clear()
         msgs = consumer.consume(spec.max_batch_records, timeout)
         self.polled_at = time.monotonic()
@@ -485,12 +499,11 @@ class ListenerContainer:
         self._stall_check.maybe_run(self.polled_at)
         if not self.assigned:
             self._unassigned.maybe_warn(self.polled_at)
-        if not msgs:
-            if not self._positions_checked and time.monotonic() - self._last_activity > _IDLE_FIXUP_S:
-                self._commit_positions_past_markers()
-            if spec.idle_event_interval is not None:
-                self._check_idle(spec.idle_event_interval)
-            return
+        return msgs
+
+    def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
+        """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
+        they were fetched (sought back, so that they come after the pause)."""
         # Narrowed once here: a Message without an error always has a topic, partition and offset.
         batch = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
         if len(batch) != len(msgs):
@@ -499,18 +512,17 @@ class ListenerContainer:
                     self.reactions.consumer_error(m)
         if self._paused_until:
             held = first_offsets([m for m in batch if (m.topic(), m.partition()) in self._paused_until])
-            if held:  # fetched before the pause took effect: rewind so they come back after it
+            if held:
                 batch = [m for m in batch if (m.topic(), m.partition()) not in held]
                 for tp, offset in held.items():
                     self.seek(tp, offset)
-        if batch:
-            self._handle_batch(batch)
+        return batch
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
         """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
         spec = self.spec
-        self._last_activity = self.handling_since = time.monotonic()
-        self._positions_checked = False
+        self.handling_since = time.monotonic()
+        self._idle.activity()
         batch = self.guard.run_careful(batch, self._runner)  # partitions searched for a crash, a part at a time
         if not batch:
             return
@@ -547,39 +559,6 @@ class ListenerContainer:
                 break
             msgs.extend(more)
         return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in self.assigned]
-
-    def _check_idle(self, interval: float) -> None:
-        """Spring's idleEventInterval: publish ContainerIdle every ``interval`` while no records arrive."""
-        now = time.monotonic()
-        if now - max(self._last_idle_event, self._last_activity) >= interval:
-            self._last_idle_event = now
-            self.publish(ContainerIdle(self.name, self.worker, now - self._last_activity))
-
-    def _commit_positions_past_markers(self) -> None:
-        """When idle, commit positions that moved past transaction markers or aborted records.
-
-        A read_committed consumer skips those control records, so without this
-        the committed offset stays one (or more) short of the end and lag never
-        reaches zero (Spring's ``fixTxOffsets``, on by default here).
-        """
-        self._positions_checked = True
-        consumer = self.consumer
-        if consumer is None or not self._committed:
-            return
-        tps = [
-            TopicPartition(t, p)
-            for (t, p) in self._committed
-            if (t, p) in self.assigned and (t, p) not in self._paused_until
-        ]
-        if not tps:
-            return
-        moved: dict[TP, int] = {}
-        for tp in consumer.position(tps):
-            key = (tp.topic, tp.partition)
-            if tp.offset > self._committed.get(key, tp.offset):
-                moved[key] = tp.offset
-        if moved and commit_offsets(self, moved, what="offset fix-up", tolerate_errors=True):
-            log.debug("listener %s committed positions past transaction markers: %s", self.name, moved)
 
     def _resume_due(self) -> list[ConsumedMessage]:
         """Resume the partitions whose pause has ended; return the records deferred to that moment."""

@@ -129,57 +129,58 @@ class RecordRunner:
         while msgs:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
-            failure: HandlerFailure | None = None
-            recovery: InPlaceRecoveryFailed | None = None
-            abandoned = False
             self._stopped_at, self._cut = -1, None
             work = functools.partial(self._handle if self._dispatch is None else self._dispatched, current, msgs)
+            signal: HandlerFailure | InPlaceRecoveryFailed | Abandoned | None = None
             try:
                 if raised is not None:
                     ahead, raised = raised, None
                     raise ahead
                 if not current.transact(work):
                     return
-            except HandlerFailure as exc:
-                failure = exc
-            except InPlaceRecoveryFailed as exc:
-                recovery = exc
-            except Abandoned:
-                abandoned = True
-            # Outside the except blocks, so that nothing the handler raises from here on chains to them.
-            if failure is not None:
-                if type(failure.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
-                    raise failure.exc
-                msgs = after_rollback(
-                    current, msgs, failure, self.processor, self._replay, keep_in_memory=self._in_memory()
-                )
-                continue
-            if recovery is not None:
-                recovery_failed(current, msgs, recovery.failure, recovery.error, self._replay)
-                return
-            if abandoned:  # nothing was committed; the records come back on restart
-                current.rewind()
-                return
-            stopped_at, cut = self._stopped_at, self._taken_cut()
-            handled = len(msgs) if stopped_at < 0 else stopped_at
-            current.publish(
-                TransactionCommitted(
-                    current.listener, current.worker, handled, current.outputs, time.perf_counter() - started
-                )
+            except (HandlerFailure, InPlaceRecoveryFailed, Abandoned) as exc:
+                signal = exc
+            # Outside the except block, so that nothing the handler raises from here on chains to it.
+            msgs = self._committed(current, msgs, started) if signal is None else self._signalled(current, msgs, signal)
+
+    def _signalled(
+        self,
+        unit: TransactionUnit,
+        msgs: list[ConsumedMessage],
+        signal: HandlerFailure | InPlaceRecoveryFailed | Abandoned,
+    ) -> list[ConsumedMessage]:
+        """The transaction was aborted for a failed record, or given up: the records to run next (none: the
+        unit is done)."""
+        if isinstance(signal, HandlerFailure):
+            if type(signal.exc) is NotAwaitedError:  # a programming error, no record's: the container stops
+                raise signal.exc
+            return after_rollback(unit, msgs, signal, self.processor, self._replay, keep_in_memory=self._in_memory())
+        if isinstance(signal, InPlaceRecoveryFailed):
+            recovery_failed(unit, msgs, signal.failure, signal.error, self._replay)
+        else:  # abandoned: nothing was committed; the records come back on restart
+            unit.rewind()
+        return []
+
+    def _committed(self, unit: TransactionUnit, msgs: list[ConsumedMessage], started: float) -> list[ConsumedMessage]:
+        """The transaction committed (all of ``msgs``, or those before a cut or the end of its time): the records to
+        run next, from memory (none: the rest, if any, is fetched again)."""
+        stopped_at, cut = self._stopped_at, self._taken_cut()
+        handled = len(msgs) if stopped_at < 0 else stopped_at
+        unit.publish(
+            TransactionCommitted(unit.listener, unit.worker, handled, unit.outputs, time.perf_counter() - started)
+        )
+        if cut is not None:
+            return self._after_cut(unit, msgs, cut)
+        if stopped_at >= 0:  # the rest of the poll is fetched again for the next transaction
+            log.debug(
+                "listener %s: transaction time budget (%.3gs) used after %d of %d records",
+                unit.listener,
+                self._c.transaction_budget,
+                stopped_at,
+                len(msgs),
             )
-            if cut is not None:
-                msgs = self._after_cut(current, msgs, cut)
-                continue
-            if stopped_at >= 0:  # the rest of the poll is fetched again for the next transaction
-                log.debug(
-                    "listener %s: transaction time budget (%.3gs) used after %d of %d records",
-                    current.listener,
-                    self._c.transaction_budget,
-                    stopped_at,
-                    len(msgs),
-                )
-                current.rewind(msgs[stopped_at:])
-            return
+            unit.rewind(msgs[stopped_at:])
+        return []
 
     def _taken_cut(self) -> _Cut | None:
         """Where the last transaction's work ended on a failure (set by the work, read once)."""

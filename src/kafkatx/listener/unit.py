@@ -213,58 +213,64 @@ class TransactionUnit(DatabaseSteps):
         """
         count = len(self.messages) if records is None else records
         abortable = 0
-        database = self._c.database
         while True:
-            reaction: TransactionAbortableError | ApplicationRecoverableError | GroupMembershipChanged | None = None
-            failure: BaseException | None = None
-            unavailable: DatabaseUnavailableError | None = None
-            refused: OutputRefusedError | None = None
-            try:
-                self.begin()
-                if self._stored:
-                    self.redeliver_stored(self._stored)
-                    return False
-                work()
-                self.commit()
-                return True
-            except _KAFKA_REACTIONS as exc:
-                reaction = exc
-            except DatabaseUnavailableError as exc:
-                unavailable = exc
-            except OutputRefusedError as exc:
-                refused = exc
-            except KafkaClientError:
-                if database is not None:
-                    database.rollback()
-                raise  # invalid configuration or retries that ran out: the container stops (and closes the producer)
-            except BaseException as exc:
-                failure = exc
-            # Outside the except blocks: nothing raised from here on gets them as its __context__.
-            if database is not None:
-                if failure is not None and not isinstance(failure, _Isolate):
-                    unavailable = database.lost_connection(failure)  # the server went away under the handler
-                database.rollback()
-            if refused is not None:
-                self._c.reactions.note(refused, "abort; fail the input record that produced it")
-                blamed = blame_refused_output(self, self._c.guard, refused, count)
-                if blamed is None:
-                    return False
-                raise blamed
-            if isinstance(failure, _Isolate):
-                self.isolate(failure.exc, count)
-                return False
-            if unavailable is not None:
-                self.wait_for_database(unavailable, count)
-                return False
-            if reaction is not None:
-                abortable = abortable + 1 if isinstance(reaction, TransactionAbortableError) else 0
-                if self._react(reaction, abortable, f"abort and reprocess the {what}"):
+            outcome = self._attempt(work)
+            if outcome is True or outcome is False:
+                return outcome
+            if isinstance(outcome, _KAFKA_REACTIONS):
+                abortable = abortable + 1 if isinstance(outcome, TransactionAbortableError) else 0
+                if self._react(outcome, abortable, f"abort and reprocess the {what}"):
                     continue
                 return False
-            assert failure is not None
-            if not self.abort(count, f"{what} failed: {type(failure).__name__}"):
+            return self._undo(outcome, count, what)
+
+    def _attempt(self, work: Callable[[], None]) -> bool | BaseException:
+        """Begin, ``work``, commit: True once committed, False if the database held the records' work already
+        (it is produced from there instead), else what was raised, with the database rolled back. A Kafka
+        error that stops the container (invalid configuration, retries that ran out) is raised."""
+        database = self._c.database
+        caught: BaseException
+        try:
+            self.begin()
+            if self._stored:
+                self.redeliver_stored(self._stored)
                 return False
-            raise failure
+            work()
+            self.commit()
+            return True
+        except (*_KAFKA_REACTIONS, DatabaseUnavailableError, OutputRefusedError) as exc:
+            caught = exc
+        except KafkaClientError:
+            if database is not None:
+                database.rollback()
+            raise  # the container stops (and closes the producer)
+        except BaseException as exc:
+            caught = exc
+        # Outside the except blocks: nothing raised from here on gets them as its __context__.
+        if database is not None:
+            if not isinstance(caught, (*_KAFKA_REACTIONS, DatabaseUnavailableError, OutputRefusedError, _Isolate)):
+                caught = database.lost_connection(caught) or caught  # the server went away under the handler
+            database.rollback()
+        return caught
+
+    def _undo(self, caught: BaseException, count: int, what: str) -> bool:
+        """What ``work`` raised, undone: False once the unit was given back (an output refused and its record
+        blamed, a database outage, a unit to isolate) or the abort failed; else the failure is raised."""
+        if isinstance(caught, OutputRefusedError):
+            self._c.reactions.note(caught, "abort; fail the input record that produced it")
+            blamed = blame_refused_output(self, self._c.guard, caught, count)
+            if blamed is None:
+                return False
+            raise blamed
+        if isinstance(caught, _Isolate):
+            self.isolate(caught.exc, count)
+            return False
+        if isinstance(caught, DatabaseUnavailableError):
+            self.wait_for_database(caught, count)
+            return False
+        if not self.abort(count, f"{what} failed: {type(caught).__name__}"):
+            return False
+        raise caught
 
     def _react(
         self,
