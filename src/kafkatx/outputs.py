@@ -178,20 +178,7 @@ def to_pending(
             if (type(value) is bytes or value is None) and (type(key) is bytes or key is None):
                 return (default_topic, value, key, None, None)
     if cls is Output or isinstance(item, Output):
-        topic = item.topic or default_topic
-        if topic is None:
-            raise OutputError(f"listener {listener!r} returned an Output without a topic and has no output topic")
-        partition = item.partition
-        if partition is not None and (type(partition) is not int or partition < 0):
-            raise OutputError(f"Output.partition must be a non-negative int, got {partition!r}")
-        value, key, headers = item.value, item.key, item.headers
-        if value is not None and type(value) is not bytes:
-            value = encode(value, "value", serializer)
-        if key is not None and type(key) is not bytes:
-            key = encode(key, "key", serializer)
-        if headers is not None:
-            headers = encode_headers(headers)
-        return (topic, value, key, headers, partition)
+        return _output_pending(item, default_topic, serializer, listener)
     if default_topic is None:
         raise OutputError(
             f"listener {listener!r} returned a {type(item).__name__} but has no output topic: "
@@ -203,6 +190,25 @@ def to_pending(
         key, value = item
         return (default_topic, encode(value, "value", serializer), encode(key, "key", serializer), None, None)
     return (default_topic, encode(item, "value", serializer), None, None, None)
+
+
+def _output_pending(
+    item: Output, default_topic: str | None, serializer: Serializer | None, listener: str
+) -> PendingOutput:
+    """Encode a returned :class:`Output`: its own topic and partition are checked, and each part that is not
+    already bytes goes through the serializer (kept apart from to_pending, whose common forms come first)."""
+    topic = item.topic or default_topic
+    if topic is None:
+        raise OutputError(f"listener {listener!r} returned an Output without a topic and has no output topic")
+    partition = item.partition
+    if partition is not None and (type(partition) is not int or partition < 0):
+        raise OutputError(f"Output.partition must be a non-negative int, got {partition!r}")
+    value, key = item.value, item.key
+    if value is not None and type(value) is not bytes:
+        value = encode(value, "value", serializer)
+    if key is not None and type(key) is not bytes:
+        key = encode(key, "key", serializer)
+    return (topic, value, key, encode_headers(item.headers), partition)
 
 
 def collect_outputs(
@@ -379,7 +385,10 @@ class ResultEmitters:
         return produce
 
     def emitter(self, cls: type) -> Emit:
-        """The function producing a result of type ``cls`` (chosen once per type)."""
+        """The function producing a result of type ``cls`` (chosen once per type, then kept in ``by_type``)."""
+        known = self.by_type.get(cls)
+        if known is not None:
+            return known
         kind = self._kinds.get(cls)
         if kind is None:
             kind = self._kinds[cls] = result_kind(cls, self._serializer)

@@ -161,48 +161,62 @@ def _part_decoder(part: Part, kind: Any, deserializer: Any, name: str) -> tuple[
     """The decoder of one part, from its type and/or deserializer (both: deserialize, then validate)."""
     if kind is None and deserializer is None:
         return None, ""
-    field = MessageField.KEY if part == "key" else MessageField.VALUE
-    deserialize: Callable[[bytes | None, Record], Any] | None = None
+    deserialize = _deserializer_decoder(part, deserializer, name)
+    if kind is None:
+        assert deserialize is not None
+        return deserialize, _label(type(deserializer))
+    return _validating_decoder(part, kind, deserialize), _label(kind)
+
+
+def _deserializer_decoder(part: Part, deserializer: Any, name: str) -> PartDecoder | None:
+    """The deserializer as a ``(raw, record)`` decoder, None without one: confluent-kafka's take a
+    SerializationContext, a plain callable only the bytes, and the decoder calls both alike."""
     if isinstance(deserializer, Deserializer):  # confluent-kafka's: (bytes, SerializationContext) -> object
         confluent = deserializer
+        field = MessageField.KEY if part == "key" else MessageField.VALUE
 
         def deserialize(raw: bytes | None, record: Record) -> Any:
             headers: list[tuple[str, str | bytes | None]] = list(record.headers)
             return confluent(raw, SerializationContext(record.topic, field, headers))
 
-    elif deserializer is not None:
-        if not callable(deserializer):
-            raise InvalidConfigurationError(f"{name} must be callable (bytes -> object), got {deserializer!r}")
-        plain = deserializer
+        return deserialize
+    if deserializer is None:
+        return None
+    if not callable(deserializer):
+        raise InvalidConfigurationError(f"{name} must be callable (bytes -> object), got {deserializer!r}")
+    plain = deserializer
 
-        def deserialize(raw: bytes | None, record: Record) -> Any:
-            return plain(raw)
+    def deserialize_plain(raw: bytes | None, record: Record) -> Any:
+        return plain(raw)
 
-    if kind is None:
-        assert deserialize is not None
-        return deserialize, _label(type(deserializer))
+    return deserialize_plain
+
+
+def _validating_decoder(part: Part, kind: Any, deserialize: PartDecoder | None) -> PartDecoder:
+    """The decoder that validates ``kind`` with pydantic: of what ``deserialize`` made, or else of the bytes
+    themselves (JSON; UTF-8 text for ``str``, so that b"abc" is the key "abc", not a JSON string)."""
     adapter = _adapter(kind, part)
-    if deserialize is None and kind is str:  # text, not a JSON string: b"abc" is the key "abc"
+    if deserialize is None and kind is str:
         validate_str = adapter.validate_python
 
         def from_text(raw: bytes | None, record: Record) -> Any:
             return validate_str(None if raw is None else raw.decode("utf-8"))
 
-        return from_text, "str"
+        return from_text
     if deserialize is None:
         validate_json, validate_python = adapter.validate_json, adapter.validate_python
 
         def from_json(raw: bytes | None, record: Record) -> Any:
             return validate_python(None) if raw is None else validate_json(raw)
 
-        return from_json, _label(kind)
+        return from_json
     validate = adapter.validate_python
     inner = deserialize
 
     def deserialize_then_validate(raw: bytes | None, record: Record) -> Any:
         return validate(inner(raw, record))
 
-    return deserialize_then_validate, _label(kind)
+    return deserialize_then_validate
 
 
 def _adapter(kind: Any, part: Part) -> Any:

@@ -499,7 +499,26 @@ class App:
         """
         handlers_installed = install_signal_handlers and threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
-        requests = StopRequests()
+        on_signal = self._stop_signal_handler(StopRequests())
+        if handlers_installed:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            self.start()
+            self._wait_until_stopped()
+            self.stop()
+        finally:
+            if handlers_installed:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+            self._running = any(c.alive for c in self.containers)
+        failure = self.failure
+        if failure is not None:
+            raise failure
+
+    def _stop_signal_handler(self, requests: StopRequests) -> Callable[[int, Any], None]:
+        """The SIGINT/SIGTERM handler of :meth:`run`: a first request stops every container, a second forces the
+        exit; ``requests`` folds the copies of one signal (forwarded, or sent to the whole group) into one request."""
 
         def on_signal(signum: int, _frame: Any) -> None:
             request = requests.receive(signum)
@@ -513,26 +532,17 @@ class App:
                 log.warning("second signal: forcing exit")
                 raise SystemExit(128 + signum)
 
-        if handlers_installed:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
-            self.start()
-            stopping_since: float | None = None
-            while not self._stopped.wait(0.2):
-                if stopping_since is None and any(c.stop_event.is_set() for c in self.containers):
-                    stopping_since = time.monotonic()
-                if stopping_since is not None and time.monotonic() - stopping_since > self.shutdown_timeout:
-                    raise ContainerError(self._not_stopped_message())
-            self.stop()
-        finally:
-            if handlers_installed:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
-            self._running = any(c.alive for c in self.containers)
-        failure = self.failure
-        if failure is not None:
-            raise failure
+        return on_signal
+
+    def _wait_until_stopped(self) -> None:
+        """Block until every container has stopped; a ContainerError naming the stuck listeners if they have not
+        within ``shutdown_timeout`` of the first stop request (a stuck handler must not hang the process)."""
+        stopping_since: float | None = None
+        while not self._stopped.wait(0.2):
+            if stopping_since is None and any(c.stop_event.is_set() for c in self.containers):
+                stopping_since = time.monotonic()
+            if stopping_since is not None and time.monotonic() - stopping_since > self.shutdown_timeout:
+                raise ContainerError(self._not_stopped_message())
 
     def _not_stopped_message(self) -> str:
         stuck = [

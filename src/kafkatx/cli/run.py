@@ -203,29 +203,11 @@ def _start_local_broker(args: argparse.Namespace) -> Any:
 
 def _supervise(args: argparse.Namespace) -> int:
     """``--workers N``: the same command once per worker, each with its own instance id, supervised."""
-    from kafkatx.cli.supervisor import Supervisor, default_base_id, worker_ids
-
-    try:  # a target that cannot work would make every worker exit at once: say so once, start nothing
-        module_name, _ = check_target(args.target)
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        if importlib.util.find_spec(module_name) is None:
-            raise ValueError(f"cannot import module {module_name!r}: No module named {module_name!r}")
-    except (ValueError, ImportError) as exc:
-        print(f"kafkatx run: {exc}", file=sys.stderr)
+    problem = _unimportable(args.target)
+    if problem is not None:  # a target that cannot work would make every worker exit at once: say so once
+        print(f"kafkatx run: {problem}", file=sys.stderr)
         return EX_USAGE
-    command = [sys.executable, "-m", "kafkatx", "run", args.target, "--no-status", "--log-format", args.log_format]
-    command += ["-v"] * min(getattr(args, "verbosity", 0), 2)
-    if args.create_topics:
-        command.append("--create-topics")
-    if args.tracing:
-        command.append("--tracing")
-    if args.not_ready_after is not None:
-        command += ["--not-ready-after", repr(args.not_ready_after)]
-    health = None
-    if args.health_port is not None:  # the supervisor serves the port; each worker a free one it reports
-        health = (args.health_addr, args.health_port)
-        command += ["--health-port", "0", "--health-addr", "127.0.0.1"]
+    command = _worker_command(args)
     broker = None
     try:
         if args.local:
@@ -235,21 +217,60 @@ def _supervise(args: argparse.Namespace) -> int:
             command += ["--bootstrap-servers", broker.bootstrap_servers, "--create-topics", "--embedded-broker"]
         elif args.bootstrap_servers:
             command += ["--bootstrap-servers", args.bootstrap_servers]
-        ids = worker_ids(args.instance_id or default_base_id(), args.workers)
-        supervisor = Supervisor(command, ids, health=health)
-        try:
-            server = supervisor.serve_health()
-        except InvalidConfigurationError as exc:  # the port is in use: say so once, start no worker
-            print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
-            return EX_CONFIG
-        if server is not None:
-            print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
-        print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
-        install_exit_handlers(lambda: supervisor.started)
-        return supervisor.run()
+        return _start_supervisor(command, args)
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _unimportable(target: str) -> str | None:
+    """Why ``target`` cannot name a module, or None: asked once, before any worker starts (each would exit at
+    once on it), with find_spec, not an import (the workers import it)."""
+    try:
+        module_name, _ = check_target(target)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        if importlib.util.find_spec(module_name) is None:
+            raise ValueError(f"cannot import module {module_name!r}: No module named {module_name!r}")
+    except (ValueError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    """The command line of each worker: this one's options that a worker takes as they are, without the
+    status line; with ``--health-port``, a free port on 127.0.0.1 (the supervisor serves the one asked for)."""
+    command = [sys.executable, "-m", "kafkatx", "run", args.target, "--no-status", "--log-format", args.log_format]
+    command += ["-v"] * min(getattr(args, "verbosity", 0), 2)
+    if args.create_topics:
+        command.append("--create-topics")
+    if args.tracing:
+        command.append("--tracing")
+    if args.not_ready_after is not None:
+        command += ["--not-ready-after", repr(args.not_ready_after)]
+    if args.health_port is not None:  # each worker reports the free port it got
+        command += ["--health-port", "0", "--health-addr", "127.0.0.1"]
+    return command
+
+
+def _start_supervisor(command: list[str], args: argparse.Namespace) -> int:
+    """Supervise ``--workers`` copies of ``command`` until they stop; the exit code (none is started when the
+    supervisor's own health port cannot be opened)."""
+    from kafkatx.cli.supervisor import Supervisor, default_base_id, worker_ids
+
+    health = None if args.health_port is None else (args.health_addr, args.health_port)
+    ids = worker_ids(args.instance_id or default_base_id(), args.workers)
+    supervisor = Supervisor(command, ids, health=health)
+    try:
+        server = supervisor.serve_health()
+    except InvalidConfigurationError as exc:  # the port is in use: say so once, start no worker
+        print(f"kafkatx run: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if server is not None:
+        print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
+    print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
+    install_exit_handlers(lambda: supervisor.started)
+    return supervisor.run()
 
 
 def _no_servers(app: Any) -> str:
@@ -298,6 +319,33 @@ def _run(args: argparse.Namespace) -> int:
     app = _load(args.target)
     if isinstance(app, int):
         return app
+    refused = _apply_options(app, args)
+    if refused is not None:
+        return refused
+    broker = None
+    try:
+        if args.local:
+            broker = _start_local_broker(args)
+            if broker is None:
+                return 1
+            app.bootstrap_servers = broker.bootstrap_servers
+            app.create_topics = True  # a fresh embedded broker has no topics yet
+        if args.local or args.embedded_broker:  # --embedded-broker: a worker of a supervisor that runs one
+            from kafkatx.local import LocalBroker
+
+            for key, value in LocalBroker.client_config.items():
+                app.config.setdefault(key, value)
+        return _serve(app, args)
+    except (Exception, KeyboardInterrupt) as exc:
+        return _failed(exc, app, args)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _apply_options(app: Any, args: argparse.Namespace) -> int | None:
+    """Set the command's options on the App, over its own; the exit code after printing why one is refused
+    (``--tracing`` without OpenTelemetry, a bad ``--not-ready-after``), else None."""
     if args.instance_id:
         app.instance_id = args.instance_id
     if args.bootstrap_servers:
@@ -319,25 +367,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"kafkatx run: --not-ready-after: {exc}", file=sys.stderr)
             return EX_CONFIG
         app.not_ready_after = args.not_ready_after
-    broker = None
-    try:
-        if args.local:
-            broker = _start_local_broker(args)
-            if broker is None:
-                return 1
-            app.bootstrap_servers = broker.bootstrap_servers
-            app.create_topics = True  # a fresh embedded broker has no topics yet
-        if args.local or args.embedded_broker:  # --embedded-broker: a worker of a supervisor that runs one
-            from kafkatx.local import LocalBroker
-
-            for key, value in LocalBroker.client_config.items():
-                app.config.setdefault(key, value)
-        return _serve(app, args)
-    except (Exception, KeyboardInterrupt) as exc:
-        return _failed(exc, app, args)
-    finally:
-        if broker is not None:
-            broker.stop()
+    return None
 
 
 def _require_opentelemetry_sdk() -> None:

@@ -174,19 +174,9 @@ class Supervisor:
             while True:
                 if self._requests.count:
                     return self._wait_all()
-                now = time.monotonic()
-                for worker in self.workers:
-                    if worker.proc is None:
-                        if worker.restart_at is not None and now >= worker.restart_at:
-                            self._spawn(worker)
-                        continue
-                    code = worker.proc.poll()
-                    if code is None:
-                        continue
-                    verdict = self._exited(worker, code, now)
-                    if verdict is not None:
-                        self._stop_all()
-                        return verdict
+                verdict = self._check_workers()
+                if verdict is not None:
+                    return verdict
                 if all(w.proc is None and w.restart_at is None for w in self.workers):
                     return self.exit_code  # every worker finished on its own (exit 0)
                 time.sleep(0.1)
@@ -196,6 +186,24 @@ class Supervisor:
             if self.health_server is not None:
                 self.health_server.stop()
             shutil.rmtree(self._progress_dir, ignore_errors=True)
+
+    def _check_workers(self) -> int | None:
+        """One look at every worker: start those whose restart is due, react to those that exited; an exit code
+        when one's exit ends the supervisor (its workers are stopped first), else None."""
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.proc is None:
+                if worker.restart_at is not None and now >= worker.restart_at:
+                    self._spawn(worker)
+                continue
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            verdict = self._exited(worker, code, now)
+            if verdict is not None:
+                self._stop_all()
+                return verdict
+        return None
 
     def _exited(self, worker: _Worker, code: int, now: float) -> int | None:
         """React to a worker's exit; an exit code ends the supervisor."""

@@ -95,26 +95,10 @@ class ProducerOutbox:
     def unit(self) -> Iterator[None]:
         """One unit: the database transaction around the caller's Kafka transaction (which begins inside)."""
         backend, producer = self.backend, self.producer
-        if self._cluster_id is None:  # asked once, before any database lock is taken
-            client = producer.ensure()
-            # Before the transaction begins: a broker that does not answer is retried, then a RetriableError
-            # (a kafkatx error naming the call), as for init_transactions; never confluent-kafka's raw exception.
-            self._cluster_id = (
-                retry_call(
-                    functools.partial(cluster_id_of, client),
-                    operation=CLUSTER_ID_OPERATION,
-                    timeout=producer.retry_timeout,
-                    where=producer.transactional_id,
-                )
-                or ""
-            )
+        self._learn_cluster_id()
         conn = backend.connect()
         try:
-            if not self._tables_ready:
-                backend.begin(conn)
-                self.store.create_tables(conn)
-                backend.commit(conn)
-                self._tables_ready = True
+            self._ensure_tables(conn)
             token = backend.begin(conn)
             position = self._lock_checked(conn)
             if self._committed is None:
@@ -150,10 +134,7 @@ class ProducerOutbox:
                 # compares the database with Kafka first and produces what is stored, as after a crash.
                 self._committed = None
                 _quietly(backend.rollback, conn)
-                try:
-                    producer.abort()
-                except Exception:
-                    producer.discard()
+                self._abort_kafka()
                 raise
             self._after_database_commit()
         finally:
@@ -164,13 +145,45 @@ class ProducerOutbox:
             producer.commit()
         except BaseException:
             self._committed = None  # the next unit asks Kafka what committed and produces the rest first
-            try:
-                producer.abort()
-            except Exception:
-                producer.discard()
+            self._abort_kafka()
             raise
         if outputs:
             self._committed = sequence
+
+    def _learn_cluster_id(self) -> None:
+        """The cluster the units commit to, asked once, before any database lock is taken (_lock_checked
+        compares it with the one the stored sequence was written for)."""
+        if self._cluster_id is not None:
+            return
+        producer = self.producer
+        client = producer.ensure()
+        # Before the transaction begins: a broker that does not answer is retried, then a RetriableError
+        # (a kafkatx error naming the call), as for init_transactions; never confluent-kafka's raw exception.
+        self._cluster_id = (
+            retry_call(
+                functools.partial(cluster_id_of, client),
+                operation=CLUSTER_ID_OPERATION,
+                timeout=producer.retry_timeout,
+                where=producer.transactional_id,
+            )
+            or ""
+        )
+
+    def _ensure_tables(self, conn: Any) -> None:
+        """Create kafkatx's tables, in a transaction of their own, the first time this producer needs them."""
+        if not self._tables_ready:
+            self.backend.begin(conn)
+            self.store.create_tables(conn)
+            self.backend.commit(conn)
+            self._tables_ready = True
+
+    def _abort_kafka(self) -> None:
+        """End the unit's Kafka transaction after a failure: nothing may stay open for the thread's next unit,
+        so a producer that cannot abort is discarded (the next unit opens a new one)."""
+        try:
+            self.producer.abort()
+        except Exception:
+            self.producer.discard()
 
     def _lock_checked(self, conn: Any) -> int:
         """The producer's stored sequence, locked; refused if it was stored for another Kafka cluster.

@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from kafkatx.client.bounded import BoundedCaller, CallInProgress
-from kafkatx.client.offsets import TP, first_offsets
+from kafkatx.client.offsets import TP
 from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import (
@@ -50,6 +50,7 @@ from kafkatx.listener.idle import IdleDuties
 from kafkatx.listener.outage import ListenerOutage, OutageHold
 from kafkatx.listener.overlap import overlap_of
 from kafkatx.listener.partition_turns import slices_runner
+from kafkatx.listener.positions import records_to_handle
 from kafkatx.listener.reactions import KafkaErrorReactions
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.time_limits import fence_hold, transaction_budget
@@ -504,19 +505,7 @@ class ListenerContainer:
     def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
         """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
         they were fetched (sought back, so that they come after the pause)."""
-        # Narrowed once here: a Message without an error always has a topic, partition and offset.
-        batch = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
-        if len(batch) != len(msgs):
-            for m in msgs:
-                if m.error() is not None:
-                    self.reactions.consumer_error(m)
-        if self._paused_until:
-            held = first_offsets([m for m in batch if (m.topic(), m.partition()) in self._paused_until])
-            if held:
-                batch = [m for m in batch if (m.topic(), m.partition()) not in held]
-                for tp, offset in held.items():
-                    self.seek(tp, offset)
-        return batch
+        return records_to_handle(self, msgs, self.reactions.consumer_error, self._paused_until)
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
         """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""

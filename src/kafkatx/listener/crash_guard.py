@@ -29,11 +29,12 @@ from collections.abc import Callable, Container, Mapping, Sequence, Set
 
 from confluent_kafka import TopicPartition
 
-from kafkatx.client.offsets import TP, first_offsets
+from kafkatx.client.offsets import TP
 from kafkatx.errors import ProcessCrashedError, RecoveryError
 from kafkatx.events import CrashSearchNarrowed, RecordRecovered
 from kafkatx.listener.after_rollback import recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.positions import rewind
 from kafkatx.listener.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
@@ -225,8 +226,7 @@ class CrashGuard:
                 }
             except Exception as exc:  # cannot tell: hand nothing over, fetch this poll again
                 log.warning("listener %s: could not read the committed offsets of %s: %s", c.name, sorted(first), exc)
-                for tp, offset in first_offsets(batch).items():
-                    c.seek(tp, offset)
+                rewind(c, batch)
                 return False
             stale = {tp: current[tp] for tp, offset in first.items() if current.get(tp, -1) > offset}
             if stale:
@@ -239,8 +239,7 @@ class CrashGuard:
                         first[tp],
                         offset,
                     )
-                for tp, offset in first_offsets(batch).items():  # nothing of this poll is handled: rewind it all
-                    c.seek(tp, stale.get(tp, offset))
+                rewind(c, batch, at=stale)  # nothing of this poll is handled: rewind it all
                 return False
         claimed = commit_offsets(c, first, what="claim")
         if not claimed:

@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.listener.positions import rewind
 from kafkatx.record import to_record
 
 if TYPE_CHECKING:
@@ -92,12 +93,12 @@ class DatabaseSteps:
         if replay:
             self.send_offsets(replay)
         self.commit()
-        for tp, offset in first_offsets(self.messages).items():
-            if tp in stored:
-                known = self._c.committed_offset(tp)
-                self._c.seek(tp, max(stored[tp][1], known if known is not None else -1))
-            else:
-                self._c.seek(tp, offset)
+        committed = {tp: self._c.committed_offset(tp) for tp in stored}
+        rewind(
+            self._c,
+            self.messages,
+            at={tp: max(stored[tp][1], o if o is not None else -1) for tp, o in committed.items()},
+        )
 
     def _check_position(self, tp: TP, position: int) -> None:
         """A stored position past the end of the partition was not written for this log: refuse it."""

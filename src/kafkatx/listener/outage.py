@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import TopicPartition
 from tenacity import RetryCallState, Retrying
 
-from kafkatx.client.offsets import TP, first_offsets
+from kafkatx.client.offsets import TP
 from kafkatx.errors import DependencyUnavailable, OutageTooLongError
 from kafkatx.events import Event, OutageEnded, OutageStarted
+from kafkatx.listener.positions import records_to_handle
 from kafkatx.rollback.classifier import cause_chain
 
 if TYPE_CHECKING:
@@ -332,17 +333,7 @@ class OutageHold:
         self._set_paused(host.assigned - admitted)
         msgs = consumer.consume(host.spec.max_batch_records, _HELD_POLL_S)
         host.polled_at = time.monotonic()
-        batch: list[ConsumedMessage] = [m for m in msgs if m.error() is None]  # type: ignore[misc]
-        if len(batch) != len(msgs):  # before anything is handled or sought, as in the main loop
-            for m in msgs:
-                if m.error() is not None:
-                    self._consumer_error(m)
-        held = host.paused_until
-        keep = [m for m in batch if (m.topic(), m.partition()) in admitted and (m.topic(), m.partition()) not in held]
-        if len(keep) != len(batch):  # fetched before the pause took effect: they come again after it
-            kept = {id(m) for m in keep}
-            for tp, offset in first_offsets([m for m in batch if id(m) not in kept]).items():
-                host.seek(tp, offset)
+        keep = records_to_handle(host, msgs, self._consumer_error, host.paused_until, admitted)  # as the main loop
         if keep:
             handle(keep)
         return True

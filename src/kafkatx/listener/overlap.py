@@ -47,12 +47,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from kafkatx.client.offsets import TP, first_offsets
+from kafkatx.client.offsets import TP
 from kafkatx.errors import UnknownTopicError
 from kafkatx.events import TransactionAborted, TransactionCommitted
 from kafkatx.listener.concurrent import InPlaceRecoveryFailed
 from kafkatx.listener.failed_record import Abandoned
 from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.positions import rewind
 from kafkatx.listener.record_runner import RecordRunner
 from kafkatx.listener.unit import TransactionUnit
 from kafkatx.outputs import PendingOutput, encode_headers, produce_in_order
@@ -247,8 +248,7 @@ class CommitOverlap:
             self._rewind(msgs)
 
     def _rewind(self, msgs: Sequence[ConsumedMessage]) -> None:
-        for tp, offset in first_offsets(msgs).items():
-            self._host.seek(tp, offset)
+        rewind(self._host, msgs)
 
     # -- the container's turns -------------------------------------------------------------------------
     def run_partitions(self, slices: list[list[ConsumedMessage]], runner: Callable[[TransactionUnit], None]) -> None:

@@ -52,7 +52,7 @@ from kafkatx.events import TransactionCommitted
 from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
 from kafkatx.listener.concurrent import ConcurrentDispatch, InPlaceRecoveryFailed, NotAwaitedError, refuse_awaitable
 from kafkatx.listener.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
-from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.host import ContainerHost, HandlerFailure, UntracedRoots
 from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
@@ -297,27 +297,30 @@ class RecordRunner:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
         buf = self._buffer
         emitters = self._emitters(unit)
+        handler, handled = _transaction_handler(self.spec.handler, self.spec.untraced_roots)
         previous = bind_sink(buf)
         try:
-            outputs, offsets = self._handle_records(unit, msgs, emitters)
+            outputs, offsets = self._handle_records(unit, msgs, emitters, handler)
             unit.outputs += outputs
             unit.send_offsets(offsets)
         finally:
+            handled()
             buf.clear()
             emitters.close()
             bind_sink(previous)
 
     def _handle_records(
-        self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], emitters: ResultEmitters
+        self,
+        unit: TransactionUnit,
+        msgs: Sequence[ConsumedMessage],
+        emitters: ResultEmitters,
+        handler: Callable[[Record], Any],
     ) -> tuple[int, dict[TP, int]]:
         """Per record: refill the record, call the handler, produce its result, then what it buffered (see the module).
         Returns how many outputs it produced and the offsets to commit."""
-        spec, buf, tracker = self.spec, self._buffer, unit.tracker
-        handler, in_place, only_topic = spec.handler, spec.retry == "in_place", self._only_topic
+        buf, tracker, in_place, only_topic = self._buffer, unit.tracker, self.spec.retry == "in_place", self._only_topic
         failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
-        roots, skip = spec.untraced_roots, 0  # tracing: the next ``skip`` root records run untraced
-        untraced = roots.handler if roots is not None else handler
-        by_type, emitter_for, flush = emitters.by_type, emitters.emitter, emitters.flush_to(unit.producer.produce)
+        emitter_for, flush = emitters.emitter, emitters.flush_to(unit.producer.produce)
         shape: type = type(None)  # the type of the last result, and its emit function
         emit: Emit = _nothing
         offsets: dict[TP, int] = {}
@@ -325,68 +328,52 @@ class RecordRunner:
         outputs = handled = 0
         started, step, budget, unshared = time.perf_counter(), 1, self._c.transaction_budget, UNSHARED_REFCOUNT
         record: Any = _fresh_record()
-        try:
-            while handled < len(msgs):
-                step_msgs = msgs[handled : handled + step]
-                for msg in step_msgs:
-                    topic = msg.topic() if only_topic is None else only_topic
-                    partition, offset = msg.partition(), msg.offset()
-                    # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
-                    if getrefcount(record) > unshared:
-                        record = _fresh_record()
-                    record._msg, record.offset = msg, offset
-                    record.topic, record.partition = topic, partition
-                    if failing:
-                        record.attempt = _attempt(tracker, msg)
-                    record.key, record.value = msg.key(), msg.value()
-                    error = cut = None
-                    if failing and not record.attempt:  # its recoverer failed before: recover it, not the handler
-                        cut = _Cut.after(retry_recovery(unit, record))
-                    else:
-                        try:
-                            if roots is None:  # tracing off, or not sampling roots at a ratio
-                                result = handler(record)
-                            elif skip and not msg.headers():  # a root record (no headers) the sampler leaves out
-                                skip -= 1
-                                result = untraced(record)
-                            else:
-                                result = handler(record)
-                                skip = skip or roots.take()  # the traced handler may have drawn the next count
-                            if result is not None:
-                                if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
-                                    shape = type(result)
-                                    emit = by_type.get(shape) or emitter_for(shape)
-                                outputs += emit(result)
-                            if buf:  # what it sent (or an iterable's items), held until it returned
-                                outputs += flush()
-                        except Exception as exc:
-                            error = exc
-                    if error is not None:  # outside the except block: no chained context
-                        cut = self._failed(unit, record, error, handled + _position(step_msgs, msg), in_place, flush)
-                    if cut is not None:  # the transaction ends before this record: its own offset commits (_Cut)
-                        offset -= 1
-                        cut.index = self._stopped_at = handled + _position(step_msgs, msg)
-                        self._cut = cut
-                    if partition != run_partition or topic != run_topic:
-                        if run_topic is not None:
-                            offsets[(run_topic, run_partition)] = run_last + 1
-                        run_topic, run_partition = topic, partition
-                    run_last = offset
-                    if cut is not None:
-                        break
+        while step:  # a step of records between two looks at the clock
+            step_msgs = msgs[handled : handled + step]
+            for msg in step_msgs:
+                topic = msg.topic() if only_topic is None else only_topic
+                partition, offset = msg.partition(), msg.offset()
+                # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
+                if getrefcount(record) > unshared:
+                    record = _fresh_record()
+                record._msg, record.offset = msg, offset
+                record.topic, record.partition = topic, partition
+                record.key, record.value = msg.key(), msg.value()
+                error = cut = None
+                if failing and _settled_before(tracker, record, msg):  # its recoverer failed before: recover it
+                    cut = _Cut.after(retry_recovery(unit, record))
                 else:
-                    handled += len(step_msgs)
-                    step = _records_to_next_check(started, budget, handled) if handled < len(msgs) else 1
-                    if step:
-                        continue
-                    self._stopped_at = handled  # the transaction's time is up: the rest is fetched again
-                break
-            if run_topic is not None:
-                offsets[(run_topic, run_partition)] = run_last + 1
-            return outputs, offsets
-        finally:
-            if skip:
-                roots.give_back(skip)  # type: ignore[union-attr]  # skip is only ever set from roots
+                    try:
+                        result = handler(record)
+                        if result is not None:
+                            if type(result) is not shape:  # a handler mostly returns one type: its emit is at hand
+                                shape = type(result)
+                                emit = emitter_for(shape)
+                            outputs += emit(result)
+                        if buf:  # what it sent (or an iterable's items), held until it returned
+                            outputs += flush()
+                    except Exception as exc:
+                        error = exc
+                if error is not None:  # outside the except block: no chained context
+                    cut = self._failed(unit, record, error, handled + _position(step_msgs, msg), in_place, flush)
+                if partition != run_partition or topic != run_topic:
+                    run_topic, run_partition = _next_run(offsets, run_topic, run_partition, run_last, topic, partition)
+                run_last = offset
+                if cut is not None:  # the transaction ends before this record: its own offset commits (_Cut)
+                    run_last = offset - 1
+                    cut.index = self._stopped_at = handled + _position(step_msgs, msg)
+                    self._cut = cut
+                    break
+            else:
+                handled += len(step_msgs)
+                step = _records_to_next_check(started, budget, handled, len(msgs))
+                self._stopped_at = (
+                    handled if handled < len(msgs) else -1
+                )  # if the time is up: the rest is fetched again
+                continue
+            break
+        _next_run(offsets, run_topic, run_partition, run_last, None, -1)
+        return outputs, offsets
 
     def _failed(
         self,
@@ -475,8 +462,11 @@ def _nothing(result: object) -> int:
     return 0
 
 
-def _records_to_next_check(started: float, budget: float, handled: int) -> int:
-    """How many records to handle before looking at the clock again; 0 once the transaction's time is up."""
+def _records_to_next_check(started: float, budget: float, handled: int, total: int) -> int:
+    """How many records to handle before looking at the clock again; 0 once all ``total`` are handled or the
+    transaction's time is up."""
+    if handled >= total:
+        return 0
     now = time.perf_counter()
     deadline = started + budget
     if now >= deadline:
@@ -498,9 +488,51 @@ def _position(step_msgs: Sequence[ConsumedMessage], msg: ConsumedMessage) -> int
     return next(i for i, m in enumerate(step_msgs) if m is msg)
 
 
-def _attempt(tracker: FailureTracker, msg: ConsumedMessage) -> int:
-    """The attempt number of a record while some record is failing; 0 if its recovery is pending (it failed)."""
+def _settled_before(tracker: FailureTracker, record: Any, msg: ConsumedMessage) -> bool:
+    """While some record is failing: set ``record``'s attempt number (it is 1 otherwise); True if its recoverer
+    failed before (its recovery is retried, not its handler: attempt 0)."""
     state = tracker.state_at(msg.topic(), msg.partition(), msg.offset())
-    if state is None:
-        return 1
-    return 0 if state.pending_recovery else state.failures + 1
+    record.attempt = 1 if state is None else 0 if state.pending_recovery else state.failures + 1
+    return not record.attempt
+
+
+def _next_run(
+    offsets: dict[TP, int], topic: str | None, partition: int, last: int, next_topic: str | None, next_partition: int
+) -> tuple[str | None, int]:
+    """A run of one partition's records ended at offset ``last`` (none yet: ``topic`` None): its next offset to
+    commit; the next run is ``next_topic``'s ``next_partition``."""
+    if topic is not None:
+        offsets[(topic, partition)] = last + 1
+    return next_topic, next_partition
+
+
+def _transaction_handler(
+    handler: Callable[[Record], Any], roots: UntracedRoots | None
+) -> tuple[Callable[[Record], Any], Callable[[], None]]:
+    """The handler a transaction's records are called with, and what to call once they were.
+
+    With tracing sampling root records at a ratio (``roots``), the root records its sampler leaves out (99 in 100
+    at the usual 1%) run with the listener's own handler, by a countdown taken from ``roots`` and given back at the
+    end; otherwise the listener's handler itself, with nothing to give back."""
+    if roots is None:
+        return handler, _nothing_left
+    untraced, skip = roots.handler, 0
+
+    def sampled(record: Record) -> Any:
+        nonlocal skip
+        if skip and not record._msg.headers():  # type: ignore[attr-defined]  # a root record the sampler leaves out
+            skip -= 1
+            return untraced(record)
+        result = handler(record)
+        skip = skip or roots.take()  # the traced handler may have drawn the next count
+        return result
+
+    def give_back() -> None:
+        if skip:
+            roots.give_back(skip)
+
+    return sampled, give_back
+
+
+def _nothing_left() -> None:
+    """A transaction's handler without tracing's countdown: nothing to give back."""

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from kafkatx.client.offsets import TP, first_offsets, next_offsets
+from kafkatx.client.offsets import TP, next_offsets
 from kafkatx.context import RecoveryContext, bind_recovery, bind_sink
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import (
@@ -49,6 +49,7 @@ from kafkatx.errors import (
 from kafkatx.events import Event, TransactionAborted
 from kafkatx.listener.database_steps import DatabaseSteps
 from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate, ListenerSettings
+from kafkatx.listener.positions import rewind
 from kafkatx.listener.refused import blame_refused_output
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
@@ -469,8 +470,7 @@ class TransactionUnit(DatabaseSteps):
 
     def rewind(self, messages: Sequence[ConsumedMessage] | None = None) -> None:
         """Seek every partition of ``messages`` (default: the unit) back to its first record."""
-        for tp, offset in first_offsets(self.messages if messages is None else messages).items():
-            self._c.seek(tp, offset)
+        rewind(self._c, self.messages if messages is None else messages)
 
     def rewind_to_committed(self, messages: Sequence[ConsumedMessage] | None = None) -> None:
         """Seek the partitions of ``messages`` back to their committed offsets."""

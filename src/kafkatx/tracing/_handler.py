@@ -51,31 +51,8 @@ def wrap_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[Record],
     if bound is not None and bound < ALWAYS_SAMPLED:  # the record runner may hold the countdown (UntracedRoots)
         spans.countdown = countdown
 
-    def collect(record: Record, sink: Sink) -> Any:
-        """Run the handler; what it returns joins what it sent in ``sink``. Returned instead: one value for the
-        listener's output (bytes, the common case, encoded once), or an awaitable (refused by the runner)."""
-        result = handler(record)
-        if type(result) is bytes and output is not None and not sink:
-            return result
-        if isinstance(result, _AWAITABLES):
-            return result
-        collect_outputs(result, output, serializer, listener, sink)
-        return None
-
-    def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
-        """No span: the outputs only carry the trace (and its decision) on."""
-        sink = Sink(serializer)
-        previous = bind_sink(sink)
-        try:
-            result = handler(record)
-            if type(result) is bytes and output is not None and not sink:  # the common case, without the list
-                return Output(result, None, None, trace)
-            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
-                return result
-            collect_outputs(result, output, serializer, listener, sink)
-        finally:
-            bind_sink(previous)
-        return traced_outputs(sink, trace) if sink else None
+    collect = _collector(spec)
+    sampled_out = _sampled_out_runner(spec)
 
     def traced(record: Record) -> Any:
         """The record wrapper: its first test is all a root record the ratio samples out costs (most records,
@@ -114,6 +91,48 @@ def wrap_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[Record],
         return outputs
 
     return traced
+
+
+def _collector(spec: TracedListener) -> Callable[[Record, Sink], Any]:
+    """The handler's call for a root record whose span is made later (RecordSpans.run_deferred): its own
+    function, given to the spans, and built apart from the record wrapper that decides when it runs."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+
+    def collect(record: Record, sink: Sink) -> Any:
+        """Run the handler; what it returns joins what it sent in ``sink``. Returned instead: one value for the
+        listener's output (bytes, the common case, encoded once), or an awaitable (refused by the runner)."""
+        result = handler(record)
+        if type(result) is bytes and output is not None and not sink:
+            return result
+        if isinstance(result, _AWAITABLES):
+            return result
+        collect_outputs(result, output, serializer, listener, sink)
+        return None
+
+    return collect
+
+
+def _sampled_out_runner(spec: TracedListener) -> Callable[[Record, list[tuple[str, bytes]]], Any]:
+    """The handler's call for a record whose trace is sampled out but carried on: no span, only the trace
+    headers on its outputs; built apart from the record wrapper, which calls it for such records only."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+
+    def sampled_out(record: Record, trace: list[tuple[str, bytes]]) -> Any:
+        """No span: the outputs only carry the trace (and its decision) on."""
+        sink = Sink(serializer)
+        previous = bind_sink(sink)
+        try:
+            result = handler(record)
+            if type(result) is bytes and output is not None and not sink:  # the common case, without the list
+                return Output(result, None, None, trace)
+            if isinstance(result, _AWAITABLES):  # an async def behind a def: the runner refuses it
+                return result
+            collect_outputs(result, output, serializer, listener, sink)
+        finally:
+            bind_sink(previous)
+        return traced_outputs(sink, trace) if sink else None
+
+    return sampled_out
 
 
 def _root_shortcut(spans: RecordSpans) -> tuple[int | None, Callable[[], bool], Mapping[Any, Any]]:
