@@ -314,3 +314,45 @@ def test_a_clean_stop_withdraws_its_claim_and_the_next_start_batches_at_once(set
     assert code == 0
     assert "died while handling" not in log, "a clean stop is not a crash"
     assert len(kafka.values(out)) == 80
+
+
+@pytest.mark.timeout(180)
+def test_a_clean_stop_after_a_crash_while_idle_withdraws_the_claim_it_found(setup: tuple) -> None:  # type: ignore[type-arg]
+    """Killed while idle, the worker leaves its last claim standing; the next start reports it, and its clean stop
+    must withdraw it even though that start handled nothing: the start after that is no crash recovery."""
+    kafka, workdir, env, name, src, out = setup
+    kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 2} for i in range(20)])
+    idle = subprocess.Popen(_command(kafka.bootstrap_servers, "crash_app:app"), cwd=workdir, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not kafka.caught_up(name, src) and idle.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert kafka.caught_up(name, src), "the first run handled everything"
+    finally:
+        idle.kill()  # SIGKILL while idle: its claims stand
+        idle.wait(10)
+    proc = subprocess.Popen(
+        _command(kafka.bootstrap_servers, "crash_app:app"),
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        read_until(proc, r"died while handling offsets", timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for partition, (offset, metadata) in committed_with_metadata(kafka.bootstrap_servers, name, src).items():
+        state = decode(metadata, offset)
+        assert state is not None and not state.inflight, f"partition {partition}: claim withdrawn ({metadata!r})"
+    kafka.produce(src, [{"value": b"b%d" % i, "partition": i % 2} for i in range(20)])
+    code, log = run_worker(workdir, env, kafka.bootstrap_servers, stop_when=lambda: kafka.caught_up(name, src))
+    assert code == 0
+    assert "died while handling" not in log and "crash search" not in log, log[-3000:]
+    expected = [b"out-%s%d" % (run, i) for run in (b"a", b"b") for i in range(20)]
+    assert Counter(kafka.values(out)) == Counter(expected), "every record exactly once"

@@ -131,6 +131,9 @@ class CrashGuard:
                     tp.offset,
                 )
             elif state.inflight and self.enabled:
+                # The claim is now this owner's to withdraw at a clean stop, as its own would be: one that ends
+                # before anything is handled (the previous owner died idle) must not be found again next start.
+                self._pending[key] = tp.offset
                 suspects, blamed = claimed_suspects(
                     tp.offset, state.inflight_until, state.careful_until, c.spec.max_batch_records
                 )
