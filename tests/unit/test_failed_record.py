@@ -232,3 +232,18 @@ def test_an_unproducible_type_stops_the_container_and_counts_nothing() -> None:
     with pytest.raises(InvalidConfigurationError, match="listener 'orders'"):
         settle_failure(scope, RECORD, UnproducibleTypeError("returned an unsupported dict", "dict"))
     assert not scope.tracker and scope.events == [] and scope.recoveries == []
+
+
+class _WrappedJobError(Exception):
+    """What a Spark job error looks like to kafkatx: a wrapper naming the original class it lost."""
+
+    original_fqcn = "pyspark.errors.exceptions.captured.SparkRuntimeException"
+
+
+def test_the_log_names_a_wrapped_failure_as_its_dead_letter_header_does(caplog: pytest.LogCaptureFixture) -> None:
+    """One name for one failure: a wrapper's original class in the log line, as in kafka_dlt-exception-fqcn."""
+    scope = _scope(max_attempts=2, backoff=0)
+    with caplog.at_level("INFO", logger="kafkatx.rollback"):
+        settle_failure(scope, RECORD, _WrappedJobError("division by zero"))
+    assert "(pyspark.errors.exceptions.captured.SparkRuntimeException: division by zero)" in caplog.text
+    assert "_WrappedJobError" not in caplog.text

@@ -144,7 +144,18 @@ def test_the_wait_doubles_after_each_failed_retry_up_to_the_cap() -> None:
     for _ in range(8):
         clock.now += waits[-1]
         waits.append(outage.report(0, ConnectionError("down"), _record(5)))
-    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, MAX_RETRY_DELAY, MAX_RETRY_DELAY, MAX_RETRY_DELAY, MAX_RETRY_DELAY]
+    assert waits == [1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    assert MAX_RETRY_DELAY == 2.0, "back within about 2 s of the dependency returning, however long it was down"
+
+
+def test_a_listener_back_off_longer_than_the_cap_is_the_wait() -> None:
+    clock = Clock()
+    outage = ListenerOutage("l", lambda event: None, first_delay=5.0, clock=clock)
+    waits = [outage.report(0, ConnectionError("down"), _record(5))]
+    for _ in range(3):
+        clock.now += waits[-1]
+        waits.append(outage.report(0, ConnectionError("down"), _record(5)))
+    assert waits == [5.0, 5.0, 5.0, 5.0]
 
 
 def test_only_a_commit_past_the_waiting_record_after_the_wait_ends_the_outage() -> None:

@@ -60,8 +60,11 @@ log = logging.getLogger("kafkatx.outage")
 
 #: What a listener's ``outages`` option is by default: the failures that mean "a dependency is down".
 DEFAULT_OUTAGES: tuple[type[BaseException], ...] = (ConnectionError,)
-#: The longest wait between two retries of the record an outage stopped at (seconds).
-MAX_RETRY_DELAY = 30.0
+#: The longest wait between two retries of the record an outage stopped at (seconds), unless the listener's first
+#: ``backoff`` delay is longer. A retry is one handler call for one record, a light probe: every 2 s does not
+#: hammer a dependency that is down, and the listener is back within about 2 s of it returning (it was 30 s, and
+#: an outage of a few minutes then ended up to half a minute late).
+MAX_RETRY_DELAY = 2.0
 #: The first wait when the listener has no ``backoff`` (seconds).
 DEFAULT_FIRST_DELAY = 0.5
 #: How often a lasting outage is logged again (seconds).

@@ -23,6 +23,7 @@ __all__ = [
     "cause_chain",
     "root_cause",
     "exception_fqcn",
+    "exception_name",
 ]
 
 
@@ -61,6 +62,13 @@ def exception_fqcn(exc: BaseException) -> str:
         return original
     cls = type(exc)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def exception_name(exc: BaseException) -> str:
+    """How a log line names an exception: its class's name, or the original class a wrapper reports (a Spark job
+    error), as the dead letter's ``kafka_dlt-exception-fqcn`` header does: one name for one failure."""
+    original = getattr(exc, "original_fqcn", None)
+    return original if isinstance(original, str) and original else type(exc).__name__
 
 
 class ExceptionClassifier:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from kafkatx.events import Event, HandlerFailed, RecordRetryScheduled
 from kafkatx.record import Record
+from kafkatx.rollback.classifier import exception_name
 from kafkatx.rollback.policy import Action, FailurePolicy, Verdict
 from kafkatx.rollback.tracker import FailureTracker
 
@@ -62,7 +63,7 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException) -> V
             record.coordinates,
             failures,
             policy.max_attempts,
-            type(exc).__name__,
+            exception_name(exc),
             exc,
             f" in {verdict.delay:.3g}s" if verdict.delay else "",
             extra=fields,
@@ -72,7 +73,7 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException) -> V
         log.warning(
             "%s failed (%s: %s), %s; recovering with %s",
             record.coordinates,
-            type(exc).__name__,
+            exception_name(exc),
             exc,
             verdict.reason,
             policy.recoverer.name,

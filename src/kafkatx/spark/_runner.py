@@ -49,6 +49,7 @@ from kafkatx.listener.failed_record import recovery_failed
 from kafkatx.listener.host import Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, to_record
+from kafkatx.rollback.classifier import exception_name
 from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action
 from kafkatx.spark._errors import SparkOutputError, as_job_error, is_data_independent
@@ -193,7 +194,7 @@ class SparkUnitRunner:
                 tx.listener,
                 len(candidates),
                 first.coordinates,
-                type(exc).__name__,
+                exception_name(exc),
                 exc,
                 verdict.reason,
             )
