@@ -322,8 +322,9 @@ class TransactionalProducer:
         # unanswered makes librdkafka skip EndTxn ("no partitions registered") although the
         # broker did register the partition: the broker-side transaction then stays open and
         # the next one can fail, or (seen on noida-db) commit records twice. ~1 ms per abort.
+        undelivered = 0
         try:
-            producer.flush(self._api_timeout())
+            undelivered = producer.flush(self._api_timeout())
         except Exception:  # a fenced/fatal producer raises here; abort_transaction reports it properly
             log.debug("flush before abort of %s failed", self.transactional_id, exc_info=True)
         try:
@@ -338,7 +339,18 @@ class TransactionalProducer:
             ) from exc
         finally:
             self.in_transaction = False
-        if any(OutputRefusedError.is_refusal(err) for err, _, _ in self._delivery_failures):
+        if undelivered or any(err.code() == KafkaError._MSG_TIMED_OUT for err, _, _ in self._delivery_failures):
+            # KIP-890's safety, which librdkafka lacks (its transactions keep one epoch; confluentinc/librdkafka
+            # #5423): a produce request may still be on its way, and a broker appends it to whatever transaction
+            # of this producer id and epoch is open when it lands: the next one. A new producer bumps the epoch,
+            # and the broker refuses the late request. The next begin() creates it.
+            log.info(
+                "%s: replacing the producer after an abort with %s record(s) possibly in flight (KIP-890's epoch bump)",
+                self.transactional_id,
+                undelivered or "timed-out",
+            )
+            self.discard()
+        elif any(OutputRefusedError.is_refusal(err) for err, _, _ in self._delivery_failures):
             # librdkafka does not take back the sequence numbers of records the broker refused for good, so
             # the next produce to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER (seen on Kafka's
             # protocol and the mock cluster alike). A new producer (new epoch) starts its sequences afresh:

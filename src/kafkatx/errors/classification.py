@@ -34,6 +34,10 @@ choice the KIP leaves open (docs/ERRORS.md explains each):
 * ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID,
   INVALID_PRODUCER_ID_MAPPING: flagged abortable by librdkafka;
   APPLICATION_RECOVERABLE per the KIP (and KAFKA-18019 for the last one).
+  KIP-848's STALE_MEMBER_EPOCH, FENCED_MEMBER_EPOCH and GROUP_ID_NOT_FOUND say
+  the same of the new group protocol: APPLICATION_RECOVERABLE too; its
+  UNRELEASED_INSTANCE_ID and UNSUPPORTED_ASSIGNOR are INVALID_CONFIGURATION
+  (two instances with one ``group.instance.id``; an assignor the group refuses).
 * UNKNOWN_PRODUCER_ID: outside the KIP; kafkatx follows librdkafka (KIP-360
   epoch bump, then abort): ABORTABLE.
 * INVALID_TXN_STATE: librdkafka flags it fatal on the transaction API; the
@@ -187,6 +191,11 @@ _APPLICATION_RECOVERABLE_CODES: Final = (
     _E.FENCED_INSTANCE_ID,
     _E.UNKNOWN_MEMBER_ID,
     _E.ILLEGAL_GENERATION,
+    # KIP-848 (the consumer group protocol, Kafka 4.0+; the default from 5.0): the same loss of group state,
+    # as a transactional offset commit can report it under the new protocol.
+    _E.STALE_MEMBER_EPOCH,
+    _E.FENCED_MEMBER_EPOCH,
+    _E.GROUP_ID_NOT_FOUND,
     _E.OUT_OF_ORDER_SEQUENCE_NUMBER,
     _E._FATAL,
     _E._STATE,
@@ -239,6 +248,9 @@ _INVALID_CONFIGURATION_CODES: Final = (
     _E.TOPIC_EXCEPTION,  # Kafka's INVALID_TOPIC_EXCEPTION
     _E.INVALID_TRANSACTION_TIMEOUT,
     _E.INVALID_REPLICATION_FACTOR,
+    # KIP-848: another running member has this group.instance.id; the group refuses the assignor asked for.
+    _E.UNRELEASED_INSTANCE_ID,
+    _E.UNSUPPORTED_ASSIGNOR,
     _E._INVALID_ARG,
     _E._UNKNOWN_TOPIC,
 )
