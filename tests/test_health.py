@@ -16,10 +16,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 
+import kafkatx.producer as producer_module
 from kafkatx import App, Record
-from kafkatx.events import ContainerStarted
+from kafkatx.events import ContainerStarted, PartitionsAssigned
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 
@@ -73,6 +75,46 @@ def test_ready_only_after_the_assignment_and_metrics_on_the_same_port(kafka: Kaf
         status, metrics = get(url + "/metrics")
         assert status == 200 and "kafkatx_" in metrics
     assert app.health_server is None, "the endpoint stays open after the App stopped"
+
+
+def test_not_ready_until_the_assigned_partitions_producers_are_ready(
+    kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fencing="partition": a partition's producer fences its previous owner (init_transactions) before the
+    container can handle its records; /readyz says ready only after that (PartitionsAssigned is published then)."""
+    src = kafka.topic(partitions=1)
+    initialising, proceed = threading.Event(), threading.Event()
+
+    class HeldInit(confluent_kafka.Producer):  # type: ignore[misc]
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            self.partition_id = str(config.get("transactional.id", "")).endswith(f".{src}.0")
+
+        def init_transactions(self, *args: Any) -> None:
+            if self.partition_id and not proceed.is_set():
+                initialising.set()
+                proceed.wait(30)
+            super().init_transactions(*args)
+
+    monkeypatch.setattr(producer_module, "Producer", HeldInit)
+    app = make_app(kafka, health_port=0)
+    assigned: list[PartitionsAssigned] = []
+    app.on(PartitionsAssigned)(assigned.append)
+
+    @app.listener(src, name="orders", fencing="partition")
+    def handle(record: Record) -> None:
+        pass
+
+    with running(app):
+        assert app.health_server is not None
+        url = app.health_server.url
+        assert initialising.wait(60), "the partition's producer was never created"
+        status, body = get(url + "/readyz")
+        proceed.set()
+        assert status == 503, body
+        assert "producers" in body["listeners"][0]["containers"][0]["reason"]
+        wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready once the producer is")
+        assert assigned, "PartitionsAssigned was published by the time /readyz said ready"
 
 
 def test_not_ready_while_a_handler_is_stuck_on_a_batch_past_the_bound_and_live_throughout(kafka: KafkaTestKit) -> None:

@@ -143,7 +143,7 @@ def container_readiness(c: ContainerState, not_ready_after: float, grace: float 
     if c.thread == "starting" or not c.opened:
         return "starting"
     if not c.assignment_received:
-        return "waiting for its partition assignment from the group"
+        return "waiting for its partition assignment from the group (and its partitions' producers)"
     if c.handling_for is not None and c.handling_for > not_ready_after:
         return f"handling one batch for {c.handling_for:.0f}s, longer than not_ready_after={not_ready_after:g}s"
     if c.stalled:

@@ -311,7 +311,6 @@ class ListenerContainer:
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
-        self.assignment_received.set()
         log.info("listener %s assigned %s", self.name, _fmt_tps(tps))
         if partitions:
             # librdkafka keeps a partition's pause flag across revoke and re-assign; kafkatx's own
@@ -326,6 +325,7 @@ class ListenerContainer:
                 # and aborts whatever that owner left open.
                 self._producer_for(tp).ensure()
         self._restore_counts(consumer, partitions)
+        self.assignment_received.set()  # /readyz: only now can the container handle what it was given
         self.publish(PartitionsAssigned(self.name, self.worker, tuple(tps)))
 
     def _restore_counts(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
