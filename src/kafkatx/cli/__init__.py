@@ -104,10 +104,11 @@ def _build_parser() -> CommandParser:
     b.add_argument("--data-dir", default="./.kafkatx/broker", help="data directory (default ./.kafkatx/broker)")
     b.set_defaults(func=_broker)
 
-    from kafkatx.cli import run, topics
+    from kafkatx.cli import run, topics, transactions
 
     run.add_parser(sub)
     topics.add_parsers(sub)
+    transactions.add_parser(sub)
     try:
         from kafkatx.dlq import cli as dlq_cli
     except ImportError:  # pragma: no cover - during development of the dlq tools
