@@ -317,3 +317,28 @@ def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestK
     finally:
         out = stop(proc)
     assert proc.returncode == 0, out
+
+
+def test_the_supervisor_serves_every_workers_metrics_on_the_metrics_port_and_the_health_port(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    health, metrics = free_port(), free_port()
+    args = ("--workers", "2", "--instance-id", "hm", "--health-port", str(health), "--metrics-port", str(metrics))
+    proc = run_command(kafka, tmp_path, *args, "--bootstrap-servers", kafka.bootstrap_servers)
+    try:
+        wait_for(lambda: get(f"http://127.0.0.1:{health}/readyz")[0] == 200, 90, message="both workers ready")
+        for url in (f"http://127.0.0.1:{metrics}/metrics", f"http://127.0.0.1:{health}/metrics"):
+            status, text = get(url)
+            assert status == 200, (url, text)
+            workers = {
+                s.labels.get("worker")
+                for family in text_string_to_metric_families(text)
+                if family.name.startswith("kafkatx_")
+                for s in family.samples
+            }
+            assert workers == {"hm-0", "hm-1"}, (url, text[:2000])
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out

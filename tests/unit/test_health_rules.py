@@ -105,7 +105,8 @@ def test_ready_only_once_the_assignment_arrived_and_an_empty_one_counts() -> Non
     verdict = readiness(_one(waiting))
     assert not verdict.ok
     assert (
-        verdict.body["listeners"][0]["containers"][0]["reason"] == "waiting for its partition assignment from the group (and its partitions' producers)"
+        verdict.body["listeners"][0]["containers"][0]["reason"]
+        == "waiting for its partition assignment from the group (and its partitions' producers)"
     )
     spare = ContainerState("orders#1", "running", opened=True, assignment_received=True, partitions=0)
     verdict = readiness(_one(READY, spare))

@@ -248,8 +248,8 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
         command.append("--tracing")
     if args.not_ready_after is not None:
         command += ["--not-ready-after", repr(args.not_ready_after)]
-    if args.health_port is not None:  # each worker reports the free port it got
-        command += ["--health-port", "0", "--health-addr", "127.0.0.1"]
+    if args.health_port is not None or args.metrics_port is not None:  # each worker reports the free port it got
+        command += ["--health-port", "0", "--health-addr", "127.0.0.1"]  # (its /metrics too: the supervisor merges)
     return command
 
 
@@ -259,8 +259,9 @@ def _start_supervisor(command: list[str], args: argparse.Namespace) -> int:
     from kafkatx.cli.supervisor import Supervisor, default_base_id, worker_ids
 
     health = None if args.health_port is None else (args.health_addr, args.health_port)
+    metrics = None if args.metrics_port is None else (args.metrics_addr, args.metrics_port)
     ids = worker_ids(args.instance_id or default_base_id(), args.workers)
-    supervisor = Supervisor(command, ids, health=health)
+    supervisor = Supervisor(command, ids, health=health, metrics=metrics)
     try:
         server = supervisor.serve_health()
     except InvalidConfigurationError as exc:  # the port is in use: say so once, start no worker
@@ -268,6 +269,8 @@ def _start_supervisor(command: list[str], args: argparse.Namespace) -> int:
         return EX_CONFIG
     if server is not None:
         print(f"kafkatx: health probes of every worker at {server.url} (/livez, /readyz)", flush=True)
+    if supervisor.metrics_server is not None:
+        print(f"kafkatx: metrics of every worker at {supervisor.metrics_server.url}/metrics", flush=True)
     print(f"kafkatx: supervising {args.workers} workers: {', '.join(ids)}", flush=True)
     install_exit_handlers(lambda: supervisor.started)
     return supervisor.run()

@@ -25,6 +25,7 @@ process narrowed) is not a loop: it is restarted after 1 s and not counted.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
 import os
 import shutil
@@ -34,12 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kafkatx.app.signals import StopRequests
 from kafkatx.cli.progress import ENV_PROGRESS_FILE, ProgressFile
+from kafkatx.errors import InvalidConfigurationError
 from kafkatx.health.server import HealthServer, verdict_response
 from kafkatx.health.workers import (
     ENV_HEALTH_PORT_FILE,
@@ -87,6 +89,7 @@ class Supervisor:
         env: dict[str, str] | None = None,
         shutdown_timeout: float = 60.0,
         health: tuple[str, int] | None = None,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.command = list(command)
         self._progress_dir = tempfile.mkdtemp(prefix="kafkatx-progress-")
@@ -102,6 +105,9 @@ class Supervisor:
         #: (address, port) of the one health endpoint that reports every worker (``--health-port``), if any.
         self.health = health
         self.health_server: HealthServer | None = None
+        #: (address, port) of the one scrape endpoint of every worker's metrics (``--metrics-port``), if any.
+        self.metrics = metrics
+        self.metrics_server: HealthServer | None = None
 
     def _spawn(self, worker: _Worker) -> None:
         worker.progress.reset()
@@ -110,7 +116,7 @@ class Supervisor:
             ENV_PROGRESS_FILE: worker.progress.path,
             WORKER_ENV: worker.instance_id,
         }
-        if self.health is not None:
+        if self.health is not None or self.metrics is not None:
             port_file = self._health_port_file(worker)
             if os.path.exists(port_file):
                 os.remove(port_file)  # the new process reports its own
@@ -148,19 +154,34 @@ class Supervisor:
         return states
 
     def serve_health(self) -> HealthServer | None:
-        """Open the supervisor's health endpoint (``health``), reporting every worker; None without one."""
+        """Open the supervisor's health endpoint (``health``), reporting every worker, and ``/metrics`` there and
+        on ``metrics``' port (every worker's, merged: kafkatx.health.worker_metrics); None without ``health``."""
+        scrape = self._metrics_route()
+        if self.metrics is not None:
+            if scrape is None:  # never a flag silently ignored
+                raise InvalidConfigurationError(
+                    "--metrics-port needs the metrics extra (prometheus_client): pip install 'kafkatx[metrics]'"
+                )
+            self.metrics_server = HealthServer({"/metrics": scrape}, self.metrics[1], self.metrics[0])
         if self.health is None:
             return None
         addr, port = self.health
-        self.health_server = HealthServer(
-            {
-                "/livez": lambda: verdict_response(workers_liveness(self.worker_states())),
-                "/readyz": lambda: verdict_response(workers_readiness(self.worker_states())),
-            },
-            port,
-            addr,
-        )
+        routes = {
+            "/livez": lambda: verdict_response(workers_liveness(self.worker_states())),
+            "/readyz": lambda: verdict_response(workers_readiness(self.worker_states())),
+        }
+        if scrape is not None:
+            routes["/metrics"] = scrape
+        self.health_server = HealthServer(routes, port, addr)
         return self.health_server
+
+    def _metrics_route(self) -> Callable[[], tuple[int, str, bytes]] | None:
+        """``/metrics`` of every worker, merged; None without the metrics extra (prometheus_client)."""
+        if importlib.util.find_spec("prometheus_client") is None:
+            return None
+        from kafkatx.health.worker_metrics import CONTENT_TYPE, workers_metrics
+
+        return lambda: (200, CONTENT_TYPE, workers_metrics(self.worker_states()))
 
     def run(self) -> int:
         """Supervise until a signal or a crash loop; the exit code for ``kafkatx run``."""
@@ -183,8 +204,9 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if self.health_server is not None:
-                self.health_server.stop()
+            for server in (self.health_server, self.metrics_server):
+                if server is not None:
+                    server.stop()
             shutil.rmtree(self._progress_dir, ignore_errors=True)
 
     def _check_workers(self) -> int | None:
