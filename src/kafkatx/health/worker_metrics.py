@@ -13,6 +13,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from kafkatx.health.workers import WorkerState
 
@@ -34,7 +35,7 @@ def merge_expositions(expositions: Iterable[tuple[str, str]]) -> bytes:
             merged = families.get(family.name)
             if merged is None:
                 merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-            merged.samples += [s._replace(labels={**s.labels, "worker": worker}) for s in family.samples]
+            merged.samples += [_labelled(s, worker) for s in family.samples]
 
     class _Merged(Collector):
         def collect(self) -> Iterable[Metric]:
@@ -57,3 +58,10 @@ def workers_metrics(workers: Sequence[WorkerState], timeout: float = 2.0) -> byt
         except (OSError, urllib.error.URLError, ValueError):
             continue
     return merge_expositions(texts)
+
+
+def _labelled(sample: Any, worker: str) -> Any:
+    """``sample`` with a ``worker`` label (a Sample is a tuple whose second field is its labels)."""
+    fields = list(sample)
+    fields[1] = {**sample.labels, "worker": worker}
+    return type(sample)(*fields)
