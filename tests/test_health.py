@@ -342,3 +342,45 @@ def test_the_supervisor_serves_every_workers_metrics_on_the_metrics_port_and_the
     finally:
         out = stop(proc)
     assert proc.returncode == 0, out
+
+
+def test_not_ready_while_no_broker_answers_and_ready_again_once_it_does(tmp_path: Path) -> None:
+    """The cluster gone for longer than not_ready_after: /readyz is 503 and says so (not a stale 200), /livez stays
+    200 (restarting the process would not bring the broker back), and /readyz is 200 again once it answers."""
+    from kafkatx.local import LocalBroker
+
+    broker = LocalBroker(data_dir=tmp_path / "broker").start()
+    try:
+        kit = KafkaTestKit(broker.bootstrap_servers)
+        src = kit.topic(partitions=2)
+        app = App(
+            unique_name("down"),
+            bootstrap_servers=broker.bootstrap_servers,
+            instance_id="test",
+            health_port=0,
+            not_ready_after=2.0,
+            config=dict(LocalBroker.client_config),
+        )
+        app.add_listener(lambda record: None, src, name="orders")
+        with running(app):
+            assert app.health_server is not None
+            url = app.health_server.url
+            wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready with the broker up")
+            broker.kill()
+            body = wait_for(
+                lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 60, message="not ready"
+            )
+            reason = body["listeners"][0]["containers"][0]["reason"]
+            assert f"no broker of {broker.bootstrap_servers} has answered for" in reason, body
+            assert get(url + "/livez")[0] == 200
+            assert _unreachable(get(url + "/metrics")[1]) == [1.0]
+            broker.start()
+            wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready again once the broker answers")
+            assert _unreachable(get(url + "/metrics")[1]) == [0.0]
+    finally:
+        broker.stop()
+
+
+def _unreachable(metrics: str) -> list[float]:
+    """The values of kafkatx_cluster_unreachable in an exposition."""
+    return [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("kafkatx_cluster_unr")]

@@ -17,6 +17,8 @@ from kafkatx.record import Record
 
 __all__ = [
     "Event",
+    "ClusterReachable",
+    "ClusterUnreachable",
     "ContainerStarted",
     "ContainerStopped",
     "PartitionsAssigned",
@@ -157,6 +159,21 @@ class OutageEnded(Event):
 
     seconds: float = 0.0
     retries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterUnreachable(Event):
+    """No broker of the cluster (``bootstrap_servers``) answers the container (librdkafka: every broker down)."""
+
+    bootstrap_servers: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReachable(Event):
+    """The cluster answers the container again, after ``seconds`` without an answer."""
+
+    bootstrap_servers: str = ""
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from kafkatx.health.checks import ContainerState, ListenerState, check_health_op
 from kafkatx.health.server import HealthServer, app_routes
 from kafkatx.health.snapshot import listener_states
 from kafkatx.health.workers import WorkerState, read_port_file, workers_liveness, workers_readiness
+from kafkatx.listener.brokers import BrokerWatch
 from kafkatx.listener.outage import ListenerOutage
 
 READY = ContainerState("orders", "running", opened=True, assignment_received=True, partitions=3)
@@ -191,6 +192,7 @@ class _Container:
     stalled_partitions: frozenset[tuple[str, int]] = frozenset()
     call: CallInProgress | None = None
     polled_at: float = field(default_factory=time.monotonic)
+    brokers: BrokerWatch = field(default_factory=lambda: BrokerWatch("c", 0, "127.0.0.1:9092"))
 
     @property
     def alive(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fakes import listener
 
+from kafkatx.listener.brokers import BrokerWatch
 from kafkatx.listener.health import UnassignedWatch, no_partition_hint
 
 
@@ -28,7 +29,9 @@ class MetadataConsumer:
 
 def _warning(consumer: Any, concurrency: int, caplog: pytest.LogCaptureFixture) -> str:
     spec = listener(lambda r: None, concurrency=concurrency)
-    container: Any = SimpleNamespace(name="handle#1", spec=spec, consumer=consumer, group_id="billing")
+    container: Any = SimpleNamespace(
+        name="handle#1", spec=spec, consumer=consumer, group_id="billing", brokers=BrokerWatch("handle#1", 1, "b:9092")
+    )
     watch = UnassignedWatch(container, {"session.timeout.ms": 10_000})
     with caplog.at_level(logging.WARNING, logger="kafkatx.container"):
         watch.maybe_warn(time.monotonic() + 3600)  # well past the grace, without waiting for it

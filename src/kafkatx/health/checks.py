@@ -82,6 +82,9 @@ class ContainerState:
     failure: str | None = None
     #: The group gave this container its assignment (maybe empty) since it started.
     assignment_received: bool = False
+    #: Seconds since no broker of ``cluster`` answers the container; None while one does.
+    unreachable_for: float | None = None
+    cluster: str = ""
     partitions: int = 0
     #: Seconds it has been handling the current batch; None between batches.
     handling_for: float | None = None
@@ -142,6 +145,8 @@ def container_readiness(c: ContainerState, not_ready_after: float, grace: float 
         return dead
     if c.thread == "starting" or not c.opened:
         return "starting"
+    if c.unreachable_for is not None and c.unreachable_for > not_ready_after:
+        return f"no broker of {c.cluster or 'the cluster'} has answered for {c.unreachable_for:.0f}s"
     if not c.assignment_received:
         return "waiting for its partition assignment from the group (and its partitions' producers)"
     if c.handling_for is not None and c.handling_for > not_ready_after:

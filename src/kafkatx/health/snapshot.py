@@ -38,6 +38,12 @@ class _Held(Protocol):
     def held_for(self) -> float | None: ...
 
 
+class _Reachability(Protocol):
+    bootstrap_servers: str
+
+    def down_for(self, now: float) -> float | None: ...
+
+
 class ContainerView(Protocol):
     """What the probes read of a :class:`~kafkatx.listener.container.ListenerContainer`."""
 
@@ -53,6 +59,8 @@ class ContainerView(Protocol):
     def alive(self) -> bool: ...
     @property
     def started(self) -> threading.Event: ...
+    @property
+    def brokers(self) -> _Reachability: ...
     @property
     def failure(self) -> BaseException | None: ...
     @property
@@ -93,6 +101,8 @@ def container_state(c: ContainerView, now: float | None = None) -> ContainerStat
         opened=opened,
         failure=None if failure is None else f"{type(failure).__name__}: {failure}",
         assignment_received=c.assignment_received.is_set(),
+        unreachable_for=c.brokers.down_for(now),
+        cluster=c.brokers.bootstrap_servers,
         partitions=len(c.assignment),
         handling_for=None if since is None else max(0.0, now - since),
         stalled=tuple(f"{t}[{p}]" for t, p in sorted(c.stalled_partitions)),

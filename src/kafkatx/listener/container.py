@@ -43,6 +43,7 @@ from kafkatx.events import (
     PartitionsAssigned,
     PartitionsRevoked,
 )
+from kafkatx.listener.brokers import BrokerWatch
 from kafkatx.listener.crash_guard import CrashGuard
 from kafkatx.listener.health import StallCheck, UnassignedWatch
 from kafkatx.listener.host import Runner
@@ -123,6 +124,11 @@ class ListenerContainer:
         #: Set once the group gave this container its assignment (maybe empty) since start.
         self.assignment_received = threading.Event()
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
+        #: Whether the cluster answers (listener/brokers.py): fed by the consumer's error_cb and the idle stage.
+        self.brokers = BrokerWatch(
+            self.name, worker, str(self.consumer_config.get("bootstrap.servers", "the cluster")), self.publish
+        )
+        self.consumer_config["error_cb"] = self.brokers.error_cb(self.consumer_config.get("error_cb"))
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
         self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
@@ -475,7 +481,9 @@ class ListenerContainer:
         msgs = self._consume(self._poll_timeout())
         if not msgs:
             self._idle.run()
+            self.brokers.probe(self.consumer)
             return
+        self.brokers.answered()
         batch = self._usable(msgs)
         if batch:
             self._handle_batch(batch)

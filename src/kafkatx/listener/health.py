@@ -106,6 +106,17 @@ class UnassignedWatch:
         self._warn_at = now + 300.0  # then every five minutes
         c = self._c
         topics = c.spec.topics
+        down_for = c.brokers.down_for(now)
+        if down_for is not None:  # the real cause, not the group's arithmetic
+            log.warning(
+                "listener %s has had no partition of %s for %.0fs: no broker of %s has answered for %.0fs",
+                c.name,
+                ",".join(topics),
+                now - self._since,
+                c.brokers.bootstrap_servers,
+                down_for,
+            )
+            return
         log.warning(
             "listener %s has had no partition of %s for %.0fs (group %r). %s",
             c.name,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kafkatx.database.session import DatabaseSession
     from kafkatx.errors import KafkaClientError
     from kafkatx.events import Event
+    from kafkatx.listener.brokers import BrokerWatch
     from kafkatx.outputs import PendingOutput, Serializer
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.recoverers import Recoverer
@@ -188,6 +189,8 @@ class ContainerHost(Protocol):
     tracker: FailureTracker
     stop_event: threading.Event
     consumer: Consumer | None
+    #: Whether the cluster answers this container (listener/brokers.py).
+    brokers: BrokerWatch
     assigned: set[TP]
     database: DatabaseSession | None
     polled_at: float

@@ -26,6 +26,8 @@ from kafkatx._served import ServedEndpoint
 from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import (
+    ClusterReachable,
+    ClusterUnreachable,
     ContainerStarted,
     ContainerStopped,
     HandlerFailed,
@@ -132,6 +134,9 @@ class _Families:
             "kafkatx_listener_in_outage", "1 while a dependency outage pauses the listener (every container of it)"
         )
         self.outages = counter("kafkatx_outages", "Dependency outages that paused the listener")
+        self.unreachable = gauge(
+            "kafkatx_cluster_unreachable", "1 while no broker of the cluster answers the listener's container"
+        )
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
@@ -170,6 +175,8 @@ class Metrics:
         on(PartitionsRevoked, self._partitions)
         on(OutageStarted, self._outage_started)
         on(OutageEnded, self._outage_ended)
+        on(ClusterUnreachable, lambda event: self._f.unreachable.labels(*self._labels(event)).set(1))
+        on(ClusterReachable, lambda event: self._f.unreachable.labels(*self._labels(event)).set(0))
         lag.add_sink(self._lag_update)
 
     @property
