@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -107,3 +108,16 @@ def test_a_retriable_consumer_error_is_left_to_librdkafka_and_a_fatal_one_stops_
     fatal = Message(topic="in", partition=0, error=KafkaError(KafkaError._FATAL, "fatal", fatal=True))
     with pytest.raises(KafkaTxError):
         host.error_reactions.consumer_error(fatal)
+
+
+def test_a_missing_input_topic_names_the_closest_existing_one() -> None:
+    host = FakeHost(listener(lambda r: None))
+
+    class _Cluster:
+        def list_topics(self, timeout: float = -1) -> Any:
+            return SimpleNamespace(topics={"orders": None, "payments": None, "__consumer_offsets": None})
+
+    host.consumer = _Cluster()  # type: ignore[assignment]
+    error = Message(topic="order", partition=0, error=KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+    with pytest.raises(InvalidConfigurationError, match=r"input topic 'order' does not exist.*did you mean 'orders'\?"):
+        host.error_reactions.consumer_error(error)

@@ -23,10 +23,11 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
+from kafkatx._suggest import closest_topic
 from kafkatx.client.offsets import first_offsets
 from kafkatx.errors import (
     FencedTooOftenError,
@@ -164,9 +165,10 @@ class KafkaErrorReactions:
                 operation="consume",
             )
         if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            topic = msg.topic() or ""
             raise InvalidConfigurationError(
-                f"listener {c.name!r}: input topic {msg.topic()!r} does not exist ({err.str()}); "
-                "create it, or fix the topic name",
+                f"listener {c.name!r}: input topic {topic!r} does not exist ({err.str()}); "
+                f"create it, or fix the topic name{closest_topic(topic, _topic_names(c.consumer))}",
                 error=err,
                 operation="consume",
             )
@@ -174,3 +176,11 @@ class KafkaErrorReactions:
         if cls is ErrorClass.INVALID_CONFIGURATION or err.fatal():
             raise KafkaTxError.from_kafka(err, operation="consume")
         log.warning("listener %s: consumer error %s: %s (librdkafka retries)", c.name, err.name(), err.str())
+
+
+def _topic_names(consumer: Any) -> list[str]:
+    """The cluster's topics, for a did-you-mean (none when the metadata cannot be had)."""
+    try:
+        return list(consumer.list_topics(timeout=5).topics) if consumer is not None else []
+    except Exception:  # noqa: BLE001 - the error goes out without the hint
+        return []
