@@ -179,6 +179,10 @@ class _SetupContext:
         #: A dead letter's trace headers (the App's tracing, None when off), for the dead-letter publisher.
         self.dead_letter_trace: DeadLetterTrace | None = None
 
+    def topic_names(self) -> list[str]:
+        """The cluster's topics (for a did-you-mean)."""
+        return list(self._meta.topics)
+
     def partitions(self, topic: str) -> int | None:
         t = self._meta.topics.get(topic)
         if t is None or t.error is not None:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kafkatx._suggest import closest_topic
 from kafkatx.dlq.headers import dead_letter_headers
 from kafkatx.errors import DeadLetterPublishError, InvalidConfigurationError
 from kafkatx.outputs import encode_headers
@@ -115,8 +116,11 @@ class DeadLetterPublishingRecoverer(Recoverer):
             if context.partitions(target) is not None:
                 continue
             if not self.create_topics:
+                names = getattr(context, "topic_names", None)  # a misspelt name is the likeliest reason
+                hint = closest_topic(target, names()) if callable(names) else ""
                 raise InvalidConfigurationError(
-                    f"dead-letter topic {target!r} for {source!r} does not exist and create_topics=False; create it"
+                    f"dead-letter topic {target!r} for {source!r} does not exist{hint} and create_topics=False; "
+                    "create it"
                 )
             context.create_topic(target, context.partitions(source) or 1, why=f"dead-letter topic for {source!r}")
 
