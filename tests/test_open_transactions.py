@@ -74,3 +74,15 @@ def test_every_id_the_app_may_use_is_listed() -> None:
         "orders-w1-producer-1",
         "orders-w1-producer-2",
     ]
+
+
+@pytest.mark.parametrize("producers", ["-3", "two"])
+def test_a_producer_count_that_is_no_whole_number_is_refused(producers: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kafkatx", "transactions", "abort", "x:app", "--producers", producers],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert f"--producers: must be a whole number, 0 or more, got {producers!r}" in done.stderr

@@ -37,6 +37,13 @@ def _abort(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """A whole number of ids, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
+    return int(text)
+
+
 def add_parser(sub: Any) -> None:
     t = sub.add_parser("transactions", help="the App's transactions: abort what its transactional ids left open")
     commands = t.add_subparsers(dest="transactions_command", required=True, metavar="COMMAND")
@@ -50,7 +57,7 @@ def add_parser(sub: Any) -> None:
     a.add_argument("--instance-id", help="the instance id the App runs with (its ids with fencing='group' name it)")
     a.add_argument(
         "--producers",
-        type=int,
+        type=_count,
         default=4,
         help="how many of app.transaction()'s per-thread ids to re-initialise too (default 4)",
     )
