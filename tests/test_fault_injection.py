@@ -124,6 +124,7 @@ class Harness:
         self._lock = threading.Lock()
         self.events: list[Event] = []
         self.calls: list[Record] = []
+        self.events_before_call: list[int] = []
         self.hold_on = hold_on
         self.slow = slow
         self.entered = threading.Event()
@@ -157,6 +158,7 @@ class Harness:
     def _handle(self, record: Record) -> bytes:
         with self._lock:
             self.calls.append(record)
+            self.events_before_call.append(len(self.events))
             hold = record.value == self.hold_on and not self.entered.is_set()
             if hold:
                 self.entered.set()
@@ -231,15 +233,34 @@ class Harness:
         return [e for e in self.of(KafkaErrorHandled) if e.action.startswith("retry #")]
 
     def assert_keeps_processing(self) -> None:
-        """A new record after the fault is handled once, as a first attempt, and committed."""
-        before_records, before_calls = self.committed_records(), len(self.calls)
-        self.produce(b"after")
-        self.wait_committed(before_records + 1)
+        """A new record after the fault is handled once, as a first attempt, and committed.
+
+        The commit looked for is the first one after the new record's handler call: a recovery
+        transaction still committing when this starts must not be taken for it.
+        """
         with self._lock:
-            later = self.calls[before_calls:]
-        assert [(r.value, r.attempt) for r in later] == [(b"after", 1)]
-        last = self.of(TransactionCommitted)[-1]
-        assert (last.records, last.outputs) == (1, 1)
+            before_calls = len(self.calls)
+        self.produce(b"after")
+
+        def commit_after_the_call() -> TransactionCommitted | None:
+            with self._lock:
+                marks = [
+                    m
+                    for r, m in zip(self.calls[before_calls:], self.events_before_call[before_calls:])
+                    if r.value == b"after"
+                ]
+                later = self.events[marks[0] :] if marks else []
+            return next((e for e in later if isinstance(e, TransactionCommitted)), None)
+
+        wait_for(
+            lambda: commit_after_the_call() is not None or self.app.failure is not None, 15, message="after committed"
+        )
+        assert self.app.failure is None, f"the container stopped: {self.app.failure!r}"
+        with self._lock:
+            later_calls = self.calls[before_calls:]
+        assert [(r.value, r.attempt) for r in later_calls] == [(b"after", 1)]
+        committed = commit_after_the_call()
+        assert committed is not None and (committed.records, committed.outputs) == (1, 1)
 
 
 def assert_stopped_for_configuration(h: Harness, code: str, operation: str | set[str], hints: list[str]) -> None:
@@ -781,6 +802,23 @@ def test_invalid_configuration_stops_the_container_with_a_clear_message(
     else:
         assert h.values_seen() == ([] if api is ApiKey.INIT_PRODUCER_ID else [b"a"]), "no reprocessing"
         assert h.of(TransactionCommitted) == []
+
+
+def test_a_transaction_refused_while_its_offsets_are_being_sent_stops_under_its_own_error(mc: MockCluster) -> None:
+    # The coordinator refuses AddPartitionsToTxn while send_offsets_to_transaction looks up the
+    # group's coordinator: librdkafka purges the output (_PURGE_QUEUE) and answers with a bare
+    # _STATE. The purge is a consequence; the transaction's own error (an ACL) must decide.
+    h = Harness(mc, hold_on=b"a")
+    h.app.start()
+    try:
+        h.produce(b"a")
+        h.hold()
+        mc.push_broker_request_errors(1, ApiKey.FIND_COORDINATOR, (E.NO_ERROR, 600))
+        mc.push_broker_request_errors(1, ApiKey.ADD_PARTITIONS_TO_TXN, (E.TOPIC_AUTHORIZATION_FAILED, 200))
+        h.release()
+        assert_stopped_for_configuration(h, "TOPIC_AUTHORIZATION_FAILED", _TXN_OPS, _TOPIC_ACL)
+    finally:
+        h.app.stop(timeout=10)
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,10 @@ __all__ = ["TransactionalProducer"]
 log = logging.getLogger("kafkatx.producer")
 
 
+#: Delivery errors of records librdkafka purged: the consequence of a transaction's failure, never its cause.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
 class TransactionalProducer:
     """One transactional.id and the confluent-kafka Producer currently holding it.
 
@@ -443,18 +447,47 @@ class TransactionalProducer:
 
     def _failed_delivery_error(self, err: KafkaError, operation: str) -> KafkaClientError:
         """librdkafka answers _STATE once a record of the transaction failed delivery (the
-        transaction is then abortable); that delivery error decides the reaction."""
+        transaction is then abortable); that delivery error decides the reaction.
+
+        A record purged from the queue did not fail on its own: librdkafka purges a transaction's
+        records when the transaction failed for another reason (AddPartitionsToTxn refused, say).
+        Then the transaction's own error decides, which is what :meth:`_transaction_error` asks for.
+        """
         producer = self._producer
         if producer is not None and not self._delivery_failures:
             producer.poll(1.0)  # serve the delivery reports
-        if self._delivery_failures:
-            err, topic, partition = self._delivery_failures[0]
-            return _located(err, operation, topic, partition)
+        failures = self._delivery_failures
+        own = [failure for failure in failures if failure[0].code() not in _PURGED]
+        if not own and err.code() == KafkaError._STATE:
+            stored = self._transaction_error()
+            if stored is not None:
+                return KafkaClientError.from_kafka(stored, operation=operation)
+        if own or failures:
+            failed, topic, partition = (own or failures)[0]
+            return _located(failed, operation, topic, partition)
         if OutputRefusedError.is_refusal(err):
             return OutputRefusedError(error=err, operation=operation)
         return TransactionAbortableError(
             f"{operation} refused ({err.str()}): the transaction must be aborted", error=err, operation=operation
         )
+
+    def _transaction_error(self) -> KafkaError | None:
+        """The error that made the open transaction abortable, or None if it is not known.
+
+        ``begin_transaction`` has no effect inside a transaction: librdkafka answers it with the
+        transaction's stored error (code and text) once the transaction is abortable, _STATE otherwise.
+        """
+        producer = self._producer
+        if producer is None:
+            return None
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            stored = exc.args[0] if exc.args else None
+            if isinstance(stored, KafkaError) and stored.txn_requires_abort() and stored.code() != KafkaError._STATE:
+                return stored
+            return None
+        return None  # it was not in a transaction after all: the caller's abort ends the one begun here
 
     def _refresh(self) -> None:
         if self._producer is not None:
