@@ -282,9 +282,9 @@ def setup(shape: str) -> tuple[Callable[[list[Any]], None], Callable[[list[Any]]
     import kafkatx.client.producer as producer_module
     from kafkatx import App
     from kafkatx.client.producer import TransactionalProducer
-    from kafkatx.listener.container import ListenerContainer
-    from kafkatx.listener.record_runner import RecordRunner
-    from kafkatx.listener.unit import TransactionUnit
+    from kafkatx.listener.loop.container import ListenerContainer
+    from kafkatx.listener.runners.record_runner import RecordRunner
+    from kafkatx.listener.transaction.unit import TransactionUnit
 
     handler, options, raw_body = handlers(shape)
     app = App("micro", bootstrap_servers="127.0.0.1:1", instance_id="micro")

@@ -131,11 +131,11 @@ def with_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run 2b (bench/workers.py run_kafkatx, bytes shape), without latency sampling."""
     calls: Calls = defaultdict(list)
     producer_cls, consumer_cls = timed_clients(calls)
-    import kafkatx.listener.container
+    import kafkatx.listener.loop.container
     import kafkatx.producer
 
     kafkatx.producer.Producer = producer_cls  # type: ignore[attr-defined,misc]
-    kafkatx.listener.container.Consumer = consumer_cls  # type: ignore[attr-defined,misc]
+    kafkatx.listener.loop.container.Consumer = consumer_cls  # type: ignore[attr-defined,misc]
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
 

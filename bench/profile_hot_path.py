@@ -94,7 +94,7 @@ def kafkatx_round(
 
     from kafkatx import App
     from kafkatx.events import TransactionCommitted
-    from kafkatx.listener.container import ListenerContainer
+    from kafkatx.listener.loop.container import ListenerContainer
 
     g = f"prof-ktx-{uuid.uuid4().hex[:6]}"
     provider = tracer_provider(tracing) if tracing is not None else None

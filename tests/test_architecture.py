@@ -61,6 +61,28 @@ def test_no_import_cycle_between_packages_and_modules() -> None:
     assert cycles == [], cycles
 
 
+#: listener/'s folders, highest first: each imports (at run time) only the folders below it.
+_LISTENER_LAYERS = ("loop", "runners", "failure", "transaction", "")
+
+
+def _listener_layer(module: str) -> str:
+    """The folder of listener/ that ``module`` (dotted) is in; "" for listener/'s own modules."""
+    parts = module.split(".")
+    return parts[2] if len(parts) >= 3 and parts[2] in _LISTENER_LAYERS else ""
+
+
+def test_listener_folders_import_downwards_only() -> None:
+    listener = SRC / "listener"
+    upward = []
+    for path in listener.rglob("*.py"):
+        dotted = ".".join(("kafkatx", *path.relative_to(SRC).with_suffix("").parts))
+        here = _LISTENER_LAYERS.index(_listener_layer(dotted))
+        for module in _runtime_imports(path):
+            if module.startswith("kafkatx.listener.") and _LISTENER_LAYERS.index(_listener_layer(module)) < here:
+                upward.append(f"{dotted} -> {module}")
+    assert upward == [], upward
+
+
 def test_spark_uses_nothing_private_of_listener() -> None:
     for path in (SRC / "spark").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -119,8 +141,8 @@ STRICT_SCOPE: tuple[str, ...] = tuple(
 #: Deliberate exceptions, each with its reason. The record runner's hot path fills the record class
 #: ``record.message_record`` builds, inlined (docs/BENCHMARKS.md: a call per record is measurable).
 _PRIVATE_ALLOWED = {
-    ("listener/record_runner.py", "_MessageRecord"),
-    ("listener/record_runner.py", "_msg"),
+    ("listener/runners/record_runner.py", "_MessageRecord"),
+    ("listener/runners/record_runner.py", "_msg"),
 }
 
 
@@ -160,7 +182,7 @@ def _all_imports(path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import"
             base = node.module or ""
-            for alias in node.names:  # ``from kafkatx.listener import health`` imports the module
+            for alias in node.names:  # ``from kafkatx.listener.loop import health`` imports the module
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

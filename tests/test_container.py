@@ -369,8 +369,8 @@ def test_max_transaction_ms_is_validated() -> None:
 
 
 def test_default_transaction_budget_is_a_third_of_the_tighter_timeout() -> None:
+    from kafkatx.listener.loop.time_limits import transaction_budget
     from kafkatx.listener.spec import ListenerSpec, build_spec
-    from kafkatx.listener.time_limits import transaction_budget
 
     app = App("budget", bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=30_000)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kafkatx import App, InvalidConfigurationError, Record
-from kafkatx.listener import health as health_module
+from kafkatx.listener.loop import health as health_module
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 

@@ -1,6 +1,6 @@
 """Consumer errors polled while a listener is held for a dependency outage get the main loop's reaction.
 
-While a dependency is down, the container polls through its :class:`~kafkatx.listener.outage.OutageHold`
+While a dependency is down, the container polls through its :class:`~kafkatx.listener.failure.outage.OutageHold`
 instead of its main loop. An error librdkafka reports meanwhile (another process taking the consumer's
 instance id, a missing input topic, an ACL, a fatal client) is reported once: it must stop the container
 as it would outside an outage, and a retriable one must be logged, not dropped.
@@ -16,8 +16,8 @@ from unit.fakes import FakeHost, listener, messages  # the unit tests' fake cont
 
 from kafkatx import App, InvalidConfigurationError, KafkaTxError, Record
 from kafkatx.events import ContainerStopped, OutageStarted
-from kafkatx.listener.outage import OutageHold
-from kafkatx.listener.reactions import KafkaErrorReactions
+from kafkatx.listener.failure.outage import OutageHold
+from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.record import ConsumedMessage
 from kafkatx.testing import unique_name, wait_for
 from kafkatx.testing.mock_cluster import ApiKey, MockCluster

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 import kafkatx.producer as producer_module
 from kafkatx import App, InvalidConfigurationError, Output, Record
 from kafkatx.events import Event, PartitionsRevoked, ProducerRecreated, TransactionCommitted
-from kafkatx.listener.overlap import CommitOverlap
+from kafkatx.listener.loop.overlap import CommitOverlap
 from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
 
 pytestmark = pytest.mark.timeout(90)

@@ -40,7 +40,7 @@ from kafkatx.errors import (
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.health import HealthServer, serve_health
 from kafkatx.listener.host import Unit
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.record import Output, Record
 from kafkatx.recoverers import CompositeRecoverer, LoggingRecoverer, Recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier

@@ -21,13 +21,13 @@ from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import GroupMembershipChanged
 from kafkatx.events import Event
-from kafkatx.listener.crash_guard import CrashGuard
+from kafkatx.listener.failure.crash_guard import CrashGuard
+from kafkatx.listener.failure.outage import ListenerOutage
+from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.listener.host import ClaimKeeper, ListenerSettings, ProducerReactions
-from kafkatx.listener.outage import ListenerOutage
-from kafkatx.listener.reactions import KafkaErrorReactions
-from kafkatx.listener.record_runner import RecordRunner
+from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.spec import ListenerSpec, build_spec
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker

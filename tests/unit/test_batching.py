@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from kafkatx import App
-from kafkatx.listener.container import ListenerContainer
+from kafkatx.listener.loop.container import ListenerContainer
 from kafkatx.listener.spec import build_spec
 
 

@@ -1,4 +1,4 @@
-"""Key-ordered concurrency inside one transaction (listener/concurrent.py), over the fake host: no broker."""
+"""Key-ordered concurrency inside one transaction (listener/runners/concurrent.py), over the fake host: no broker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fakes import FakeHost, listener
 
 from kafkatx import InvalidConfigurationError, OutputError, Record, send
 from kafkatx.events import HandlerFailed, TransactionCommitted
-from kafkatx.listener.concurrent import LaneSchedule, lanes_of
+from kafkatx.listener.runners.concurrent import LaneSchedule, lanes_of
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.durable import decode
 

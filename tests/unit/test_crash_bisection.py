@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from fakes import FakeHost, FakeProducer, listener, messages
 
-import kafkatx.listener.crash_guard as crash_guard
+import kafkatx.listener.failure.crash_guard as crash_guard
 from kafkatx.errors import ProcessCrashedError
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.rollback.bisection import Suspects, after_commit, claimed_suspects

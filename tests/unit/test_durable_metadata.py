@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import TopicPartition
 
-from kafkatx.listener.crash_guard import CrashGuard
+from kafkatx.listener.failure.crash_guard import CrashGuard
 from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight, process_token
 from kafkatx.rollback.tracker import FailureTracker
 
@@ -70,7 +70,7 @@ def test_a_claim_another_process_left_means_it_died_while_handling() -> None:
 def test_the_first_batch_claim_finds_each_unclaimed_partitions_first_offset_in_any_batch_order() -> None:
     from confluent_kafka import Message
 
-    from kafkatx.listener.crash_guard import first_unclaimed
+    from kafkatx.listener.failure.crash_guard import first_unclaimed
 
     def m(topic: str, partition: int, offset: int) -> Message:
         return Message(topic=topic, partition=partition, offset=offset)

@@ -1,4 +1,4 @@
-"""The failed-record procedure (listener/failed_record.py), one rule per test, through a small fake scope.
+"""The failed-record procedure (listener/failure/failed_record.py), one rule per test, through a small fake scope.
 
 ``settle_failure`` is what every runner calls once a record's handler raised in an open transaction: it counts
 the failure and publishes it, asks the policy, and says what to do: call the handler again now (CallAgain, with
@@ -18,7 +18,7 @@ import pytest
 from kafkatx import Record
 from kafkatx.errors import InvalidConfigurationError, RecoveryError, RecoveryExhaustedError, UnproducibleTypeError
 from kafkatx.events import Event, HandlerFailed, RecordRecovered, RecordRetryScheduled, RecoveryFailed
-from kafkatx.listener.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
+from kafkatx.listener.failure.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
 from kafkatx.recoverers import Recoverer
 from kafkatx.rollback.policy import FailurePolicy
 from kafkatx.rollback.tracker import FailureTracker
@@ -26,7 +26,7 @@ from kafkatx.rollback.tracker import FailureTracker
 
 @dataclass
 class FakeScope:
-    """A :class:`~kafkatx.listener.failed_record.FailureScope`: events, waits and recoveries recorded.
+    """A :class:`~kafkatx.listener.failure.failed_record.FailureScope`: events, waits and recoveries recorded.
 
     ``recover`` runs the recoverer as a transaction unit does (a failure becomes a RecoveryError); ``stopping``
     is the container's stop event; ``stop_while_waiting`` makes a wait end with the container stopping.

@@ -10,7 +10,7 @@ from fakes import FakeHost, listener, messages
 from kafkatx import Record
 from kafkatx.errors import RecoveryExhaustedError
 from kafkatx.events import RecordRecovered, RecordRetryScheduled, RecoveryFailed
-from kafkatx.listener.after_rollback import RollbackScope, after_rollback
+from kafkatx.listener.failure.after_rollback import RollbackScope, after_rollback
 from kafkatx.listener.host import HandlerFailure
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import to_record

@@ -7,7 +7,7 @@ from fakes import FakeHost, listener, messages
 
 from kafkatx.errors import ApplicationRecoverableError, FencedTooOftenError, TransactionAbortableError
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated, TransactionAborted
-from kafkatx.listener.unit import commit_offsets
+from kafkatx.listener.transaction.unit import commit_offsets
 
 
 def _host(**options: object) -> FakeHost:

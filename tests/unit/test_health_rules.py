@@ -18,8 +18,8 @@ from kafkatx.health.checks import ContainerState, ListenerState, check_health_op
 from kafkatx.health.server import HealthServer, app_routes
 from kafkatx.health.snapshot import listener_states
 from kafkatx.health.workers import WorkerState, read_port_file, workers_liveness, workers_readiness
-from kafkatx.listener.brokers import BrokerWatch
-from kafkatx.listener.outage import ListenerOutage
+from kafkatx.listener.failure.outage import ListenerOutage
+from kafkatx.listener.loop.brokers import BrokerWatch
 
 READY = ContainerState("orders", "running", opened=True, assignment_received=True, partitions=3)
 

@@ -10,8 +10,8 @@ from fakes import FakeHost, listener, messages
 
 from kafkatx import App, DependencyUnavailable, InvalidConfigurationError, OutageTooLongError, Record
 from kafkatx.events import HandlerFailed, OutageEnded, OutageStarted, RecordRecovered
-from kafkatx.listener.outage import MAX_RETRY_DELAY, ListenerOutage, OutageHold, first_delay, is_outage
-from kafkatx.listener.reactions import KafkaErrorReactions
+from kafkatx.listener.failure.outage import MAX_RETRY_DELAY, ListenerOutage, OutageHold, first_delay, is_outage
+from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.record import ConsumedMessage
 
 IN = ("in", 0)

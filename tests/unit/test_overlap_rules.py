@@ -10,7 +10,7 @@ from fakes import FakeHost, listener, messages
 import kafkatx
 from kafkatx import Record
 from kafkatx.events import HandlerFailed
-from kafkatx.listener.overlap import CommitOverlap, overlap_of
+from kafkatx.listener.loop.overlap import CommitOverlap, overlap_of
 
 
 def _setup(handler: Any, **options: Any) -> tuple[FakeHost, CommitOverlap]:

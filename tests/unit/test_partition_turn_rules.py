@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from fakes import FakeHost, FakeProducer, listener, messages
 
-import kafkatx.listener.partition_turns as turns_module
+import kafkatx.listener.loop.partition_turns as turns_module
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaClientError
-from kafkatx.listener.partition_turns import PartitionTurns
+from kafkatx.listener.loop.partition_turns import PartitionTurns
 from kafkatx.record import Record
 
 

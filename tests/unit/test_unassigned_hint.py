@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fakes import listener
 
-from kafkatx.listener.brokers import BrokerWatch
-from kafkatx.listener.health import UnassignedWatch, no_partition_hint
+from kafkatx.listener.loop.brokers import BrokerWatch
+from kafkatx.listener.loop.health import UnassignedWatch, no_partition_hint
 
 
 class MetadataConsumer:

@@ -32,7 +32,8 @@ from kafkatx.errors import (
 )
 from kafkatx.events import Event, EventBus
 from kafkatx.health.checks import DEFAULT_NOT_READY_AFTER, check_health_options
-from kafkatx.listener.container import ListenerContainer
+from kafkatx.listener.failure.outage import ListenerOutage
+from kafkatx.listener.loop.container import ListenerContainer
 from kafkatx.listener.options import (
     LISTENER_DEFAULTS,
     ListenerOptions,
@@ -40,7 +41,6 @@ from kafkatx.listener.options import (
     check_option_names,
     signature_with_options,
 )
-from kafkatx.listener.outage import ListenerOutage
 from kafkatx.listener.spec import ListenerSpec, build_spec
 from kafkatx.tracing import Tracing, check_tracing_option
 

@@ -234,7 +234,7 @@ class TransactionalProducer:
         """Commit the transaction, with the offsets sent to it. ``guard`` runs just before, and may raise to prevent it.
 
         ``meanwhile`` runs on this thread while the first commit attempt is under way on the helper thread
-        (the overlapped commit, see :mod:`kafkatx.listener.overlap`); it must not use this producer.
+        (the overlapped commit, see :mod:`kafkatx.listener.loop.overlap`); it must not use this producer.
         """
         producer = self._producer
         assert producer is not None

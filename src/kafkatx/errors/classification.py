@@ -212,7 +212,7 @@ FENCING_CODES: Final = frozenset({_E._FENCED, _E.PRODUCER_FENCED, _E.INVALID_PRO
 #: where: its size, its content, the topic's rules for records. They stay INVALID_CONFIGURATION in the table
 #: (a client error with one of them, from anywhere else, stops the container), but when one comes back in a
 #: delivery report of a transaction the producer raises :class:`~kafkatx.errors.OutputRefusedError` and the
-#: input record that produced the refused output is failed, not the App (see kafkatx.listener.refused):
+#: input record that produced the refused output is failed, not the App (see kafkatx.listener.transaction.refused):
 #:
 #: * MSG_SIZE_TOO_LARGE (Java's RecordTooLargeException): larger than the topic's ``max.message.bytes``;
 #: * RECORD_LIST_TOO_LARGE (RecordBatchTooLargeException): a batch larger than the topic's segment size, which

@@ -18,7 +18,7 @@ started and received its assignment from the group (an empty one counts: a
 replica with more consumers than partitions is still ready, or a rolling
 update would never complete), none has been handling one batch for longer
 than ``not_ready_after``, none owns a partition that fetches nothing while
-records are behind (:class:`~kafkatx.listener.health.StallCheck`), and the
+records are behind (:class:`~kafkatx.listener.loop.health.StallCheck`), and the
 listener has not been paused (a dependency outage, ``app.pause``) for longer
 than ``not_ready_after``.
 """

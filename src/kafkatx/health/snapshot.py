@@ -45,7 +45,7 @@ class _Reachability(Protocol):
 
 
 class ContainerView(Protocol):
-    """What the probes read of a :class:`~kafkatx.listener.container.ListenerContainer`."""
+    """What the probes read of a :class:`~kafkatx.listener.loop.container.ListenerContainer`."""
 
     @property
     def name(self) -> str: ...

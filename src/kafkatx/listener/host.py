@@ -3,8 +3,8 @@
 The container passes itself to its helpers (the transaction unit, the crash
 guard, the Kafka-error reactions, the health checks), and a custom runner
 receives transaction units. Each of them is typed against a Protocol here,
-never against :class:`~kafkatx.listener.container.ListenerContainer` or
-:class:`~kafkatx.listener.unit.TransactionUnit`, so that:
+never against :class:`~kafkatx.listener.loop.container.ListenerContainer` or
+:class:`~kafkatx.listener.transaction.unit.TransactionUnit`, so that:
 
 - imports run one way (this module imports nothing of ``kafkatx.listener``);
 - a helper uses only the container's public services (the list below is the
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kafkatx.database.session import DatabaseSession
     from kafkatx.errors import KafkaClientError
     from kafkatx.events import Event
-    from kafkatx.listener.brokers import BrokerWatch
+    from kafkatx.listener.loop.brokers import BrokerWatch
     from kafkatx.outputs import PendingOutput, Serializer
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.recoverers import Recoverer
@@ -129,7 +129,7 @@ class UntracedRoots(Protocol):
 
 
 class ClaimKeeper(Protocol):
-    """The crash guard's side of a commit (:class:`~kafkatx.listener.crash_guard.CrashGuard`)."""
+    """The crash guard's side of a commit (:class:`~kafkatx.listener.failure.crash_guard.CrashGuard`)."""
 
     enabled: bool
 
@@ -141,7 +141,7 @@ class ClaimKeeper(Protocol):
 
 
 class ProducerReactions(Protocol):
-    """The Kafka-error reactions a unit asks for (:class:`~kafkatx.listener.reactions.KafkaErrorReactions`)."""
+    """The Kafka-error reactions a unit asks for (:class:`~kafkatx.listener.failure.reactions.KafkaErrorReactions`)."""
 
     def note(self, exc: KafkaClientError, action: str) -> None:
         """Publish that ``exc`` was handled by ``action``."""
@@ -161,7 +161,7 @@ class ProducerReactions(Protocol):
 
 
 class ListenerGate(Protocol):
-    """The outage state shared by the containers of one listener (:class:`~kafkatx.listener.outage.ListenerOutage`)."""
+    """The outage state shared by the containers of one listener (:class:`~kafkatx.listener.failure.outage.ListenerOutage`)."""
 
     @property
     def active(self) -> bool:
@@ -189,7 +189,7 @@ class ContainerHost(Protocol):
     tracker: FailureTracker
     stop_event: threading.Event
     consumer: Consumer | None
-    #: Whether the cluster answers this container (listener/brokers.py).
+    #: Whether the cluster answers this container (listener/loop/brokers.py).
     brokers: BrokerWatch
     assigned: set[TP]
     database: DatabaseSession | None
@@ -256,7 +256,7 @@ class ContainerHost(Protocol):
 class Unit(Protocol):
     """The public interface of a transaction unit (docs/ARCHITECTURE.md), the one a runner is written on.
 
-    :class:`~kafkatx.listener.unit.TransactionUnit` implements it.
+    :class:`~kafkatx.listener.transaction.unit.TransactionUnit` implements it.
     """
 
     messages: list[ConsumedMessage]

@@ -99,11 +99,13 @@ class ListenerSpec:
     producer_config: dict[str, Any] = field(default_factory=dict)
     max_abortable_retries: int = 5
     idle_event_interval: float | None = None
-    #: Commits claim the batch in flight, so a record that kills the process is counted (listener/crash_guard.py).
+    #: Commits claim the batch in flight, so a record that kills the process is counted
+    #: (listener/failure/crash_guard.py).
     count_crashes: bool = True
     #: ``database=``: the database whose transaction joins each Kafka transaction (kafkatx.database).
     database: Backend | None = None
-    #: Exception types that mean "a dependency is down": the listener pauses, no attempt is counted (listener/outage.py).
+    #: Exception types that mean "a dependency is down": the listener pauses, no attempt is counted
+    #: (listener/failure/outage.py).
     outages: tuple[type[BaseException], ...] = (ConnectionError,)
     #: Stop the App once an outage lasts longer than this many seconds (None: wait for as long as it takes).
     max_outage: float | None = None
@@ -118,7 +120,7 @@ class ListenerSpec:
     #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
     #: user's handler: kafkatx.serde.typed_handler); None for bytes.
     decoding: TypedDecoding | None = None
-    #: Handle the next batch while a transaction commits, holding its outputs (listener/overlap.py, docs/OVERLAP.md).
+    #: Handle the next batch while a transaction commits, holding its outputs (listener/loop/overlap.py, docs/OVERLAP.md).
     overlap_commit: bool = False
     #: Work the container does while each of its transactions commits, the thread being idle then (tracing makes
     #: its deferred record spans: kafkatx.tracing._deferred). Set by the App, not declared.

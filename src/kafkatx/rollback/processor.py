@@ -1,7 +1,7 @@
 """After-rollback processors: what decides about a failed record in a transaction of its own.
 
 The record runner settles a failure in the open transaction itself
-(:mod:`kafkatx.listener.failed_record`, the same steps as
+(:mod:`kafkatx.listener.failure.failed_record`, the same steps as
 :class:`DefaultAfterRollbackProcessor`). A processor is called, with a
 :class:`RollbackContext` in a NEW transaction, when the listener has a
 custom one (once the records before the failed one committed), and after an

@@ -15,7 +15,7 @@ Per transaction unit (a batch, or one partition's slice with ``fencing="partitio
 4. One transaction: the outputs, the poison records handed to the
    listener's recoverer (dead-letter topic), and the offsets of the whole
    unit, committed through :meth:`TransactionUnit.transact
-   <kafkatx.listener.unit.TransactionUnit.transact>` like any other runner's:
+   <kafkatx.listener.transaction.unit.TransactionUnit.transact>` like any other runner's:
    the membership check before the commit, abortable → abort and redo the
    transaction from memory, application-recoverable → replace the producer
    and rewind, without recovery.
@@ -45,7 +45,7 @@ from kafkatx.errors import (
     RecoveryError,
 )
 from kafkatx.events import RecordRecovered, TransactionCommitted
-from kafkatx.listener.failed_record import recovery_failed
+from kafkatx.listener.failure.failed_record import recovery_failed
 from kafkatx.listener.host import Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, to_record

@@ -32,9 +32,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kafkatx.listener.overlap import CommitOverlap
-from kafkatx.listener.record_runner import RecordRunner
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.loop.overlap import CommitOverlap
+from kafkatx.listener.runners.record_runner import RecordRunner
+from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:

@@ -55,7 +55,7 @@ class KafkaErrorReactions:
     """The reactions of one container (its producers share the recreation budget).
 
     The reaction to an error inside a transaction is the unit's
-    (:meth:`TransactionUnit.transact <kafkatx.listener.unit.TransactionUnit.transact>`);
+    (:meth:`TransactionUnit.transact <kafkatx.listener.transaction.unit.TransactionUnit.transact>`);
     it calls on these for what outlives the unit: the producer and the consumer's positions.
     """
 

@@ -32,10 +32,10 @@ from confluent_kafka import TopicPartition
 from kafkatx.client.offsets import TP
 from kafkatx.errors import ProcessCrashedError, RecoveryError
 from kafkatx.events import CrashSearchNarrowed, RecordRecovered
-from kafkatx.listener.after_rollback import recovery_failed
+from kafkatx.listener.failure.after_rollback import recovery_failed
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.listener.positions import rewind
-from kafkatx.listener.unit import TransactionUnit, commit_offsets
+from kafkatx.listener.transaction.positions import rewind
+from kafkatx.listener.transaction.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.bisection import Suspects, after_commit, claimed_suspects

@@ -9,8 +9,8 @@ Per poll, a container takes up to ``max_batch_records`` records (waiting at
 most ``max_batch_ms``) and splits them into transaction units (the whole
 batch with ``fencing="group"``, each partition's slice with
 ``fencing="partition"``), each handed to the listener's runner
-(:mod:`kafkatx.listener.record_runner`, or a Spark job) as a
-:class:`~kafkatx.listener.unit.TransactionUnit`. A transaction is never
+(:mod:`kafkatx.listener.runners.record_runner`, or a Spark job) as a
+:class:`~kafkatx.listener.transaction.unit.TransactionUnit`. A transaction is never
 open while the consumer polls, so a rebalance never finds one half done.
 """
 
@@ -43,19 +43,19 @@ from kafkatx.events import (
     PartitionsAssigned,
     PartitionsRevoked,
 )
-from kafkatx.listener.brokers import BrokerWatch
-from kafkatx.listener.crash_guard import CrashGuard
-from kafkatx.listener.health import StallCheck, UnassignedWatch
+from kafkatx.listener.failure.crash_guard import CrashGuard
+from kafkatx.listener.failure.outage import ListenerOutage, OutageHold
+from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.listener.host import Runner
-from kafkatx.listener.idle import IdleDuties
-from kafkatx.listener.outage import ListenerOutage, OutageHold
-from kafkatx.listener.overlap import overlap_of
-from kafkatx.listener.partition_turns import slices_runner
-from kafkatx.listener.positions import records_to_handle
-from kafkatx.listener.reactions import KafkaErrorReactions
-from kafkatx.listener.record_runner import RecordRunner
-from kafkatx.listener.time_limits import fence_hold, transaction_budget
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.loop.brokers import BrokerWatch
+from kafkatx.listener.loop.health import StallCheck, UnassignedWatch
+from kafkatx.listener.loop.idle import IdleDuties
+from kafkatx.listener.loop.overlap import overlap_of
+from kafkatx.listener.loop.partition_turns import slices_runner
+from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
+from kafkatx.listener.runners.record_runner import RecordRunner
+from kafkatx.listener.transaction.positions import records_to_handle
+from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.tracker import FailureTracker
 
@@ -117,14 +117,14 @@ class ListenerContainer:
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
         self.polled_at = time.monotonic()
-        self._idle = IdleDuties(self, spec.idle_event_interval)  # listener/idle.py: the loop's idle stage
+        self._idle = IdleDuties(self, spec.idle_event_interval)  # listener/loop/idle.py: the loop's idle stage
         self._stall_check = StallCheck(self)
         #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
         self.handling_since: float | None = None
         #: Set once the group gave this container its assignment (maybe empty) since start.
         self.assignment_received = threading.Event()
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
-        #: Whether the cluster answers (listener/brokers.py): fed by the consumer's error_cb and the idle stage.
+        #: Whether the cluster answers (listener/loop/brokers.py): fed by the consumer's error_cb and the idle stage.
         self.brokers = BrokerWatch(
             self.name, worker, str(self.consumer_config.get("bootstrap.servers", "the cluster")), self.publish
         )
@@ -137,7 +137,7 @@ class ListenerContainer:
         self._runner: Callable[[TransactionUnit], None] = (
             factory(self) if factory is not None else RecordRunner(self, spec.processor)
         )
-        self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)  # listener/overlap.py
+        self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)  # listener/loop/overlap.py
         #: ``fencing="partition"``: how a poll's partition slices run, one transaction each (partition_turns.py).
         self._run_slices = slices_runner(self, self._runner, self._overlap)
 
@@ -467,7 +467,9 @@ class ListenerContainer:
         """One turn of the loop: the first stage with work does it (records handled during the last commit, the
         outage or pause gate, records whose back-off ended, a poll)."""
         self.handling_since = None  # the previous batch, if any, is done
-        if self._overlap.commit_held():  # records handled while the last transaction committed (listener/overlap.py)
+        if (
+            self._overlap.commit_held()
+        ):  # records handled while the last transaction committed (listener/loop/overlap.py)
             self._idle.activity()
         elif not self._hold.poll(self._handle_batch):  # an outage or an operator's pause holds the listener
             deferred = self._resume_due()
@@ -477,7 +479,7 @@ class ListenerContainer:
                 self._poll()
 
     def _poll(self) -> None:
-        """Poll a batch and hand it on; when nothing came, the idle stage (listener/idle.py)."""
+        """Poll a batch and hand it on; when nothing came, the idle stage (listener/loop/idle.py)."""
         msgs = self._consume(self._poll_timeout())
         if not msgs:
             self._idle.run()

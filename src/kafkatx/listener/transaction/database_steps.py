@@ -1,7 +1,7 @@
 """What a transaction unit does differently with ``database=``: finish work stored before a crash, find the
 record behind a failed database commit, report an outage.
 
-A mixin of :class:`~kafkatx.listener.unit.TransactionUnit`: ``transact``
+A mixin of :class:`~kafkatx.listener.transaction.unit.TransactionUnit`: ``transact``
 calls these steps on the unit itself. The ordering argument they rely on is
 in docs/DATABASE.md.
 """
@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 from kafkatx.client.offsets import TP, first_offsets
 from kafkatx.database.session import DatabaseUnavailableError
 from kafkatx.errors import InvalidConfigurationError
-from kafkatx.listener.positions import rewind
+from kafkatx.listener.transaction.positions import rewind
 from kafkatx.record import to_record
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class DatabaseSteps:
         self.rewind()
 
     def wait_for_database(self, exc: DatabaseUnavailableError, records: int) -> None:
-        """Nothing committed on either side: an outage, not a record's failure (see :mod:`kafkatx.listener.outage`).
+        """Nothing committed on either side: an outage, not a record's failure (see :mod:`kafkatx.listener.failure.outage`).
 
         The unit is fetched again once the listener's outage ends; every
         container of the listener waits meanwhile.

@@ -36,7 +36,7 @@ from tenacity import RetryCallState, Retrying
 from kafkatx.client.offsets import TP
 from kafkatx.errors import DependencyUnavailable, OutageTooLongError
 from kafkatx.events import Event, OutageEnded, OutageStarted
-from kafkatx.listener.positions import records_to_handle
+from kafkatx.listener.transaction.positions import records_to_handle
 from kafkatx.rollback.classifier import cause_chain
 
 if TYPE_CHECKING:

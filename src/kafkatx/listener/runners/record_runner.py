@@ -5,7 +5,7 @@ returns (and what it ``send()``\\ s); send the next offsets with the
 consumer's group metadata; commit. A handler failure aborts nothing (see
 below); only what must be undone whole (a dependency outage, an output the
 client refused half-way, a Kafka error) aborts and goes to the after-rollback
-path (:mod:`kafkatx.listener.after_rollback`), as does every failure of a
+path (:mod:`kafkatx.listener.failure.after_rollback`), as does every failure of a
 listener with a custom ``after_rollback=`` processor, once the records before
 it committed.
 
@@ -23,7 +23,7 @@ A record's work is held until its handler returns: ``send()`` and a
 generator's items wait in a per-record buffer (returned values are produced
 after the return anyway), so a failed call is undone by dropping that buffer
 and the transaction goes on. The failure is settled in the open transaction
-(:mod:`kafkatx.listener.failed_record`): called again at once, recovered
+(:mod:`kafkatx.listener.failure.failed_record`): called again at once, recovered
 (the dead letter commits with the offset), or held: the transaction ends
 before the record, the records before it commit, and its partition waits for
 the back-off while the rest of the unit is handled next, from memory. A
@@ -49,16 +49,21 @@ from kafkatx.client.offsets import TP, next_offsets
 from kafkatx.context import bind_sink
 from kafkatx.errors import KafkaClientError
 from kafkatx.events import TransactionCommitted
-from kafkatx.listener.after_rollback import Replay, after_rollback, recovery_failed
-from kafkatx.listener.concurrent import ConcurrentDispatch, InPlaceRecoveryFailed, NotAwaitedError, refuse_awaitable
-from kafkatx.listener.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
+from kafkatx.listener.failure.after_rollback import Replay, after_rollback, recovery_failed
+from kafkatx.listener.failure.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
 from kafkatx.listener.host import ContainerHost, HandlerFailure, UntracedRoots
+from kafkatx.listener.runners.concurrent import (
+    ConcurrentDispatch,
+    InPlaceRecoveryFailed,
+    NotAwaitedError,
+    refuse_awaitable,
+)
 from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
-    from kafkatx.listener.unit import TransactionUnit
+    from kafkatx.listener.transaction.unit import TransactionUnit
     from kafkatx.rollback.processor import AfterRollbackProcessor
     from kafkatx.rollback.tracker import FailureTracker
 
@@ -116,7 +121,7 @@ class RecordRunner:
         self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
         self._stopped_at = -1
         self._cut: _Cut | None = None
-        self._ahead = False  # handling ahead of a commit (listener/overlap.py): a failure is left for later
+        self._ahead = False  # handling ahead of a commit (listener/loop/overlap.py): a failure is left for later
         #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
         self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
@@ -124,7 +129,7 @@ class RecordRunner:
 
     def __call__(self, unit: TransactionUnit, raised: BaseException | None = None) -> None:
         """Run ``unit``'s records in transactions. ``raised``: what handling them ahead of a commit raised
-        (listener/overlap.py, nothing produced), taken as if its transaction had raised it."""
+        (listener/loop/overlap.py, nothing produced), taken as if its transaction had raised it."""
         msgs = unit.messages
         while msgs:
             current = unit.with_messages(msgs)
@@ -231,7 +236,7 @@ class RecordRunner:
         return self._dispatch is None
 
     def handle_ahead(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
-        """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/overlap.py).
+        """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/loop/overlap.py).
 
         Returns how many were handled before the transaction's time budget ran out, or before a record that
         failed (it is fetched again and fails in a transaction of its own, where it is counted). Called while
@@ -247,7 +252,7 @@ class RecordRunner:
 
     @contextlib.contextmanager
     def inside_another_commit(self) -> Iterator[None]:
-        """Run a unit while another unit of this runner commits (listener/partition_turns.py): the state that
+        """Run a unit while another unit of this runner commits (listener/loop/partition_turns.py): the state that
         unit reads once its commit returned (where it stopped, where it was cut) is kept."""
         stopped_at, cut = self._stopped_at, self._cut
         try:
@@ -256,7 +261,7 @@ class RecordRunner:
             self._stopped_at, self._cut = stopped_at, cut
 
     def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
-        """Handle ``msgs`` concurrently (listener/concurrent.py); a prefix of them may be all that commits."""
+        """Handle ``msgs`` concurrently (listener/runners/concurrent.py); a prefix of them may be all that commits."""
         assert self._dispatch is not None
         handled, failure = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
         offsets = next_offsets(msgs[:handled])

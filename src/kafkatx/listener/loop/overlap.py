@@ -50,12 +50,12 @@ from typing import TYPE_CHECKING, Any, cast
 from kafkatx.client.offsets import TP
 from kafkatx.errors import UnknownTopicError
 from kafkatx.events import TransactionAborted, TransactionCommitted
-from kafkatx.listener.concurrent import InPlaceRecoveryFailed
-from kafkatx.listener.failed_record import Abandoned
+from kafkatx.listener.failure.failed_record import Abandoned
 from kafkatx.listener.host import ContainerHost, HandlerFailure
-from kafkatx.listener.positions import rewind
-from kafkatx.listener.record_runner import RecordRunner
-from kafkatx.listener.unit import TransactionUnit
+from kafkatx.listener.runners.concurrent import InPlaceRecoveryFailed
+from kafkatx.listener.runners.record_runner import RecordRunner
+from kafkatx.listener.transaction.positions import rewind
+from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.outputs import PendingOutput, encode_headers, produce_in_order
 from kafkatx.record import ConsumedMessage
 
@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from confluent_kafka import Message
 
     from kafkatx.client.producer import TransactionalProducer
-    from kafkatx.listener.crash_guard import CrashGuard
-    from kafkatx.listener.reactions import KafkaErrorReactions
+    from kafkatx.listener.failure.crash_guard import CrashGuard
+    from kafkatx.listener.failure.reactions import KafkaErrorReactions
     from kafkatx.listener.spec import ListenerSpec
 
 __all__ = ["CommitOverlap", "HeldBatch", "overlap_of"]

@@ -47,10 +47,10 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
-from kafkatx.listener.database_steps import DatabaseSteps
 from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate, ListenerSettings
-from kafkatx.listener.positions import rewind
-from kafkatx.listener.refused import blame_refused_output
+from kafkatx.listener.transaction.database_steps import DatabaseSteps
+from kafkatx.listener.transaction.positions import rewind
+from kafkatx.listener.transaction.refused import blame_refused_output
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 
@@ -70,7 +70,7 @@ _KAFKA_REACTIONS = (TransactionAbortableError, ApplicationRecoverableError, Grou
 
 
 class CommitAhead(Protocol):
-    """What a unit's commit does meanwhile (:class:`~kafkatx.listener.overlap.CommitOverlap`): handle what comes next."""
+    """What a unit's commit does meanwhile (:class:`~kafkatx.listener.loop.overlap.CommitOverlap`): handle what comes next."""
 
     def handle_next(self, committing: TransactionUnit) -> None:
         """Runs while ``committing``'s commit is under way on the producer's helper thread."""
@@ -135,7 +135,7 @@ class TransactionUnit(DatabaseSteps):
         self._stored: dict[TP, tuple[int, int]] | None = None
         #: The overlapped commit: what handles the next records while this unit's transaction commits.
         self.ahead = ahead
-        #: Other work for the wait of this unit's commits (listener/partition_turns.py: other partitions' turns).
+        #: Other work for the wait of this unit's commits (listener/loop/partition_turns.py: other partitions' turns).
         self.during_commit = during_commit
 
     def with_messages(self, messages: list[ConsumedMessage]) -> TransactionUnit:
@@ -206,7 +206,7 @@ class TransactionUnit(DatabaseSteps):
         False is returned. An output the broker refused
         (:class:`~kafkatx.OutputRefusedError`) aborts the transaction and
         fails the input record that produced it, found by isolation (see
-        :mod:`kafkatx.listener.refused`). Other Kafka errors (invalid configuration) are
+        :mod:`kafkatx.listener.transaction.refused`). Other Kafka errors (invalid configuration) are
         raised as they are: the container stops. Any other exception (a
         handler's) aborts the transaction and is raised again; if the abort
         itself failed (the producer was replaced and the unit rewound), False

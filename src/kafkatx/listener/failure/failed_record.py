@@ -48,8 +48,8 @@ log = logging.getLogger("kafkatx.rollback")
 
 
 class FailureScope(FailureBooks, Protocol):
-    """What the procedure needs of a transaction unit (:class:`~kafkatx.listener.unit.TransactionUnit` is one):
-    the books a decision keeps, a wait that a stop cuts short, and recovery in the open transaction."""
+    """What the procedure needs of a transaction unit (:class:`~kafkatx.listener.transaction.unit.TransactionUnit`
+    is one): the books a decision keeps, a wait that a stop cuts short, and recovery in the open transaction."""
 
     def wait(self, seconds: float) -> bool: ...
 

@@ -17,7 +17,7 @@ runner does:
 - a failing record stops new records past it from starting; those in
   flight finish; the records before it all ran and commit, and the runner
   settles the failure in the same transaction
-  (:mod:`kafkatx.listener.failed_record`); the records after it are handled
+  (:mod:`kafkatx.listener.failure.failed_record`); the records after it are handled
   again in the next transaction;
 - the transaction's time budget, or a stop, ends the batch at the first
   record not started yet: what is in flight finishes, the prefix commits,
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from kafkatx.context import bind_sink
 from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
 from kafkatx.events import RecordRecovered
-from kafkatx.listener.failed_record import Abandoned
+from kafkatx.listener.failure.failed_record import Abandoned
 from kafkatx.listener.host import HandlerFailure
 from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
@@ -61,7 +61,7 @@ from kafkatx.rollback.policy import Action, Verdict
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import ListenerSettings
-    from kafkatx.listener.unit import TransactionUnit
+    from kafkatx.listener.transaction.unit import TransactionUnit
 
 log = logging.getLogger("kafkatx.container")
 
@@ -185,7 +185,7 @@ class ConcurrentDispatch:
         """Handle ``msgs`` in the open transaction; return how many of them (a prefix) are done, and the failure
         of the record right after that prefix, if one failed (every record before it done and produced).
 
-        Sends no offsets: the runner settles the failure first (listener/failed_record.py).
+        Sends no offsets: the runner settles the failure first (listener/failure/failed_record.py).
         """
         run = _BatchRun(self, unit, msgs, budget)
         self.event_loop().run_until_complete(run.finished)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaClientError, OutputError, RecoveryError
 from kafkatx.events import Event, TransactionCommitted
-from kafkatx.listener import failed_record
+from kafkatx.listener.failure import failed_record
 from kafkatx.listener.host import HandlerFailure, Unit
 from kafkatx.outputs import PendingOutput, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
@@ -65,7 +65,7 @@ def after_rollback(
 
     A failure that means a dependency is down (the listener's ``outages``)
     is no record's: nothing is counted, the processor is not called, the
-    unit is rewound and the whole listener waits (:mod:`kafkatx.listener.outage`).
+    unit is rewound and the whole listener waits (:mod:`kafkatx.listener.failure.outage`).
     """
     while True:
         stop = unproducible_stop(unit.listener, failure.exc)
@@ -198,8 +198,9 @@ class RollbackScope:
 
     def replay_processed(self) -> None:
         unit = self.unit
-        # A concurrent runner's replay handles the records together (listener/concurrent.py), each key's in order:
-        # their outcomes, in order, up to the first failure. Produced here one record after the other all the same.
+        # A concurrent runner's replay handles the records together (listener/runners/concurrent.py), each key's
+        # in order: their outcomes, in order, up to the first failure. Produced here one record after the other all
+        # the same.
         replay_all = getattr(self._replay, "replay_all", None)
         prepared: list[Any] | None = replay_all(self.processed) if replay_all is not None else None
         for i, record in enumerate(self.processed):

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP
 from kafkatx.events import ContainerIdle
-from kafkatx.listener.unit import commit_offsets
+from kafkatx.listener.transaction.unit import commit_offsets
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import ContainerHost
