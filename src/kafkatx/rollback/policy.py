@@ -113,6 +113,13 @@ class FailurePolicy:
             return Verdict(Action.ABANDON, failures, reason="the container is stopping")
         return Verdict(Action.RETRY, failures, delay=_seconds(self.wait, state))
 
+    def nominal_delay(self, attempt: int) -> float:
+        """The back-off after the ``attempt``-th failure as the wait gives it for no particular exception.
+
+        What retry topics are laid out by (one topic per delay, :mod:`kafkatx.retry_topics.plan`).
+        """
+        return _seconds(self.wait, self._state(attempt, None))
+
     def recovery_delay(self, recovery_failures: int) -> float | None:
         """Seconds before retrying a failed recovery, or None once ``max_recovery_failures`` is reached."""
         limit = self.max_recovery_failures

@@ -1,0 +1,92 @@
+"""The headers of a record on its way through the retry topics, in Spring's names and encodings.
+
+A hop carries the record's own headers, Spring's dead-letter provenance
+(``kafka_dlt-original-*`` naming the **input** topic, partition, offset and
+timestamp, and the last failure's ``kafka_dlt-exception-*``), and Spring's
+retry-topic headers:
+
+- ``retry_topic-attempts``: the attempt the next delivery is (4-byte big-endian int);
+- ``retry_topic-backoff-timestamp``: when it is due, epoch milliseconds;
+- ``retry_topic-original-timestamp``: the input record's timestamp, epoch milliseconds.
+
+Spring writes the two timestamps as Java's ``BigInteger.toByteArray()`` (big-endian two's complement, as
+few bytes as the value needs); so does kafkatx, and it reads any length. The handler never sees these
+headers: :func:`parse_hop` gives back the input record's own.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from kafkatx.dlq.headers import dead_letter_headers, parse_dead_letter_headers
+from kafkatx.record import Headers, Record
+
+__all__ = ["ATTEMPTS", "BACKOFF_TIMESTAMP", "ORIGINAL_TIMESTAMP", "RetryHop", "hop_headers", "parse_hop"]
+
+ATTEMPTS = "retry_topic-attempts"
+BACKOFF_TIMESTAMP = "retry_topic-backoff-timestamp"
+ORIGINAL_TIMESTAMP = "retry_topic-original-timestamp"
+
+_RETRY_PREFIX = "retry_topic-"
+_DLT_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-")
+_INT = struct.Struct(">i")
+
+
+def _java_big_integer(value: int) -> bytes:
+    """``BigInteger.valueOf(value).toByteArray()``: big-endian two's complement, as few bytes as it needs."""
+    return value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True)
+
+
+def _number(raw: bytes | None) -> int | None:
+    return int.from_bytes(raw, "big", signed=True) if raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryHop:
+    """A record read back from a retry topic: the input record as it was, and what the hop adds."""
+
+    #: The input record (topic, partition, offset, timestamp, key, value, its own headers), ``attempt`` the
+    #: delivery this is.
+    record: Record
+    #: When it is due, epoch milliseconds.
+    due_ms: int
+
+
+def hop_headers(
+    record: Record, exception: BaseException, *, group_id: str | None, next_attempt: int, due_ms: int
+) -> Headers:
+    """The headers of ``record`` (the input record, as its handler saw it) sent to a retry topic after ``exception``."""
+    headers = dead_letter_headers(record, exception, group_id=group_id, attempts=next_attempt - 1)
+    headers += [
+        (ATTEMPTS, _INT.pack(next_attempt)),
+        (BACKOFF_TIMESTAMP, _java_big_integer(due_ms)),
+        (ORIGINAL_TIMESTAMP, _java_big_integer(record.timestamp)),
+    ]
+    return headers
+
+
+def parse_hop(record: Record) -> RetryHop | None:
+    """The input record behind ``record`` (consumed from a retry topic); None if it carries no hop headers."""
+    headers = record.headers
+    last = {k: v for k, v in headers if v is not None}
+    attempt_raw = last.get(ATTEMPTS)
+    info = parse_dead_letter_headers(headers)
+    if attempt_raw is None or info.original_topic is None or info.original_partition is None:
+        return None
+    own = [(k, v) for k, v in headers if not k.startswith(_RETRY_PREFIX) and not k.startswith(_DLT_PREFIXES)]
+    timestamp = _number(last.get(ORIGINAL_TIMESTAMP))
+    original = Record(
+        info.original_topic,
+        info.original_partition,
+        info.original_offset if info.original_offset is not None else -1,
+        record.key,
+        record.value,
+        own,
+        timestamp if timestamp is not None else (info.original_timestamp or -1),
+        info.original_timestamp_type or "CreateTime",
+        attempt=_number(attempt_raw) or 1,
+        raw_key=record.raw_key,
+        raw_value=record.raw_value,
+    )
+    return RetryHop(original, _number(last.get(BACKOFF_TIMESTAMP)) or 0)
