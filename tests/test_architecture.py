@@ -275,15 +275,75 @@ def test_no_function_is_longer_than_80_lines() -> None:
 
 def test_the_runner_interface_is_public_under_the_name_the_docs_use() -> None:
     # docs/ARCHITECTURE.md types a custom runner on `kafkatx.Unit`; TransactionUnit is what a container passes.
+    import inspect
+    import typing
+
     import kafkatx
+    from kafkatx.listener import host
     from kafkatx.listener.host import Unit
 
     assert kafkatx.Unit is Unit and "Unit" in kafkatx.__all__
+    roles = [cls for cls in Unit.__mro__ if cls.__module__ == host.__name__ and cls is not Unit]
+    assert roles and all(typing.Protocol in cls.__bases__ for cls in roles), "Unit is its role ports together"
     members = [
-        name for name, v in vars(Unit).items() if not name.startswith("_") and (callable(v) or isinstance(v, property))
+        name
+        for role in roles
+        for name, v in [*vars(role).items(), *dict.fromkeys(inspect.get_annotations(role)).items()]
+        if not name.startswith("_") and (v is None or callable(v) or isinstance(v, property))
     ]
-    assert members, "the protocol names the unit's methods"
+    assert {"messages", "outputs", "records", "transact", "recover", "seek", "publish", "stopping"} <= set(members)
     assert [name for name in members if not hasattr(kafkatx.TransactionUnit, name)] == []
+
+
+#: A port says what one role needs (docs/ARCHITECTURE.md); past a dozen members it is several roles.
+MAX_PORT_MEMBERS = 12
+
+
+def _declared_members(cls: ast.ClassDef) -> list[str]:
+    """The members a class body declares itself: its methods, properties and annotated attributes (a
+    ``TYPE_CHECKING`` block's too); what it inherits is not counted."""
+    names: dict[str, None] = {}
+    body = list(cls.body)
+    while body:
+        stmt = body.pop(0)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[stmt.name] = None  # a property's setter is the same member
+        elif isinstance(stmt, ast.AnnAssign):
+            names[ast.unparse(stmt.target)] = None
+        elif isinstance(stmt, ast.If):
+            body[:0] = [*stmt.body, *stmt.orelse]
+    return list(names)
+
+
+def _ports(path: Path) -> dict[str, list[str]]:
+    """Each Protocol class of ``path`` (by name) and the members it declares itself."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name: _declared_members(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base).split("[")[0].split(".")[-1] == "Protocol" for base in node.bases)
+    }
+
+
+def test_every_port_of_the_listener_is_small() -> None:
+    # The ports by role (listener/host.py, and the composites helpers declare next to them): each at most a
+    # dozen members; a composite of roles (ContainerHost, Unit...) declares none of its own.
+    host = _ports(SRC / "listener" / "host.py")
+    assert {"ContainerHost", "TransactionHost", "Unit", "ListenerSettings", "ContainerIdentity"} <= set(host)
+    assert {name: host[name] for name in ("ContainerHost", "TransactionHost", "Unit", "ListenerSettings")} == {
+        "ContainerHost": [],
+        "TransactionHost": [],
+        "Unit": [],
+        "ListenerSettings": [],
+    }, "a composite of roles declares nothing of its own"
+    ports = {
+        f"{path.relative_to(SRC)}:{name}": members
+        for path in sorted((SRC / "listener").rglob("*.py"))
+        for name, members in _ports(path).items()
+    }
+    too_big = {name: members for name, members in ports.items() if len(members) > MAX_PORT_MEMBERS}
+    assert not too_big, f"split these ports by role (at most {MAX_PORT_MEMBERS} members each): {too_big}"
 
 
 def test_no_function_is_more_complex_than_the_lint_settings_allow() -> None:

@@ -1,10 +1,10 @@
 """A fake container host and a fake transactional producer: the listener's helpers without a broker.
 
-:class:`FakeHost` implements :class:`kafkatx.listener.host.ContainerHost` the
-way the container does (seeks, pauses, deferrals and commits are recorded
-instead of reaching a consumer); :class:`FakeProducer` records every
-transactional call, keeps what committed transactions produced and
-committed, and raises on demand.
+:class:`FakeHost` implements :class:`kafkatx.listener.host.ContainerHost`
+(every role of the container) the way the container does (seeks, pauses,
+deferrals and commits are recorded instead of reaching a consumer);
+:class:`FakeProducer` records every transactional call, keeps what committed
+transactions produced and committed, and raises on demand.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from kafkatx.listener.failure.crash_guard import CrashGuard
 from kafkatx.listener.failure.outage import ListenerOutage
 from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.listener.host import ClaimKeeper, ListenerSettings, ProducerReactions
+from kafkatx.listener.loop.brokers import BrokerWatch
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.spec import ListenerSpec, build_spec
 from kafkatx.listener.transaction.unit import TransactionUnit
@@ -197,7 +198,7 @@ class FakeConsumer:
 
 
 class FakeHost:
-    """A listener container without threads, consumer or broker (implements ContainerHost)."""
+    """A listener container without threads, consumer or broker (implements ContainerHost: every role)."""
 
     def __init__(self, spec: ListenerSpec, producer: FakeProducer | None = None) -> None:
         self._spec = spec
@@ -211,6 +212,7 @@ class FakeHost:
         self.assigned: set[TP] = {(t, 0) for t in spec.topics}
         self.database: DatabaseSession | None = None
         self.polled_at = time.monotonic()  # just polled: the runner handles what is left from memory
+        self.brokers = BrokerWatch(self.name, self.worker, "fake:9092", self.publish)
         self.transaction_budget = 3600.0
         self.fence_hold = 5.0
         self.max_producer_recreations = 10
@@ -244,6 +246,9 @@ class FakeHost:
     @property
     def consumer_config(self) -> Mapping[str, Any]:
         return {"group.instance.id": "fake-instance"}
+
+    def mark_polled(self) -> None:
+        self.polled_at = time.monotonic()
 
     def publish(self, event: Event) -> None:
         self.events.append(event)

@@ -248,8 +248,10 @@ def test_the_hold_pauses_the_containers_partitions_and_seeks_back_what_was_fetch
     assert not hold.poll(handled.append), "no outage: the container polls as usual"
     outage.report(0, ConnectionError("down"), _record(5))
     consumer.fetched = messages(b"x", b"y", start=7)
+    host.polled_at = 0.0
     assert hold.poll(handled.append)
     assert consumer.paused == {IN, ("in", 1)} and handled == []
+    assert host.polled_at > 0.0, "the held poll is noted on the container (mark_polled): /livez sees it polling"
     assert host.seeks == [(IN, 7)], "fetched before the pause: they come again after it"
     clock.now += 1.0
     consumer.fetched = messages(b"w", start=5)

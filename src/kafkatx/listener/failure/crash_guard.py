@@ -33,7 +33,7 @@ from kafkatx.client.offsets import TP
 from kafkatx.errors import ProcessCrashedError, RecoveryError
 from kafkatx.events import CrashSearchNarrowed, RecordRecovered
 from kafkatx.listener.failure.after_rollback import recovery_failed
-from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.host import HandlerFailure, TransactionHost
 from kafkatx.listener.transaction.positions import rewind
 from kafkatx.listener.transaction.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
@@ -49,7 +49,7 @@ log = logging.getLogger("kafkatx.container")
 class CrashGuard:
     """Claims, the search for a record that killed the process, and crash recovery of one container."""
 
-    def __init__(self, container: ContainerHost) -> None:
+    def __init__(self, container: TransactionHost) -> None:
         self._c = container
         self.enabled = container.spec.count_crashes
         self._owner = process_token()  # written into in-flight claims: our own claim found again is no crash

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import TopicPartition
 from tenacity import RetryCallState, Retrying
@@ -36,13 +36,19 @@ from tenacity import RetryCallState, Retrying
 from kafkatx.client.offsets import TP
 from kafkatx.errors import DependencyUnavailable, OutageTooLongError
 from kafkatx.events import Event, OutageEnded, OutageStarted
+from kafkatx.listener.host import (
+    ContainerFailureState,
+    ContainerIdentity,
+    ContainerLiveness,
+    ContainerMembership,
+    ContainerPositions,
+)
 from kafkatx.listener.transaction.positions import records_to_handle
 from kafkatx.rollback.classifier import cause_chain
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
 
-    from kafkatx.listener.host import ContainerHost
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.rollback.policy import FailurePolicy
 
@@ -307,6 +313,12 @@ class ListenerOutage:
         )
 
 
+class HeldHost(
+    ContainerIdentity, ContainerPositions, ContainerMembership, ContainerFailureState, ContainerLiveness, Protocol
+):
+    """What an outage hold uses of its container: its consumer, partitions and outage gate, and it notes its polls."""
+
+
 class OutageHold:
     """One container's side of :class:`ListenerOutage`: pauses its consumer's partitions while the listener waits.
 
@@ -315,7 +327,7 @@ class OutageHold:
     back, to come again once the listener resumes.
     """
 
-    def __init__(self, host: ContainerHost, consumer_error: Callable[[Message], None]) -> None:
+    def __init__(self, host: HeldHost, consumer_error: Callable[[Message], None]) -> None:
         self._host = host
         self._paused: set[TP] = set()
         #: The main loop's reaction to a consumer error from a poll (raises what ends the container, logs the rest):
@@ -335,7 +347,7 @@ class OutageHold:
             return False
         self._set_paused(host.assigned - admitted)
         msgs = consumer.consume(host.spec.max_batch_records, _HELD_POLL_S)
-        host.polled_at = time.monotonic()
+        host.mark_polled()
         keep = records_to_handle(host, msgs, self._consumer_error, host.paused_until, admitted)  # as the main loop
         if keep:
             handle(keep)

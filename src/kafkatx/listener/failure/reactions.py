@@ -23,7 +23,7 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -38,7 +38,7 @@ from kafkatx.errors import (
 )
 from kafkatx.errors.classification import ErrorClass, classify
 from kafkatx.events import KafkaErrorHandled, ProducerRecreated
-from kafkatx.listener.host import ContainerHost
+from kafkatx.listener.host import ContainerIdentity, ContainerMembership, ContainerPositions, ContainerTransactions
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ log = logging.getLogger("kafkatx.container")
 _FENCE_WINDOW_S = 60.0
 
 
+class ReactionsHost(ContainerIdentity, ContainerPositions, ContainerMembership, ContainerTransactions, Protocol):
+    """What the reactions use of their container: its positions, its consumer, its producers' limits, its events."""
+
+
 class KafkaErrorReactions:
     """The reactions of one container (its producers share the recreation budget).
 
@@ -59,7 +63,7 @@ class KafkaErrorReactions:
     it calls on these for what outlives the unit: the producer and the consumer's positions.
     """
 
-    def __init__(self, container: ContainerHost) -> None:
+    def __init__(self, container: ReactionsHost) -> None:
         self._c = container
         self._recreations: collections.deque[float] = collections.deque()
 

@@ -73,8 +73,9 @@ _CLOSE_DEADLINE_S = 10.0  # how long leaving the group may take at exit
 class ListenerContainer:
     """Runs one listener's consumer loop on its own thread.
 
-    It implements :class:`~kafkatx.listener.host.ContainerHost`, the services
-    its helpers (unit, crash guard, reactions, health checks) are written on.
+    It implements :class:`~kafkatx.listener.host.ContainerHost`, every role port
+    of the services its helpers (unit, crash guard, reactions, health checks)
+    are written on; each helper is typed on the roles it uses.
     """
 
     def __init__(
@@ -173,6 +174,11 @@ class ListenerContainer:
     def paused_until(self) -> Mapping[TP, float]:
         """The partitions kafkatx holds (a back-off, fencing), and until when (``time.monotonic()``)."""
         return self._paused_until
+
+    def mark_polled(self) -> None:
+        """The consumer just returned from a poll made outside the loop's own (the outage hold's, the overlapped
+        commit's): /livez times ``consume()`` from here."""
+        self.polled_at = time.monotonic()
 
     @property
     def max_producer_recreations(self) -> int:

@@ -10,18 +10,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP
-from kafkatx.listener.host import ContainerHost
+from kafkatx.listener.host import ContainerIdentity, ContainerLiveness, ContainerMembership, ContainerPositions
 
-__all__ = ["STALL_CHECK_S", "StallCheck", "UnassignedWatch", "no_partition_hint", "unassigned_grace"]
+__all__ = [
+    "STALL_CHECK_S",
+    "StallCheck",
+    "StallHost",
+    "UnassignedHost",
+    "UnassignedWatch",
+    "no_partition_hint",
+    "unassigned_grace",
+]
 
 log = logging.getLogger("kafkatx.container")
 
 STALL_CHECK_S = 30.0  # how often to look for assigned partitions that fetch nothing
+
+
+class StallHost(ContainerIdentity, ContainerMembership, ContainerPositions, Protocol):
+    """What the stall check reads of its container: its consumer and the partitions it owns and holds."""
 
 
 class StallCheck:
@@ -33,7 +45,7 @@ class StallCheck:
     high watermark librdkafka last saw (no network round trip).
     """
 
-    def __init__(self, container: ContainerHost) -> None:
+    def __init__(self, container: StallHost) -> None:
         self._c = container
         self._next = time.monotonic() + STALL_CHECK_S
         self._positions: dict[TP, int] = {}
@@ -87,10 +99,14 @@ def unassigned_grace(consumer_config: Mapping[str, Any]) -> float:
     return max(30.0, 2 * int(consumer_config.get("session.timeout.ms", 45_000)) / 1000.0)
 
 
+class UnassignedHost(ContainerIdentity, ContainerMembership, ContainerLiveness, Protocol):
+    """What the unassigned watch reads of its container: its consumer, its declaration, whether the cluster answers."""
+
+
 class UnassignedWatch:
     """Says so when a container has had no partition for a while, and what usually causes it."""
 
-    def __init__(self, container: ContainerHost, consumer_config: Mapping[str, Any]) -> None:
+    def __init__(self, container: UnassignedHost, consumer_config: Mapping[str, Any]) -> None:
         self._c = container
         self._grace = unassigned_grace(consumer_config)
         self.restart()

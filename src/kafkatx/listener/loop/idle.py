@@ -22,7 +22,7 @@ from kafkatx.events import ContainerIdle
 from kafkatx.listener.transaction.unit import commit_offsets
 
 if TYPE_CHECKING:
-    from kafkatx.listener.host import ContainerHost
+    from kafkatx.listener.host import TransactionHost
 
 __all__ = ["IDLE_FIXUP_S", "IdleDuties"]
 
@@ -34,7 +34,7 @@ IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction mar
 class IdleDuties:
     """The idle stage of one container: told of activity, run when a poll brought nothing."""
 
-    def __init__(self, host: ContainerHost, interval: float | None) -> None:
+    def __init__(self, host: TransactionHost, interval: float | None) -> None:
         self._host, self._interval = host, interval
         self._last_activity = self._last_idle_event = time.monotonic()
         self._positions_checked = True

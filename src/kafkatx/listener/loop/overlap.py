@@ -45,13 +45,20 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from kafkatx.client.offsets import TP
 from kafkatx.errors import UnknownTopicError
 from kafkatx.events import TransactionAborted, TransactionCommitted
 from kafkatx.listener.failure.failed_record import Abandoned
-from kafkatx.listener.host import ContainerHost, HandlerFailure
+from kafkatx.listener.host import (
+    ContainerHost,
+    HandlerFailure,
+    RecordUnit,
+    TransactionHost,
+    UnitProducer,
+    UnitTransaction,
+)
 from kafkatx.listener.runners.concurrent import InPlaceRecoveryFailed
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.positions import rewind
@@ -72,7 +79,7 @@ __all__ = ["CommitOverlap", "HeldBatch", "overlap_of"]
 log = logging.getLogger("kafkatx.container")
 
 #: ``runner.handle_ahead(unit, msgs)``: handles ``msgs`` into ``unit``; how many before the time budget ran out.
-HandleAhead = Callable[[TransactionUnit, Sequence[ConsumedMessage]], int]
+HandleAhead = Callable[[RecordUnit, Sequence[ConsumedMessage]], int]
 #: The record runner's signals of a failed record (HandlerFailure, InPlaceRecoveryFailed, Abandoned).
 _RUNNER_SIGNALS: tuple[type[BaseException], ...] = (HandlerFailure, InPlaceRecoveryFailed, Abandoned)
 
@@ -183,7 +190,7 @@ class CommitOverlap:
         stop = host.stop_event
         while len(polled) < want and not self._rebalanced and not producer.commit_returned() and not stop.is_set():
             polled.extend(consumer.consume(want - len(polled), 0.002))
-        host.polled_at = time.monotonic()
+        host.mark_polled()
         if any(m.error() is not None for m in polled):
             self._errors.extend(m for m in polled if m.error() is not None)
             polled = [m for m in polled if m.error() is None]
@@ -348,11 +355,15 @@ def _cut_short(unit: TransactionUnit) -> bool:
     return unit.sent_offsets.get((last.topic(), last.partition())) != last.offset() + 1
 
 
-def _not_ahead(unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
+def _not_ahead(unit: RecordUnit, msgs: Sequence[ConsumedMessage]) -> int:
     raise AssertionError("the overlapped commit is off")
 
 
-def _produce_held(unit: TransactionUnit, held: HeldBatch) -> None:
+class HeldCommit(UnitTransaction, UnitProducer, Protocol):
+    """What committing a held batch uses of its unit: the transaction's steps, and the producer's direct path."""
+
+
+def _produce_held(unit: HeldCommit, held: HeldBatch) -> None:
     """The held batch's transaction: its outputs in order (straight to confluent-kafka when it takes them)."""
     produced = produce_in_order(held.outputs, unit.direct, unit.produce)
     unit.outputs += produced
@@ -418,7 +429,7 @@ class _HoldingUnit(TransactionUnit):
 
     __slots__ = ("held", "held_offsets")
 
-    def __init__(self, host: ContainerHost, producer: TransactionalProducer, messages: list[ConsumedMessage]) -> None:
+    def __init__(self, host: TransactionHost, producer: TransactionalProducer, messages: list[ConsumedMessage]) -> None:
         self.held: list[PendingOutput] = []
         self.held_offsets: dict[TP, int] = {}
         # The hold has the producer methods the runner calls while handling (and no transactional ones).

@@ -38,7 +38,7 @@ from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.record import ConsumedMessage
 
 if TYPE_CHECKING:
-    from kafkatx.listener.host import ContainerHost
+    from kafkatx.listener.host import TransactionHost
 
 __all__ = ["MAX_COMMITS_UNDER_WAY", "PartitionTurns", "slices_runner"]
 
@@ -50,7 +50,7 @@ MAX_COMMITS_UNDER_WAY = 8
 class PartitionTurns:
     """Runs a poll's partition slices, each in its own transaction, overlapping their commits (see the module)."""
 
-    def __init__(self, host: ContainerHost, runner: RecordRunner) -> None:
+    def __init__(self, host: TransactionHost, runner: RecordRunner) -> None:
         self._host, self._runner = host, runner
         self._waiting: deque[list[ConsumedMessage]] = deque()
         self._under_way = 0
@@ -94,7 +94,7 @@ class PartitionTurns:
 
 
 def slices_runner(
-    host: ContainerHost, runner: object, overlap: CommitOverlap
+    host: TransactionHost, runner: object, overlap: CommitOverlap
 ) -> Callable[[list[list[ConsumedMessage]]], None]:
     """How a container runs a poll's partition slices: in turns whose commits overlap (a record runner without
     ``database=`` or the overlapped commit), else one after the other through the overlapped commit's loop."""

@@ -47,27 +47,34 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kafkatx.context import bind_sink
 from kafkatx.errors import InvalidConfigurationError, KafkaClientError, OutputError, RecoveryError
 from kafkatx.events import RecordRecovered
 from kafkatx.listener.failure.failed_record import Abandoned
-from kafkatx.listener.host import HandlerFailure
+from kafkatx.listener.host import (
+    BatchSettings,
+    FailureSettings,
+    HandlerFailure,
+    HandlerSettings,
+    UnitBooks,
+    UnitContainerState,
+    UnitRecovery,
+    UnitTransaction,
+)
 from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action, Verdict
-
-if TYPE_CHECKING:
-    from kafkatx.listener.host import ListenerSettings
-    from kafkatx.listener.transaction.unit import TransactionUnit
 
 log = logging.getLogger("kafkatx.container")
 
 __all__ = [
     "Abandoned",
     "ConcurrentDispatch",
+    "DispatchSettings",
+    "DispatchUnit",
     "InPlaceRecoveryFailed",
     "LaneSchedule",
     "NotAwaitedError",
@@ -153,6 +160,17 @@ class LaneSchedule:
         return self.running == 0 and (not self._ready or self._ready[0] >= self.cut)
 
 
+class DispatchSettings(HandlerSettings, BatchSettings, FailureSettings, Protocol):
+    """What the dispatch reads of the listener's declaration: the handler and its outputs, ``in_flight``,
+    ``ordering`` and ``is_async``, and ``retry``."""
+
+
+class DispatchUnit(UnitBooks, UnitContainerState, UnitTransaction, UnitRecovery, Protocol):
+    """What the dispatch uses of a unit: it produces the records' outputs in order, decides and recovers failures in
+    place (``retry="in_place"``), and stops starting records when the container stops. No positions: the runner
+    moves them."""
+
+
 class _Sink(list[PendingOutput]):
     """One record's outputs: what it ``send()``\\ s, then what it returns (encoded, in that order)."""
 
@@ -173,14 +191,14 @@ class ConcurrentDispatch:
     and (for a plain handler) its thread pool live as long as the container.
     """
 
-    def __init__(self, spec: ListenerSettings) -> None:
+    def __init__(self, spec: DispatchSettings) -> None:
         self.spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     # -- the runner's side ---------------------------------------------------------------
     def handle(
-        self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], budget: float
+        self, unit: DispatchUnit, msgs: Sequence[ConsumedMessage], budget: float
     ) -> tuple[int, HandlerFailure | None]:
         """Handle ``msgs`` in the open transaction; return how many of them (a prefix) are done, and the failure
         of the record right after that prefix, if one failed (every record before it done and produced).
@@ -268,7 +286,7 @@ class ConcurrentDispatch:
             collect_outputs(result, spec.output, spec.serializer, spec.name, sink)
         return sink
 
-    def start(self, record: Record, unit: TransactionUnit | None = None) -> asyncio.Future[Any]:
+    def start(self, record: Record, unit: DispatchUnit | None = None) -> asyncio.Future[Any]:
         """Start handling ``record`` on the loop (a task) or the pool (a future of the loop).
 
         With ``unit`` and ``retry="in_place"``, a failed attempt is retried (or left to recover) in the task.
@@ -286,7 +304,7 @@ class ConcurrentDispatch:
         future: asyncio.Future[list[PendingOutput]] = loop.run_in_executor(self._pool, self.call, record)
         return future
 
-    async def _in_place(self, unit: TransactionUnit, record: Record) -> list[PendingOutput] | _Recover:
+    async def _in_place(self, unit: DispatchUnit, record: Record) -> list[PendingOutput] | _Recover:
         """``retry="in_place"``: attempts of ``record`` until one succeeds, or the policy says to recover it.
 
         The decisions are taken on the loop's thread (the container's), as the
@@ -323,7 +341,7 @@ class ConcurrentDispatch:
         return loop
 
 
-def in_place_verdict(unit: TransactionUnit, record: Record, error: BaseException) -> tuple[Verdict, int]:
+def in_place_verdict(unit: DispatchUnit, record: Record, error: BaseException) -> tuple[Verdict, int]:
     """A failed in-place attempt of ``record``: decided by :func:`~kafkatx.rollback.decision.decide_failure`,
     with the failures so far. Abandoned is raised when the container stops; on a retry the caller waits."""
     verdict = decide_failure(unit, record, error)
@@ -373,7 +391,7 @@ class _BatchRun:
     """One pass of a unit's records through a :class:`LaneSchedule`, driven by completions on the loop."""
 
     def __init__(
-        self, dispatch: ConcurrentDispatch, unit: TransactionUnit, msgs: Sequence[ConsumedMessage], budget: float
+        self, dispatch: ConcurrentDispatch, unit: DispatchUnit, msgs: Sequence[ConsumedMessage], budget: float
     ) -> None:
         self._dispatch, self._unit, self._msgs = dispatch, unit, msgs
         self._deadline = time.perf_counter() + budget

@@ -43,7 +43,7 @@ import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from sys import getrefcount
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.client.offsets import TP, next_offsets
 from kafkatx.context import bind_sink
@@ -51,7 +51,17 @@ from kafkatx.errors import KafkaClientError
 from kafkatx.events import TransactionCommitted
 from kafkatx.listener.failure.after_rollback import Replay, after_rollback, recovery_failed
 from kafkatx.listener.failure.failed_record import Abandoned, CallAgain, Hold, retry_recovery, settle_failure
-from kafkatx.listener.host import ContainerHost, HandlerFailure, UntracedRoots
+from kafkatx.listener.host import (
+    ContainerIdentity,
+    ContainerLiveness,
+    ContainerTransactions,
+    HandlerFailure,
+    RecordUnit,
+    Unit,
+    UnitContainerState,
+    UnitProducer,
+    UntracedRoots,
+)
 from kafkatx.listener.runners.concurrent import (
     ConcurrentDispatch,
     InPlaceRecoveryFailed,
@@ -63,11 +73,10 @@ from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageR
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
-    from kafkatx.listener.transaction.unit import TransactionUnit
     from kafkatx.rollback.processor import AfterRollbackProcessor
     from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["RecordRunner"]
+__all__ = ["RecordRunner", "RunnerHost"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -106,10 +115,16 @@ class _Cut:
         return None if hold is None else cls(hold)
 
 
-class RecordRunner:
-    """``runner(unit)`` for record listeners (one handler call per record)."""
+class RunnerHost(ContainerIdentity, ContainerLiveness, ContainerTransactions, Protocol):
+    """What the record runner uses of its container: the declaration, the time budget and the last poll's time,
+    the database (a connection that died under a handler is an outage)."""
 
-    def __init__(self, container: ContainerHost, processor: AfterRollbackProcessor) -> None:
+
+class RecordRunner:
+    """``runner(unit)`` for record listeners (one handler call per record), on the unit and its producer
+    (:class:`~kafkatx.listener.host.RecordUnit`: the hot path produces through it)."""
+
+    def __init__(self, container: RunnerHost, processor: AfterRollbackProcessor) -> None:
         self._c = container
         self.spec = container.spec
         self.processor = processor
@@ -127,7 +142,7 @@ class RecordRunner:
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
         self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
-    def __call__(self, unit: TransactionUnit, raised: BaseException | None = None) -> None:
+    def __call__(self, unit: RecordUnit, raised: BaseException | None = None) -> None:
         """Run ``unit``'s records in transactions. ``raised``: what handling them ahead of a commit raised
         (listener/loop/overlap.py, nothing produced), taken as if its transaction had raised it."""
         msgs = unit.messages
@@ -150,7 +165,7 @@ class RecordRunner:
 
     def _signalled(
         self,
-        unit: TransactionUnit,
+        unit: Unit,
         msgs: list[ConsumedMessage],
         signal: HandlerFailure | InPlaceRecoveryFailed | Abandoned,
     ) -> list[ConsumedMessage]:
@@ -166,7 +181,7 @@ class RecordRunner:
             unit.rewind()
         return []
 
-    def _committed(self, unit: TransactionUnit, msgs: list[ConsumedMessage], started: float) -> list[ConsumedMessage]:
+    def _committed(self, unit: Unit, msgs: list[ConsumedMessage], started: float) -> list[ConsumedMessage]:
         """The transaction committed (all of ``msgs``, or those before a cut or the end of its time): the records to
         run next, from memory (none: the rest, if any, is fetched again)."""
         stopped_at, cut = self._stopped_at, self._taken_cut()
@@ -196,7 +211,7 @@ class RecordRunner:
         """True while the poll is recent enough for its records to be handled from memory (not fetched again)."""
         return time.monotonic() - self._c.polled_at < self._c.transaction_budget
 
-    def _after_cut(self, unit: TransactionUnit, msgs: list[ConsumedMessage], cut: _Cut) -> list[ConsumedMessage]:
+    def _after_cut(self, unit: Unit, msgs: list[ConsumedMessage], cut: _Cut) -> list[ConsumedMessage]:
         """The transaction before a failed record committed: hold its partition, or hand it over; the records to
         handle next, from memory (none: they were sought back)."""
         rest = msgs[cut.index :]
@@ -235,7 +250,7 @@ class RecordRunner:
         """True unless records are handled concurrently (``in_flight > 1`` or an ``async def`` handler)."""
         return self._dispatch is None
 
-    def handle_ahead(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> int:
+    def handle_ahead(self, unit: RecordUnit, msgs: Sequence[ConsumedMessage]) -> int:
         """Handle ``msgs`` into ``unit``, which holds their outputs (the overlapped commit, listener/loop/overlap.py).
 
         Returns how many were handled before the transaction's time budget ran out, or before a record that
@@ -260,7 +275,7 @@ class RecordRunner:
         finally:
             self._stopped_at, self._cut = stopped_at, cut
 
-    def _dispatched(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
+    def _dispatched(self, unit: Unit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` concurrently (listener/runners/concurrent.py); a prefix of them may be all that commits."""
         assert self._dispatch is not None
         handled, failure = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
@@ -298,7 +313,7 @@ class RecordRunner:
             bind_sink(previous)
 
     # -- the hot path ------------------------------------------------------------------
-    def _handle(self, unit: TransactionUnit, msgs: Sequence[ConsumedMessage]) -> None:
+    def _handle(self, unit: RecordUnit, msgs: Sequence[ConsumedMessage]) -> None:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
         buf = self._buffer
         emitters = self._emitters(unit)
@@ -316,7 +331,7 @@ class RecordRunner:
 
     def _handle_records(
         self,
-        unit: TransactionUnit,
+        unit: RecordUnit,
         msgs: Sequence[ConsumedMessage],
         emitters: ResultEmitters,
         handler: Callable[[Record], Any],
@@ -382,7 +397,7 @@ class RecordRunner:
 
     def _failed(
         self,
-        unit: TransactionUnit,
+        unit: Unit,
         record: Record,
         error: BaseException,
         index: int,
@@ -428,7 +443,7 @@ class RecordRunner:
             buf.clear()
             error = again
 
-    def _aborts_for(self, unit: TransactionUnit, error: BaseException) -> bool:
+    def _aborts_for(self, unit: UnitContainerState, error: BaseException) -> bool:
         """True if ``error`` is no record's failure and must undo the whole transaction: an outage (the listener
         waits), a declaration error. With ``database=``, a connection that died under the handler raises the
         outage itself (:class:`~kafkatx.database.session.DatabaseUnavailableError`)."""
@@ -440,7 +455,7 @@ class RecordRunner:
             raise unavailable
         return False
 
-    def _emitters(self, unit: TransactionUnit) -> ResultEmitters:
+    def _emitters(self, unit: UnitProducer) -> ResultEmitters:
         """The transaction's emit functions, over an empty buffer that holds a record's ``send()``\\ s and
         iterable's items until its handler returned."""
         buf = self._buffer

@@ -22,7 +22,7 @@ from kafkatx.record import to_record
 
 if TYPE_CHECKING:
     from kafkatx.client.producer import TransactionalProducer
-    from kafkatx.listener.host import ContainerHost
+    from kafkatx.listener.host import TransactionHost
     from kafkatx.outputs import PendingOutput
     from kafkatx.record import ConsumedMessage
 
@@ -37,7 +37,7 @@ class DatabaseSteps:
     __slots__ = ()
 
     # Provided by TransactionUnit.
-    _c: ContainerHost
+    _c: TransactionHost
     _producer: TransactionalProducer
     messages: list[ConsumedMessage]
     listener: str

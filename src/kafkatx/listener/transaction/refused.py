@@ -46,18 +46,23 @@ unit of several records stops the container, the error saying so.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from kafkatx.client.offsets import first_offsets
 from kafkatx.errors import InvalidConfigurationError, OutputRefusedError
-from kafkatx.listener.host import ClaimKeeper, HandlerFailure, Unit
+from kafkatx.listener.host import ClaimKeeper, HandlerFailure, UnitBooks, UnitPositions, UnitRecords, UnitTransaction
 
-__all__ = ["blame_refused_output"]
+__all__ = ["RefusedUnit", "blame_refused_output"]
 
 log = logging.getLogger("kafkatx.container")
 
 
+class RefusedUnit(UnitRecords, UnitBooks, UnitTransaction, UnitPositions, Protocol):
+    """What blaming a refused output uses of its unit: its records, the abort, the rewind, the listener's name."""
+
+
 def blame_refused_output(
-    unit: Unit, guard: ClaimKeeper, exc: OutputRefusedError, records: int
+    unit: RefusedUnit, guard: ClaimKeeper, exc: OutputRefusedError, records: int
 ) -> HandlerFailure | None:
     """React to ``exc`` refusing an output of ``unit``'s open transaction (``records`` records in it).
 

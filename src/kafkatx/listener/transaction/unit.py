@@ -47,7 +47,7 @@ from kafkatx.errors import (
     TransactionAbortableError,
 )
 from kafkatx.events import Event, TransactionAborted
-from kafkatx.listener.host import ContainerHost, HandlerFailure, ListenerGate, ListenerSettings
+from kafkatx.listener.host import HandlerFailure, ListenerGate, ListenerSettings, TransactionHost, UnitProducer
 from kafkatx.listener.transaction.database_steps import DatabaseSteps
 from kafkatx.listener.transaction.positions import rewind
 from kafkatx.listener.transaction.refused import blame_refused_output
@@ -83,7 +83,7 @@ class TransactionUnit(DatabaseSteps):
     """One slice of consumed records, the transactional producer that owns them, and the container's services.
 
     It implements :class:`~kafkatx.listener.host.Unit` (the interface runners are written on) over a
-    :class:`~kafkatx.listener.host.ContainerHost`.
+    :class:`~kafkatx.listener.host.TransactionHost` (the container's roles but liveness).
 
     Attributes: ``messages`` (the consumed ``confluent_kafka.ConsumedMessage``\\ s, in
     partition order), ``spec`` (the listener's declaration), ``policy`` (its
@@ -111,7 +111,7 @@ class TransactionUnit(DatabaseSteps):
 
     def __init__(
         self,
-        container: ContainerHost,
+        container: TransactionHost,
         producer: TransactionalProducer,
         messages: list[ConsumedMessage],
         ahead: CommitAhead | None = None,
@@ -503,7 +503,7 @@ class _DirectSink:
 
     __slots__ = ("_unit", "serializer", "_errors", "held", "_hold")
 
-    def __init__(self, unit: TransactionUnit, serializer: Any, *, hold: bool = False) -> None:
+    def __init__(self, unit: UnitProducer, serializer: Any, *, hold: bool = False) -> None:
         self._unit, self.serializer = unit, serializer
         self._errors: list[str] = []
         #: With ``hold``: what was sent, produced once the recoverer returned (see TransactionUnit.recover).
@@ -540,7 +540,7 @@ class _DirectSink:
 
 
 def commit_offsets(
-    host: ContainerHost,
+    host: TransactionHost,
     offsets: Mapping[TP, int],
     *,
     what: str,
