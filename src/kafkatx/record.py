@@ -83,7 +83,7 @@ class Record:
 _TS_TYPES = ("NoTimestampType", "CreateTime", "LogAppendTime")
 
 
-class _MessageRecord(Record):
+class MessageRecord(Record):
     """A :class:`Record` that reads headers and timestamp from the Message on demand.
 
     The container builds one per consumed record, so its construction is on
@@ -99,8 +99,9 @@ class _MessageRecord(Record):
     (see ``UNSHARED_REFCOUNT``): a record a handler keeps is never changed.
     """
 
-    __slots__ = ("_msg",)
-    _msg: ConsumedMessage
+    __slots__ = ("message",)
+    #: The consumed Message the record reads from (the record runner refills it); handlers read the fields.
+    message: ConsumedMessage
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Record:  # type: ignore[misc]
         # dataclasses.replace() and copy() call the class with every field: give them a plain Record.
@@ -108,23 +109,23 @@ class _MessageRecord(Record):
 
     @property
     def headers(self) -> Headers:  # type: ignore[override]  # read-only view of the field
-        return self._msg.headers() or []
+        return self.message.headers() or []
 
     @property
     def timestamp(self) -> int:  # type: ignore[override]  # read-only view of the field
-        return self._msg.timestamp()[1]
+        return self.message.timestamp()[1]
 
     @property
     def raw_key(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
-        return self._msg.key()
+        return self.message.key()
 
     @property
     def raw_value(self) -> bytes | None:  # type: ignore[override]  # read-only view of the field
-        return self._msg.value()
+        return self.message.value()
 
     @property
     def timestamp_type(self) -> str:  # type: ignore[override]  # read-only view of the field
-        ts_type = self._msg.timestamp()[0]
+        ts_type = self.message.timestamp()[0]
         return _TS_TYPES[ts_type] if 0 <= ts_type < 3 else "CreateTime"
 
     def _fields(self) -> tuple[Any, ...]:
@@ -153,7 +154,7 @@ _COMPARED = tuple(f.name for f in fields(Record) if f.compare)
 
 
 def _unshared_refcount() -> int:
-    record = _new_message_record(_MessageRecord)
+    record = _new_message_record(MessageRecord)
     return getrefcount(record)
 
 
@@ -168,8 +169,8 @@ UNSHARED_REFCOUNT = _unshared_refcount() if sys.implementation.name == "cpython"
 
 def message_record(msg: ConsumedMessage, topic: str, partition: int, offset: int, attempt: int) -> Record:
     """A :class:`Record` over ``msg`` whose coordinates the caller has already read."""
-    record: _MessageRecord = _new_message_record(_MessageRecord)
-    record._msg = msg
+    record: MessageRecord = _new_message_record(MessageRecord)
+    record.message = msg
     record.topic, record.partition, record.offset, record.attempt = topic, partition, offset, attempt
     record.key, record.value = msg.key(), msg.value()
     return record

@@ -69,7 +69,7 @@ from kafkatx.listener.runners.concurrent import (
     refuse_awaitable,
 )
 from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
-from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, Record, _MessageRecord
+from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, MessageRecord, Record
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
@@ -356,7 +356,7 @@ class RecordRunner:
                 # record.message_record(), inlined: the last record is refilled unless held (UNSHARED_REFCOUNT)
                 if getrefcount(record) > unshared:
                     record = _fresh_record()
-                record._msg, record.offset = msg, offset
+                record.message, record.offset = msg, offset
                 record.topic, record.partition = topic, partition
                 record.key, record.value = msg.key(), msg.value()
                 error = cut = None
@@ -498,7 +498,7 @@ def _records_to_next_check(started: float, budget: float, handled: int, total: i
 def _fresh_record() -> Any:
     """A record for the runner to fill (``record.message_record()`` without a Message yet): attempt 1, as it stays
     unless some record is failing."""
-    record = object.__new__(_MessageRecord)
+    record = object.__new__(MessageRecord)
     record.attempt = 1
     return record
 
@@ -540,7 +540,7 @@ def _transaction_handler(
 
     def sampled(record: Record) -> Any:
         nonlocal skip
-        if skip and not record._msg.headers():  # type: ignore[attr-defined]  # a root record the sampler leaves out
+        if skip and not record.message.headers():  # type: ignore[attr-defined]  # a root record the sampler leaves out
             skip -= 1
             return untraced(record)
         result = handler(record)
