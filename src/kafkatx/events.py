@@ -35,6 +35,8 @@ __all__ = [
     "OutageStarted",
     "OutageEnded",
     "CrashSearchNarrowed",
+    "LastStableOffsetStuck",
+    "LastStableOffsetReleased",
     "EventBus",
 ]
 
@@ -185,6 +187,32 @@ class CrashSearchNarrowed(Event):
     partition: int = 0
     start: int = 0
     end: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LastStableOffsetStuck(Event):
+    """A partition of a topic the App writes has a last stable offset that does not move: a transaction left open
+    at ``last_stable_offset`` holds read_committed readers there, below ``high_watermark``, for ``seconds`` so far
+    (longer than the App's transaction timeout plus a margin). ``listener`` names the listener(s) that write the
+    topic (joined by ","), ``worker`` is 0; published from the App's check thread (kafkatx.health.stable_offsets)."""
+
+    topic: str = ""
+    partition: int = 0
+    last_stable_offset: int = 0
+    high_watermark: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LastStableOffsetReleased(Event):
+    """The last stable offset of a partition that was stuck (:class:`LastStableOffsetStuck`) moved again, to
+    ``last_stable_offset``, after ``seconds`` (the open transaction ended)."""
+
+    topic: str = ""
+    partition: int = 0
+    last_stable_offset: int = 0
+    high_watermark: int = 0
+    seconds: float = 0.0
 
 
 E = TypeVar("E", bound=Event)

@@ -32,6 +32,7 @@ from kafkatx.errors import (
 )
 from kafkatx.events import Event, EventBus
 from kafkatx.health.checks import DEFAULT_NOT_READY_AFTER, check_health_options
+from kafkatx.health.stable_offsets import StableOffsetWatch
 from kafkatx.listener.failure.outage import ListenerOutage
 from kafkatx.listener.loop.container import ListenerContainer
 from kafkatx.listener.options import (
@@ -164,6 +165,8 @@ class App:
         #: On the embedded broker: the check for static members left behind by killed processes.
         self._stale_members: StaleMemberWatch | None = None
         self.events = EventBus()
+        #: While running: the check of the written topics' last stable offsets (health/stable_offsets.py).
+        self.stable_offsets = StableOffsetWatch(self.events.publish)
         self.listeners: list[ListenerSpec] = []
         self.containers: list[ListenerContainer] = []
         #: Per listener name: its outage state, shared by its containers (and app.pause/resume).
@@ -375,6 +378,7 @@ class App:
             self._stale_members = watch_for_stale_members(
                 self.client_config.base_config(), self.resolved_bootstrap_servers(), self.cluster_id, self.containers
             )
+            self.stable_offsets.start(self.client_config, self.listeners)
         log.info("app %s started %d container(s), instance %s", self.name, len(self.containers), self.instance_id)
 
     def _app_tracing(self) -> Tracing | None:
@@ -460,6 +464,7 @@ class App:
                         c.name,
                         f": blocked in {c.blocked_in()}" if c.blocked_in() else "",
                     )
+        self.stable_offsets.stop(wait=wait)  # after the containers: a check under way must not delay them
         self._transactions.close()  # app.transaction()'s producers
         with self._lock:
             if all(not c.alive for c in self.containers):

@@ -21,6 +21,7 @@ from kafkatx._served import ServedEndpoint
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.health.checks import Verdict, check_health_options, liveness, readiness
 from kafkatx.health.snapshot import ContainerView, HealthSource, listener_states
+from kafkatx.health.stable_offsets import StableOffsetWatch
 from kafkatx.metrics.lag import InstrumentedApp, MeteredContainer
 
 if TYPE_CHECKING:
@@ -108,11 +109,25 @@ def app_routes(app: HealthApp, metrics: Callable[[], bytes] | None = None) -> di
     """The routes of an App's endpoint: its probes, and ``/metrics`` when ``metrics`` gives an exposition."""
     routes: dict[str, Callable[[], Response]] = {
         "/livez": lambda: verdict_response(liveness(listener_states(app))),
-        "/readyz": lambda: verdict_response(readiness(listener_states(app), app.not_ready_after)),
+        "/readyz": lambda: verdict_response(_readiness_of(app)),
     }
     if metrics is not None:
         routes["/metrics"] = lambda: (200, "text/plain; version=0.0.4; charset=utf-8", metrics())
     return routes
+
+
+def _readiness_of(app: HealthApp) -> Verdict:
+    """``/readyz``'s verdict, its body also naming the written partitions whose last stable offset is stuck.
+
+    Named only: a stuck partition never makes the App not ready (it can still process; what holds its readers
+    back is another producer's open transaction), and it is reported by a metric, an event and a warning.
+    """
+    verdict = readiness(listener_states(app), app.not_ready_after)
+    watch: StableOffsetWatch | None = getattr(app, "stable_offsets", None)
+    stuck = watch.stuck() if watch is not None else []
+    if stuck:
+        verdict.body["last_stable_offset_stuck"] = [partition.as_json() for partition in stuck]
+    return verdict
 
 
 def _metrics_of(app: HealthApp) -> Callable[[], bytes] | None:

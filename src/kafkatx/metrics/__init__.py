@@ -137,6 +137,12 @@ class _Families:
         self.unreachable = gauge(
             "kafkatx_cluster_unreachable", "1 while no broker of the cluster answers the listener's container"
         )
+        self.lso_stuck = gauge(
+            "kafkatx_last_stable_offset_stuck_seconds",
+            "Seconds the last stable offset of a partition the listener writes has not moved while below its high "
+            "watermark, once longer than the transaction timeout plus a margin (a transaction left open); else 0",
+            ("topic", "partition"),
+        )
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, _Families] = weakref.WeakKeyDictionary()
@@ -178,6 +184,9 @@ class Metrics:
         on(ClusterUnreachable, lambda event: self._f.unreachable.labels(*self._labels(event)).set(1))
         on(ClusterReachable, lambda event: self._f.unreachable.labels(*self._labels(event)).set(0))
         lag.add_sink(self._lag_update)
+        watch = getattr(app, "stable_offsets", None)  # an App's check of its written topics (health/stable_offsets.py)
+        if watch is not None:
+            watch.add_sink(self._stuck_update)
 
     @property
     def app(self) -> InstrumentedApp | None:
@@ -257,6 +266,16 @@ class Metrics:
                 pass
         else:
             self._f.lag.labels(*labels).set(lag)
+
+    def _stuck_update(self, listener: str, topic: str, partition: int, seconds: float | None) -> None:
+        labels = (self._app_name, listener, topic, str(partition))
+        if seconds is None:
+            try:
+                self._f.lso_stuck.remove(*labels)
+            except KeyError:
+                pass
+        else:
+            self._f.lso_stuck.labels(*labels).set(seconds)
 
     def total_lag(self) -> int | None:
         """Sum of the App's consumer lag over all partitions (None until statistics arrive)."""
