@@ -50,12 +50,16 @@ def _python_blocks() -> list[tuple[str, str]]:
 def _signature_of(call: ast.Call) -> inspect.Signature | None:
     """The signature a snippet's call must match, for the kafkatx calls worth checking."""
     from kafkatx import App
-    from kafkatx.listener.options import LISTENER_DEFAULTS, SparkListenerOptions
+    from kafkatx.listener.options import LISTENER_DEFAULTS, BatchListenerOptions, SparkListenerOptions
 
     func = call.func
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    if name in ("listener", "spark_listener"):
-        keys = LISTENER_DEFAULTS if name == "listener" else SparkListenerOptions.__annotations__
+    if name in ("listener", "spark_listener", "batch_listener"):
+        keys = {
+            "listener": LISTENER_DEFAULTS,
+            "spark_listener": SparkListenerOptions.__annotations__,
+            "batch_listener": BatchListenerOptions.__annotations__,
+        }[name]
         return inspect.Signature([inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in keys])
     if name == "App":
         return inspect.signature(App)

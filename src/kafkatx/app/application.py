@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
+from kafkatx.app.batch_listeners import BatchListeners
 from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
 from kafkatx.app.heap import StartupFreeze
 from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
@@ -79,7 +80,7 @@ class _ClientSetting(Generic[T]):
         setattr(app.client_config, self._name, value)
 
 
-class App:
+class App(BatchListeners):
     """A kafkatx application.
 
     ``name`` is the default group.id and transactional.id prefix.
@@ -393,7 +394,7 @@ class App:
     def _traced(self, spec: ListenerSpec, worker: int) -> ListenerSpec:
         """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
         tracing = self._app_tracing()
-        if tracing is None:
+        if tracing is None or spec.kind == "batch":  # record spans wrap record handlers; a batch's are left out
             return spec
         handler = tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
         return replace(

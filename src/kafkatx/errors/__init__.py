@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from kafkatx.record import Record
 
 __all__ = [
+    "RecordFailedError",
     "KafkaTxError",
     "KafkaClientError",
     "RetriableError",
@@ -323,6 +324,22 @@ class DependencyUnavailable(KafkaTxError):
     once the dependency answers (see the listener's ``outages`` option, for
     the exception types that mean the same without being raised as this).
     """
+
+
+class RecordFailedError(KafkaTxError):
+    """Raise it from a batch listener's handler to name the record that failed:
+    ``raise kafkatx.RecordFailedError(record) from err`` (Spring's ``BatchListenerFailedException``).
+
+    The records before it are handled again without it and commit; it goes
+    through the failed-record procedure alone (counted, retried after the
+    back-off with its own ``attempt``, then recovered), judged on ``err``, the
+    cause; the records after it are handled afterwards (docs/BATCH.md).
+    """
+
+    def __init__(self, record: Any, message: str | None = None) -> None:
+        where = getattr(record, "coordinates", None) or repr(record)
+        super().__init__(message or f"the batch handler failed on {where}")
+        self.record = record
 
 
 class OutputError(KafkaTxError, TypeError):

@@ -23,6 +23,7 @@ from kafkatx.recoverers import Recoverer
 __all__ = [
     "ListenerOptions",
     "SparkListenerOptions",
+    "BatchListenerOptions",
     "LISTENER_DEFAULTS",
     "check_option_names",
     "signature_with_options",
@@ -83,6 +84,19 @@ class ListenerOptions(_SharedOptions, total=False):
 class SparkListenerOptions(_SharedOptions, total=False):
     """Keyword options of ``@app.spark_listener``: the listener's, minus per-record ones, plus ``max_bisect_jobs``."""
 
+    max_bisect_jobs: int
+
+
+class BatchListenerOptions(_SharedOptions, total=False):
+    """Keyword options of ``@app.batch_listener``: the listener's that apply to a batch, plus ``max_bisect_jobs``
+    (the budget of poison isolation, named as for Spark listeners)."""
+
+    outages: Iterable[type[BaseException]]
+    max_outage: float | None
+    value_type: Any
+    key_type: Any
+    deserializer: Callable[..., Any] | None
+    key_deserializer: Callable[..., Any] | None
     max_bisect_jobs: int
 
 

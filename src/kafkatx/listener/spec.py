@@ -142,27 +142,32 @@ def build_spec(
     kind: Literal["record", "batch"] = "record",
     runner: RunnerFactory | None = None,
     where: str = "listener",
+    records_handler: bool = False,
 ) -> ListenerSpec:
-    """Validate listener ``options`` (see :class:`~kafkatx.listener.options.ListenerOptions`) into a spec."""
+    """Validate listener ``options`` (see :class:`~kafkatx.listener.options.ListenerOptions`) into a spec.
+
+    ``records_handler``: the runner calls the handler with a list of Records (a batch listener): it awaits an
+    ``async def`` handler and decodes typed payloads itself (``spec.decoding``, the handler left unwrapped).
+    """
     check_option_names(options, LISTENER_DEFAULTS, where)
     opts = {**LISTENER_DEFAULTS, **options}
     if not callable(handler):
         raise InvalidConfigurationError(
             f"a listener handler must be callable (a function taking a Record), got {type(handler).__name__} {handler!r}"
         )
-    _check_not_async(handler, kind, runner)
-    if kind == "record":
+    _check_not_async(handler, kind, runner, records_handler)
+    if kind == "record" or records_handler:
         _check_takes_one_argument(handler)
     topics, output, sends_to = _topics_of(topics, opts)
     name = opts["name"] or getattr(handler, "__qualname__", None) or type(handler).__name__
     on_topics = f"topic{'s' if len(topics) > 1 else ''} {', '.join(topics)}"
     fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts, f"{where} {name!r} ({on_topics})")
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
-    in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner)
+    in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner, records_handler)
     database = _database_of(opts.get("database"), kind, runner, retry)
-    decoding = _decoding_of(opts, kind, runner)
+    decoding = _decoding_of(opts, kind, runner, records_handler)
     serializer = output_serializer(serializer, decoding is not None, output)
-    handler_called = handler if decoding is None else typed_handler(handler, decoding)
+    handler_called = handler if decoding is None or records_handler else typed_handler(handler, decoding)
     if isinstance(serializer, RegistrySerializer) and runner is None:  # a Spark job's result is not encoded here
         handler_called = registry_handler(handler_called, serializer, is_async)
     return ListenerSpec(
@@ -231,7 +236,12 @@ def _overlap_commit(
 
 
 def _concurrency_of(
-    handler: Any, opts: Mapping[str, Any], given: Mapping[str, Any], kind: str, runner: RunnerFactory | None
+    handler: Any,
+    opts: Mapping[str, Any],
+    given: Mapping[str, Any],
+    kind: str,
+    runner: RunnerFactory | None,
+    records_handler: bool = False,
 ) -> tuple[int, Ordering, bool]:
     """``in_flight``, ``ordering`` and whether the handler is awaited; what cannot be made right is refused."""
     name = getattr(handler, "__qualname__", None) or type(handler).__name__
@@ -242,7 +252,7 @@ def _concurrency_of(
     elif ordering not in ("key", "partition", "none"):
         raise InvalidConfigurationError(f"ordering must be 'key', 'partition' or 'none', got {ordering!r}")
     is_async = is_async_handler(handler)
-    if in_flight == 1 and not is_async:
+    if in_flight == 1 and (not is_async or records_handler):  # a batch runner awaits its handler itself
         return in_flight, ordering, is_async
     what = f"in_flight={in_flight}" if in_flight > 1 else "an async def handler"
     if kind != "record" or runner is not None:
@@ -261,12 +271,14 @@ def _concurrency_of(
     return in_flight, ordering, is_async
 
 
-def _decoding_of(opts: Mapping[str, Any], kind: str, runner: RunnerFactory | None) -> TypedDecoding | None:
+def _decoding_of(
+    opts: Mapping[str, Any], kind: str, runner: RunnerFactory | None, records_handler: bool = False
+) -> TypedDecoding | None:
     """``value_type=``, ``key_type=``, ``deserializer=``, ``key_deserializer=``: record listeners only."""
     given = {k: opts.get(k) for k in ("value_type", "key_type", "deserializer", "key_deserializer")}
     if all(v is None for v in given.values()):
         return None
-    if kind != "record" or runner is not None:
+    if (kind != "record" or runner is not None) and not records_handler:
         named = ", ".join(f"{k}=" for k, v in given.items() if v is not None)
         raise InvalidConfigurationError(f"{named} is available on record listeners (@app.listener) only")
     return typed_decoding(**given)
@@ -447,7 +459,7 @@ def is_async_handler(handler: Any) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
 
 
-def _check_not_async(handler: Any, kind: str, runner: RunnerFactory | None) -> None:
+def _check_not_async(handler: Any, kind: str, runner: RunnerFactory | None, records_handler: bool = False) -> None:
     """Refuse an ``async def`` handler where it would not be awaited (it would fail every record)."""
     name = getattr(handler, "__qualname__", None) or type(handler).__name__
     if inspect.isasyncgenfunction(handler) or inspect.isasyncgenfunction(getattr(handler, "__call__", None)):
@@ -455,7 +467,7 @@ def _check_not_async(handler: Any, kind: str, runner: RunnerFactory | None) -> N
             f"listener handler {name} is an async generator, which kafkatx cannot produce from: "
             "declare it def and return a list of outputs (or call kafkatx.send() for each)"
         )
-    if not is_async_handler(handler):
+    if not is_async_handler(handler) or records_handler:
         return
     if kind != "record" or runner is not None:
         raise InvalidConfigurationError(
@@ -475,7 +487,7 @@ def _check_takes_one_argument(handler: Callable[..., Any]) -> None:
         name = getattr(handler, "__qualname__", repr(handler))
         raise InvalidConfigurationError(
             f"listener handler {name}{signature} cannot be called with one Record ({exc}): "
-            "declare it as def handler(record: Record) -> ..."
+            "declare it as def handler(record: Record) -> ... (a batch listener's: handler(records: list[Record]))"
         ) from None
 
 

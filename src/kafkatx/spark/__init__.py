@@ -29,6 +29,7 @@ import pyspark  # noqa: F401
 
 from kafkatx._validate import is_int
 from kafkatx.errors import InvalidConfigurationError
+from kafkatx.listener.failure.poison_isolation import DEFAULT_MAX_BISECT_JOBS
 from kafkatx.listener.options import SparkListenerOptions, check_option_names
 from kafkatx.listener.spec import build_spec
 from kafkatx.spark._errors import SparkJobError, SparkOutputError, as_job_error
@@ -61,8 +62,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Spark's per-job overhead is almost fixed (~60-100 ms warm), so batches are big.
 DEFAULT_MAX_BATCH_RECORDS = 50_000
 DEFAULT_MAX_BATCH_MS = 2_000
-#: Jobs a unit's poison isolation may run: about k·(log2(n) + 1) for k poison records among n.
-DEFAULT_MAX_BISECT_JOBS = 128
 
 _SESSION_OPTIONS = ("master", "conf", "spark_conf", "app_name", "session", "log_level", "warm_up")
 _NOT_FOR_SPARK = {

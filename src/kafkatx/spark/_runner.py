@@ -9,7 +9,7 @@ Per transaction unit (a batch, or one partition's slice with ``fencing="partitio
    stop-aware wait), counting attempts for the batch, up to ``max_attempts``
    (a not-retryable error skips the retries).
 3. Still failing: isolate the poison records by bisection (see
-   :meth:`_SparkUnitRunner._isolate`), then run the job once more over all
+   :mod:`kafkatx.listener.failure.poison_isolation`, shared with the batch listener), then run the job once more over all
    the other records; its outputs are the ones committed, because a job can
    aggregate and the union of half-batch outputs is not the job's output.
 4. One transaction: the outputs, the poison records handed to the
@@ -46,6 +46,7 @@ from kafkatx.errors import (
 )
 from kafkatx.events import RecordRecovered, TransactionCommitted
 from kafkatx.listener.failure.failed_record import recovery_failed
+from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
 from kafkatx.listener.host import Unit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, to_record
@@ -67,13 +68,6 @@ Coords = tuple[str, int, int]
 
 class SparkSessionError(ContainerError):
     """Spark itself is unusable (the JVM died, the Connect server is gone): the container stops."""
-
-
-class _JobFailed(Exception):
-    """Internal: one run of the job failed with ``exc`` (already unwrapped)."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 class _Stopping(Exception):
@@ -101,15 +95,6 @@ class _SendBuffer(list[PendingOutput]):
         self.serializer = serializer
 
     add = list.append
-
-
-class _Budget:
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.used >= self.limit
 
 
 class _Batch:
@@ -176,7 +161,7 @@ class SparkUnitRunner:
         while True:
             try:
                 return _Outcome(self._run(batch, candidates, tx))
-            except _JobFailed as failed:
+            except RunFailed as failed:
                 exc = failed.exc
             log.info("spark listener %s: the job over %d record(s) failed", tx.listener, len(candidates))
             verdict = decide_failure(tx, first, exc)  # the decision of every failed record (count, events, log)
@@ -202,7 +187,7 @@ class SparkUnitRunner:
 
     # -- running the job -------------------------------------------------------------
     def _run(self, batch: _Batch, indices: Sequence[int], tx: Unit) -> list[PendingOutput]:
-        """Run the handler over ``indices`` and return its encoded outputs; raises _JobFailed."""
+        """Run the handler over ``indices`` and return its encoded outputs; raises RunFailed."""
         self.jobs_run += 1
         sent = _SendBuffer(self._spec.serializer)
         previous = bind_sink(sent)
@@ -210,7 +195,7 @@ class SparkUnitRunner:
             df = self._session.createDataFrame(batch.table(indices))
             outputs = self._collect(self._handler(df))
         except Exception as exc:  # whatever the handler raises fails this run, as in the record path
-            raise _JobFailed(as_job_error(exc)) from None
+            raise RunFailed(as_job_error(exc)) from None
         finally:
             bind_sink(previous)
         if sent:
@@ -218,7 +203,7 @@ class SparkUnitRunner:
         try:
             self._check_destinations(outputs, tx)
         except SparkOutputError as exc:
-            raise _JobFailed(exc) from None
+            raise RunFailed(exc) from None
         return outputs
 
     def _collect(self, result: Any) -> list[PendingOutput]:
@@ -258,47 +243,25 @@ class SparkUnitRunner:
 
     # -- poison isolation ------------------------------------------------------------
     def _isolate(self, batch: _Batch, candidates: list[int], exc: BaseException, attempts: int, tx: Unit) -> _Outcome:
-        """Find the records whose presence makes the job fail; run it once over the rest.
-
-        Rounds of binary search: run the job on the first half of the failing
-        set; if it fails, keep that half, else the second half is the culprit;
-        repeat down to one record, which is poison. Then run the job over all
-        the other records: if it passes, its outputs are the ones committed;
-        if it fails there is more poison, and the next round searches the
-        records left. k poison records among n cost about k·(log2(n) + 1)
-        jobs; for k = 1 that is the minimum a search by halves can do.
-
-        ``max_bisect_jobs`` bounds the jobs. When it is reached, the set
-        known to fail is dead-lettered as suspects (every record of it, with
-        a note in the exception saying so): records are never skipped.
-        Errors that cannot depend on the data (a schema error) dead-letter the
-        whole set at once.
-        """
-        budget = _Budget(self.max_bisect_jobs)
+        """Find the records whose presence makes the job fail, and run it once over the rest: the shared search
+        by halves (:func:`~kafkatx.listener.failure.poison_isolation.isolate`, bounded by ``max_bisect_jobs``);
+        errors that cannot depend on the data dead-letter the whole set at once."""
         started = time.perf_counter()
         jobs_before = self.jobs_run
-        poison: dict[int, BaseException] = {}
-        remaining, failure = candidates, exc
-        outputs: list[PendingOutput] = []
-        while True:
-            if is_data_independent(failure):
-                found = {i: failure for i in remaining}
-            else:
-                found = self._find_one(batch, remaining, failure, budget, tx)
-            poison.update(found)
-            good = [i for i in remaining if i not in found]
-            if not good:
-                break
-            if tx.stopping:
-                raise _Stopping
-            budget.used += 1
-            try:
-                outputs = self._run(batch, good, tx)
-                break
-            except _JobFailed as again:
-                remaining, failure = good, again.exc
-        self._check_session(failure, tx)
-        ordered = sorted(poison)
+        try:
+            found = isolate(
+                lambda indices: self._run(batch, indices, tx),
+                candidates,
+                exc,
+                max_runs=self.max_bisect_jobs,
+                stopping=lambda: tx.stopping,
+                data_independent=is_data_independent,
+                label=f"spark listener {tx.listener}",
+            )
+        except IsolationStopped:
+            raise _Stopping from None
+        self._check_session(found.last_failure or exc, tx)
+        ordered = list(found.poison)
         log.warning(
             "spark listener %s: %d poison record(s) out of %d isolated in %d job(s) (%.1fs): %s",
             tx.listener,
@@ -308,7 +271,8 @@ class SparkUnitRunner:
             time.perf_counter() - started,
             batch.describe(ordered),
         )
-        return _Outcome(outputs, {i: _Poison(poison[i], attempts) for i in ordered}, failed=True)
+        poison = {i: _Poison(e, attempts) for i, e in found.poison.items()}
+        return _Outcome(found.result or [], poison, failed=True)
 
     def _check_session(self, failure: BaseException, tx: Unit) -> None:
         """Blame records only if Spark itself works: a dead JVM or an unreachable
@@ -321,48 +285,6 @@ class SparkUnitRunner:
                 f"{exc}), so the batch's failure ({type(failure).__name__}: {failure}) is not blamed on its records. "
                 "The container stops; nothing of the batch was committed."
             ) from exc
-
-    def _find_one(
-        self,
-        batch: _Batch,
-        failing: list[int],
-        failure: BaseException,
-        budget: _Budget,
-        tx: Unit,
-    ) -> dict[int, BaseException]:
-        """One poison record of ``failing`` (a set known to fail with ``failure``), with its error."""
-        while len(failing) > 1:
-            if budget.exhausted:
-                return self._suspects(failing, failure, budget, tx)
-            mid = len(failing) // 2
-            left_failure = self._probe(batch, failing[:mid], budget, tx)
-            if left_failure is None:
-                failing = failing[mid:]  # the first half passes: the failure came from the second
-            else:
-                failing, failure = failing[:mid], left_failure
-        return {failing[0]: failure}
-
-    def _probe(self, batch: _Batch, indices: list[int], budget: _Budget, tx: Unit) -> BaseException | None:
-        if tx.stopping:
-            raise _Stopping
-        budget.used += 1
-        try:
-            self._run(batch, indices, tx)
-        except _JobFailed as failed:
-            return failed.exc
-        return None
-
-    def _suspects(
-        self, failing: list[int], failure: BaseException, budget: _Budget, tx: Unit
-    ) -> dict[int, BaseException]:
-        note = (
-            f"kafkatx: bisection stopped at max_bisect_jobs={budget.limit}; this record was dead-lettered as one "
-            f"of {len(failing)} suspects whose job failed together"
-        )
-        if note not in getattr(failure, "__notes__", ()):
-            failure.add_note(note)
-        log.warning("spark listener %s: %s", tx.listener, note)
-        return {i: failure for i in failing}
 
     # -- the transaction ---------------------------------------------------------------
     def _commit(self, batch: _Batch, outcome: _Outcome, tx: Unit, started: float) -> None:

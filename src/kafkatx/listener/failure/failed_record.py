@@ -42,7 +42,16 @@ from kafkatx.recoverers import Recoverer
 from kafkatx.rollback.decision import FailureBooks, decide_failure, log_fields
 from kafkatx.rollback.policy import Action
 
-__all__ = ["Abandoned", "CallAgain", "FailureScope", "Hold", "recovery_failed", "retry_recovery", "settle_failure"]
+__all__ = [
+    "Abandoned",
+    "CallAgain",
+    "FailureScope",
+    "Hold",
+    "recover_record",
+    "recovery_failed",
+    "retry_recovery",
+    "settle_failure",
+]
 
 log = logging.getLogger("kafkatx.rollback")
 
@@ -105,7 +114,7 @@ def settle_failure(
         if scope.wait(verdict.delay):
             raise Abandoned
         return CallAgain(replace(record, attempt=verdict.attempt + 1))
-    return _recover(scope, replace(record, attempt=verdict.attempt), exc)
+    return recover_record(scope, replace(record, attempt=verdict.attempt), exc)
 
 
 def retry_recovery(scope: FailureScope, record: Record) -> Hold | None:
@@ -113,11 +122,14 @@ def retry_recovery(scope: FailureScope, record: Record) -> Hold | None:
     state = scope.tracker.state(record)
     failures = state.failures if state is not None else max(record.attempt, 1)
     exc = (state.last_exception if state is not None else None) or RuntimeError("recovery pending")
-    return _recover(scope, replace(record, attempt=failures), exc)
+    return recover_record(scope, replace(record, attempt=failures), exc)
 
 
-def _recover(scope: FailureScope, record: Record, exc: BaseException) -> Hold | None:
-    """Run the recoverer in the open transaction; a :class:`Hold` if it failed (what it sent is not produced)."""
+def recover_record(scope: FailureScope, record: Record, exc: BaseException) -> Hold | None:
+    """Run the recoverer in the open transaction; a :class:`Hold` if it failed (what it sent is not produced).
+
+    The last step of :func:`settle_failure`; a batch runner calls it directly for a record its poison isolation
+    found (its failure was counted and decided on the batch)."""
     recoverer = scope.policy.recoverer
     error: RecoveryError | None = None
     try:

@@ -297,8 +297,9 @@ class ListenerContainer:
                 log.debug("consumer close failed", exc_info=True)
         if self.database is not None:
             self.database.close()
-        if isinstance(self._runner, RecordRunner):
-            self._runner.close()
+        close = getattr(self._runner, "close", None)  # the record runner's threads, a batch runner's event loop
+        if callable(close):
+            close()
         for producer in [*self._partition_producers.values(), *filter(None, [self._group_producer])]:
             producer.close()
         self._partition_producers.clear()
