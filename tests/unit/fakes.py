@@ -284,6 +284,9 @@ class FakeHost:
         if self.tracker.failing:
             self.tracker.committed(offsets)
 
+    def owns(self, tp: TP) -> bool:
+        return tp in self.assigned
+
     def committed_offset(self, tp: TP) -> int | None:
         return self.committed_offsets.get(tp)
 

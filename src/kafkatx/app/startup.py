@@ -19,6 +19,7 @@ from kafkatx.errors import (
     InvalidConfigurationError,
     KafkaTxError,
 )
+from kafkatx.retry_topics.plan import RetryTopicPlan
 
 if TYPE_CHECKING:
     from kafkatx.app.config import ClientConfig
@@ -98,8 +99,36 @@ def prepare_topics(
             setup.require(topic, f"send() target of listener {spec.name!r}")
         setup.input_topics = spec.topics
         spec.recoverer.setup(setup)
+        if spec.retry == "topics":
+            _retry_topics(setup, spec, create=getattr(spec.recoverer, "create_topics", create_topics))
     cluster_id: str | None = meta.cluster_id
     return cluster_id
+
+
+def _retry_topics(setup: _SetupContext, spec: ListenerSpec, *, create: bool) -> None:
+    """``retry="topics"``: each input topic's retry topics, created as the dead-letter topic is when its
+    ``create_topics`` allows (the App's ``create_topics`` for a recoverer without one), else checked; as many
+    partitions as the input topic (a hop keeps the record's partition)."""
+    plan = RetryTopicPlan(spec.policy)
+    for topic in spec.topics:
+        partitions = setup.partitions(topic) or 1
+        for retry in plan.topics(topic):
+            have = setup.partitions(retry)
+            what = f"retry topic {retry!r} of listener {spec.name!r} (input topic {topic!r}, {plan!r})"
+            if have is None and create:
+                setup.create_topic(retry, partitions, why=f"retry topic for {topic!r}")
+            elif have is None:
+                raise InvalidConfigurationError(
+                    f"{what} does not exist{closest_topic(retry, setup.topic_names())} and create_topics is off: "
+                    f"create it with {partitions} partition(s), as many as {topic!r} (a retry keeps the record's "
+                    "partition), or let kafkatx create it (dlq=DeadLetterPublishingRecoverer(create_topics=True), "
+                    "or App(create_topics=True) without a dead-letter topic)"
+                )
+            elif have < partitions:
+                raise InvalidConfigurationError(
+                    f"{what} has {have} partition(s) where {topic!r} has {partitions}: a retry keeps the record's "
+                    f"partition, so it needs at least {partitions}"
+                )
 
 
 def check_resolvable(servers: str) -> None:

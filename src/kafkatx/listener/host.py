@@ -291,6 +291,10 @@ class ContainerPositions(Protocol):
     def committed_offset(self, tp: TP) -> int | None:
         """The next offset of ``tp`` this container committed last, if any."""
 
+    def owns(self, tp: TP) -> bool:
+        """True if the container owns ``tp``: an assigned partition, or (``retry="topics"``) a retry partition
+        mirrored from one."""
+
 
 class ContainerMembership(Protocol):
     """The consumer and its place in the group: what offsets are sent with, and checked against at commit."""

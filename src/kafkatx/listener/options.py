@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 Fencing = Literal["auto", "group", "partition"]
-RetryMode = Literal["rollback", "in_place"]
+RetryMode = Literal["rollback", "in_place", "topics"]
 Ordering = Literal["key", "partition", "none"]
 Backoff = wait_base | float | None
 DeadLetter = bool | str | Recoverer | Callable[[Record, BaseException], object] | None

@@ -165,6 +165,8 @@ def build_spec(
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner, records_handler)
     database = _database_of(opts.get("database"), kind, runner, retry)
+    if retry == "topics":
+        _check_retry_topics(opts, options, kind, runner, in_flight, is_async, f"{where} {name!r} ({on_topics})")
     decoding = _decoding_of(opts, kind, runner, records_handler)
     serializer = output_serializer(serializer, decoding is not None, output)
     handler_called = handler if decoding is None or records_handler else typed_handler(handler, decoding)
@@ -346,8 +348,8 @@ def _check_modes_and_limits(
         raise InvalidConfigurationError(
             f"fencing must be 'auto', 'group' (KIP-447) or 'partition' (KIP-98), got {fencing!r}"
         )
-    if retry not in ("rollback", "in_place"):
-        raise InvalidConfigurationError(f"retry must be 'rollback' or 'in_place', got {retry!r}")
+    if retry not in ("rollback", "in_place", "topics"):
+        raise InvalidConfigurationError(f"retry must be 'rollback', 'in_place' or 'topics', got {retry!r}")
     if retry == "in_place":
         _deprecated(
             f'{listener}: retry="in_place" is deprecated: the default now retries a failed record inside the '
@@ -368,6 +370,40 @@ def _check_modes_and_limits(
             raise InvalidConfigurationError(f"{key} must be a mapping of librdkafka properties, got {opts[key]!r}")
         check_property_names(f"{listener} {key}", opts[key] or {})
     return fencing, retry, float(idle) if idle is not None else None, serializer, max_batch_ms
+
+
+def _check_retry_topics(
+    opts: Mapping[str, Any],
+    given: Mapping[str, Any],
+    kind: str,
+    runner: RunnerFactory | None,
+    in_flight: int,
+    is_async: bool,
+    listener: str,
+) -> None:
+    """``retry="topics"`` (issue 40, docs/RETRY_TOPICS.md): what it does not go with yet is refused, by option."""
+    why = (
+        'retry="topics" is available on record listeners (@app.listener) only'
+        if kind != "record" or runner is not None
+        else 'retry="topics" keeps per-key order in a later release: pass ordering="none" to let records pass '
+        "each other like Spring's retry topics do (a record in retry no longer holds back the records after it)"
+        if opts["ordering"] != "none"
+        else 'retry="topics" cannot go with a custom after_rollback processor (a failed record is written to a '
+        "retry topic in the open transaction, without calling it): drop after_rollback="
+        if opts["after_rollback"] is not None
+        else 'retry="topics" cannot go with database= yet (the database position store knows input partitions '
+        'only): drop database=, or use retry="rollback"'
+        if opts["database"] is not None
+        else f'retry="topics" cannot go with {"in_flight=" + str(in_flight) if in_flight > 1 else "an async def handler"}'
+        " yet (records handled concurrently): use in_flight=1 with a def handler"
+        if in_flight > 1 or is_async
+        else 'retry="topics" cannot go with overlap_commit=True (the overlapped commit polls the input topics '
+        "only): drop overlap_commit"
+        if given.get("overlap_commit") is True
+        else None
+    )
+    if why is not None:
+        raise InvalidConfigurationError(f"{listener}: {why}")
 
 
 def _database_of(database: Any, kind: str, runner: RunnerFactory | None, retry: str) -> Backend | None:

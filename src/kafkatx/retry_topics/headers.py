@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from kafkatx.dlq.headers import dead_letter_headers, parse_dead_letter_headers
 from kafkatx.record import Headers, Record
 
-__all__ = ["ATTEMPTS", "BACKOFF_TIMESTAMP", "ORIGINAL_TIMESTAMP", "RetryHop", "hop_headers", "parse_hop"]
+__all__ = [
+    "ATTEMPTS",
+    "BACKOFF_TIMESTAMP",
+    "ORIGINAL_TIMESTAMP",
+    "RetryHop",
+    "due_ms_of",
+    "hop_headers",
+    "parse_hop",
+]
 
 ATTEMPTS = "retry_topic-attempts"
 BACKOFF_TIMESTAMP = "retry_topic-backoff-timestamp"
@@ -90,3 +98,13 @@ def parse_hop(record: Record) -> RetryHop | None:
         raw_value=record.raw_value,
     )
     return RetryHop(original, _number(last.get(BACKOFF_TIMESTAMP)) or 0)
+
+
+def due_ms_of(headers: Headers | None) -> int:
+    """When a hop with ``headers`` is due (epoch milliseconds; 0, due at once, when it says nothing): the due-time
+    gate reads this of every record polled from a retry topic, without parsing the rest."""
+    due = 0
+    for key, value in headers or ():
+        if key == BACKOFF_TIMESTAMP and value:
+            due = int.from_bytes(value, "big", signed=True)
+    return due

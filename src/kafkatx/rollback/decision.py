@@ -39,13 +39,14 @@ class FailureBooks(Protocol):
     def publish(self, event: Event) -> None: ...
 
 
-def decide_failure(books: FailureBooks, record: Record, exc: BaseException) -> Verdict:
+def decide_failure(books: FailureBooks, record: Record, exc: BaseException, *, counted: bool = False) -> Verdict:
     """Count ``record``'s failed call (``exc``), publish it, and return the policy's verdict.
 
     ``verdict.attempt`` is the number of failures so far: the next call is attempt ``verdict.attempt + 1``.
+    With ``counted``, the record carries its own count (``record.attempt``, a retry-topic hop's header: another
+    member may have counted the earlier attempts), and the tracker is not asked.
     """
-    state = books.tracker.record_failure(record, exc)
-    failures = state.failures
+    failures = record.attempt if counted else books.tracker.record_failure(record, exc).failures
     books.publish(HandlerFailed(books.listener, books.worker, record, exc, failures))
     policy = books.policy
     verdict = policy.decide(failures, exc, books.stop_event)

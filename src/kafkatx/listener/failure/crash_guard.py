@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence, Set
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -109,6 +110,23 @@ class CrashGuard:
                 self._marked.add(tp)  # this commit's claim names the next part
 
     # -- the next owner ----------------------------------------------------------------
+    def restore_from(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Newly assigned ``partitions``: read their committed offsets with ``consumer`` and :meth:`restore`."""
+        if not partitions:
+            return
+        try:
+            committed = consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout=10)
+        except Exception as exc:
+            where = ", ".join(f"{p.topic}[{p.partition}]" for p in partitions)
+            log.warning(
+                "listener %s: could not read committed offsets of %s (%s); attempt counts start at 1",
+                self._c.name,
+                where,
+                exc,
+            )
+            return
+        self.restore(committed)
+
     def restore(self, committed: list[TopicPartition]) -> None:
         """Read what the previous owner committed: seed counts, and after a crash start the search."""
         c = self._c

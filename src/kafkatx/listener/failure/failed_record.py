@@ -17,6 +17,11 @@ records before it stay in the transaction and commit, never run again.
 - **recover**: the recoverer runs in the open transaction, so the dead letter
   and the record's offset commit together; None is returned and the caller
   goes on with the next record;
+- **retry through a topic** (``retry="topics"``, a :class:`~kafkatx.retry_topics.hops.RetryHops` passed
+  by the runner): the record's input view goes to the retry topic of its next attempt in the open
+  transaction, so the hop and the record's offset commit together; None is returned and the partition goes
+  on (no hold, whatever the back-off). Its count is the record's own (``attempt``, from the hop's header),
+  and the recoverer gets its input view, so a dead letter names the original topic, partition and offset;
 - **the recoverer fails**: :class:`Hold` for ``recovery_backoff``; the record's
   next delivery retries the recovery without calling the handler
   (:func:`retry_recovery`), and after ``max_recovery_failures`` the container
@@ -36,9 +41,10 @@ from typing import Protocol
 
 from kafkatx.errors import RecoveryError, RecoveryExhaustedError
 from kafkatx.events import RecordRecovered, RecoveryFailed
-from kafkatx.outputs import unproducible_stop
+from kafkatx.outputs import PendingOutput, unproducible_stop
 from kafkatx.record import Record
 from kafkatx.recoverers import Recoverer
+from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.rollback.decision import FailureBooks, decide_failure, log_fields
 from kafkatx.rollback.policy import Action
 
@@ -66,6 +72,8 @@ class FailureScope(FailureBooks, Protocol):
         self, recoverer: Recoverer, record: Record, exception: BaseException, *, confirm: bool = True
     ) -> None: ...
 
+    def produce(self, output: PendingOutput) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CallAgain:
@@ -88,7 +96,12 @@ class Abandoned(Exception):
 
 
 def settle_failure(
-    scope: FailureScope, record: Record, exc: BaseException, *, wait_in_transaction: bool = False
+    scope: FailureScope,
+    record: Record,
+    exc: BaseException,
+    *,
+    wait_in_transaction: bool = False,
+    hops: RetryHops | None = None,
 ) -> CallAgain | Hold | None:
     """``record``'s call failed with ``exc`` in ``scope``'s open transaction: count, decide and carry it out.
 
@@ -98,11 +111,14 @@ def settle_failure(
     record is held too (the records before it commit; it is fetched again by
     the next owner, nothing decided), or, waiting in the transaction,
     :class:`Abandoned` is raised. A programming error (an unproducible type)
-    raises the container's own stop: it is no record's failure.
+    raises the container's own stop: it is no record's failure. With ``hops`` (``retry="topics"``), a retry
+    is a hop through a retry topic (:func:`_hop`).
     """
     stop = unproducible_stop(scope.listener, exc)
     if stop is not None:
         raise stop
+    if hops is not None:
+        return _hop(scope, record, exc, hops)
     verdict = decide_failure(scope, record, exc)
     if verdict.action is Action.ABANDON:  # stopping: decide nothing about it, but keep what came before it
         if wait_in_transaction:
@@ -117,30 +133,53 @@ def settle_failure(
     return recover_record(scope, replace(record, attempt=verdict.attempt), exc)
 
 
-def retry_recovery(scope: FailureScope, record: Record) -> Hold | None:
-    """``record``'s recoverer failed before: run it again (not the handler), in the open transaction."""
+def _hop(scope: FailureScope, record: Record, exc: BaseException, hops: RetryHops) -> Hold | None:
+    """``retry="topics"``: ``record`` (as consumed: from an input or a retry topic) failed. Decided on its input
+    view and its own count; a retry is a hop to the next retry topic in the open transaction, whatever the
+    back-off (0 too: the partition keeps flowing); the recoverer gets the input view."""
+    view = hops.view(record)
+    verdict = decide_failure(scope, view, exc, counted=True)
+    if verdict.action is Action.ABANDON:  # stopping: the records before it commit; it comes again next start
+        return Hold(record, exc, 0.0)
+    if verdict.action is Action.RETRY:
+        output = hops.hop(view, exc, verdict.attempt, verdict.delay)
+        if output is not None:
+            scope.produce(output)  # confirmed by the commit, as a dead letter sent in the batch's transaction
+            return None
+    return recover_record(scope, replace(view, attempt=verdict.attempt), exc, books=record)
+
+
+def retry_recovery(scope: FailureScope, record: Record, hops: RetryHops | None = None) -> Hold | None:
+    """``record``'s recoverer failed before: run it again (not the handler), in the open transaction. With
+    ``hops``, the recoverer gets its input view (``record`` is as consumed, maybe from a retry topic)."""
     state = scope.tracker.state(record)
     failures = state.failures if state is not None else max(record.attempt, 1)
     exc = (state.last_exception if state is not None else None) or RuntimeError("recovery pending")
-    return recover_record(scope, replace(record, attempt=failures), exc)
+    view = record if hops is None else hops.view(record)
+    return recover_record(scope, replace(view, attempt=failures), exc, books=record)
 
 
-def recover_record(scope: FailureScope, record: Record, exc: BaseException) -> Hold | None:
+def recover_record(
+    scope: FailureScope, record: Record, exc: BaseException, *, books: Record | None = None
+) -> Hold | None:
     """Run the recoverer in the open transaction; a :class:`Hold` if it failed (what it sent is not produced).
 
     The last step of :func:`settle_failure`; a batch runner calls it directly for a record its poison isolation
-    found (its failure was counted and decided on the batch)."""
+    found (its failure was counted and decided on the batch). ``books``: the record as consumed, when the
+    recoverer gets another view of it (a retry topic's input record): its count and a failed recovery's hold
+    are the consumed record's."""
     recoverer = scope.policy.recoverer
     error: RecoveryError | None = None
     try:
         scope.recover(recoverer, record, exc, confirm=False)
     except RecoveryError as failed:
         error = failed
+    consumed = record if books is None else replace(books, attempt=record.attempt)
     if error is None:
-        scope.tracker.record_recovered(record)  # its count ends when the offset commits
+        scope.tracker.record_recovered(consumed)  # its count ends when the offset commits
         scope.publish(RecordRecovered(scope.listener, scope.worker, record, exc, recoverer.name))
         return None
-    return recovery_failed(scope, record, exc, error)
+    return recovery_failed(scope, consumed, exc, error)
 
 
 def recovery_failed(scope: FailureBooks, record: Record, exc: BaseException, error: RecoveryError) -> Hold:

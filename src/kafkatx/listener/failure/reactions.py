@@ -129,7 +129,7 @@ class KafkaErrorReactions:
         if consumer is None:
             return
         starts = first_offsets(msgs)
-        wanted = [TopicPartition(t, p) for (t, p) in starts if (t, p) in c.assigned]
+        wanted = [TopicPartition(t, p) for (t, p) in starts if c.owns((t, p))]
         if not wanted:
             return
         try:

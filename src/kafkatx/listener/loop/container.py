@@ -52,11 +52,13 @@ from kafkatx.listener.loop.health import StallCheck, UnassignedWatch
 from kafkatx.listener.loop.idle import IdleDuties
 from kafkatx.listener.loop.overlap import overlap_of
 from kafkatx.listener.loop.partition_turns import slices_runner
+from kafkatx.listener.loop.retry_feed import RetryFeed
 from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.positions import records_to_handle
 from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.record import ConsumedMessage
+from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.rollback.tracker import FailureTracker
 
 if TYPE_CHECKING:
@@ -137,6 +139,8 @@ class ListenerContainer:
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
         self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
+        #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
+        self._feed = RetryFeed(RetryHops.of(spec, self.group_id), self.consumer_config, self.name)
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
         self._runner: Callable[[TransactionUnit], None] = (
@@ -257,6 +261,7 @@ class ListenerContainer:
                 self.runtime.group_transactional_id(self.group_id, self.txn_index)
             )
             self._group_producer.ensure()
+        self._feed.open()
         self.consumer = Consumer(self.consumer_config)
         self.consumer.subscribe(
             list(spec.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -295,6 +300,7 @@ class ListenerContainer:
                 )
             except Exception:
                 log.debug("consumer close failed", exc_info=True)
+        self._feed.close()
         if self.database is not None:
             self.database.close()
         close = getattr(self._runner, "close", None)  # the record runner's threads, a batch runner's event loop
@@ -323,6 +329,7 @@ class ListenerContainer:
     def _producer_for(self, tp: TP) -> TransactionalProducer:
         if self._group_producer is not None:
             return self._group_producer
+        tp = self._feed.input_of(tp)  # a retry partition's offsets commit with its input partition's
         producer = self._partition_producers.get(tp)
         if producer is None:
             producer = self._new_producer(self.runtime.partition_transactional_id(self.group_id, *tp))
@@ -348,25 +355,10 @@ class ListenerContainer:
                 # KIP-98: the partition's fixed transactional.id fences its previous owner
                 # and aborts whatever that owner left open.
                 self._producer_for(tp).ensure()
-        self._restore_counts(consumer, partitions)
+        self.guard.restore_from(consumer, partitions)  # the failure counts a previous owner committed
+        self._feed.assign(tps)
         self.assignment_received.set()  # /readyz: only now can the container handle what it was given
         self.publish(PartitionsAssigned(self.name, self.worker, tuple(tps)))
-
-    def _restore_counts(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Continue the failure counts a previous owner committed with the offsets (see rollback.durable)."""
-        if not partitions:
-            return
-        try:
-            committed = consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout=10)
-        except Exception as exc:
-            log.warning(
-                "listener %s: could not read committed offsets of %s (%s); attempt counts start at 1",
-                self.name,
-                _fmt_tps([(p.topic, p.partition) for p in partitions]),
-                exc,
-            )
-            return
-        self.guard.restore(committed)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
         self._overlap.rebalancing()  # the revoke returns only once a commit under way did
@@ -379,6 +371,7 @@ class ListenerContainer:
         self.assigned.difference_update(tps)
         if not self.assigned:
             self._unassigned.restart()
+        tps = tps + self._feed.revoke(tps)  # their retry partitions go with them
         self._revoked_in_poll.update(tps)
         self.tracker.clear_partitions(tps)
         for tp in tps:
@@ -429,7 +422,7 @@ class ListenerContainer:
     def committed(self, offsets: dict[TP, int]) -> None:
         """A transaction committed these next offsets."""
         if not self.assigned.issuperset(offsets):  # revoked during an overlapped commit (its callback saw it commit)
-            offsets = {tp: offset for tp, offset in offsets.items() if tp in self.assigned}
+            offsets = {tp: offset for tp, offset in offsets.items() if self.owns(tp)}
         self._committed.update(offsets)
         self.guard.committed(offsets)
         if self.tracker.failing:
@@ -440,7 +433,7 @@ class ListenerContainer:
         if deferred is not None and offset <= deferred[-1].offset():
             del self._deferred[tp]  # they are fetched again from there: handled from memory too, they would run twice
         self._overlap.touched(tp)
-        consumer = self.consumer
+        consumer = self._positions_of(tp)
         if consumer is None:
             return
         try:
@@ -450,15 +443,24 @@ class ListenerContainer:
 
     def pause(self, tp: TP, seconds: float) -> None:
         """Hold a partition while the consumer keeps polling (no rebalance, other partitions flow)."""
-        if seconds <= 0 or self.consumer is None or tp not in self.assigned:
+        consumer = self._positions_of(tp)
+        if seconds <= 0 or consumer is None or not self.owns(tp):
             return
         self._overlap.touched(tp)
         try:
-            self.consumer.pause([TopicPartition(*tp)])
+            consumer.pause([TopicPartition(*tp)])
         except Exception:
             log.debug("pause of %s failed", tp, exc_info=True)
             return
         self._paused_until[tp] = max(self._paused_until.get(tp, 0.0), time.monotonic() + seconds)
+
+    def owns(self, tp: TP) -> bool:
+        """True if the container owns ``tp``: an assigned partition, or a retry partition mirrored from one."""
+        return tp in self.assigned or tp in self._feed.assigned
+
+    def _positions_of(self, tp: TP) -> Consumer | None:
+        """The consumer fetching ``tp`` (the retry feed's for a retry partition): every seek, pause, resume."""
+        return self._feed.consumer_of(tp, self.consumer)
 
     def defer(self, messages: list[ConsumedMessage], seconds: float) -> None:
         """Hold the partition of ``messages`` for ``seconds``, keeping them in memory to handle when it ends.
@@ -499,6 +501,7 @@ class ListenerContainer:
     def _poll(self) -> None:
         """Poll a batch and hand it on; when nothing came, the idle stage (listener/loop/idle.py)."""
         msgs = self._consume(self._poll_timeout())
+        msgs += self._feed.poll(self.spec.max_batch_records, self.seek, self.pause)  # retry partitions' due records
         if not msgs:
             self._idle.run()
             self.brokers.probe(self.consumer)
@@ -547,8 +550,8 @@ class ListenerContainer:
             return  # the claim did not commit (the group changed?): poll again before handing anything over
         if spec.fencing == "partition":
             units: dict[TP, list[ConsumedMessage]] = {}
-            for record in batch:
-                units.setdefault((record.topic(), record.partition()), []).append(record)
+            for record in batch:  # a retry partition's records go with its input partition's (one producer)
+                units.setdefault(self._feed.input_of((record.topic(), record.partition())), []).append(record)
             self._run_slices(list(units.values()))  # one transaction each, their commits overlapping
         else:
             assert self._group_producer is not None
@@ -585,10 +588,7 @@ class ListenerContainer:
             return []
         for tp in due:
             del self._paused_until[tp]
-        try:
-            self.consumer.resume([TopicPartition(t, p) for t, p in due])
-        except Exception:
-            log.debug("resume of %s failed (revoked?)", due, exc_info=True)
+        self._feed.resume(due, self.consumer)  # each partition on the consumer that fetches it
         return [m for tp in due for m in self._deferred.pop(tp, ())]
 
 

@@ -72,7 +72,7 @@ class PartitionTurns:
     def _turn(self, msgs: list[ConsumedMessage]) -> None:
         host = self._host
         tp = (msgs[0].topic(), msgs[0].partition())
-        if tp not in host.assigned:
+        if not host.owns(tp):  # revoked meanwhile (a retry partition goes with its input partition)
             return
         self._runner(TransactionUnit(host, host.producer_for(tp), msgs, during_commit=self._while_committing))
 

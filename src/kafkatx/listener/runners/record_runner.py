@@ -70,6 +70,7 @@ from kafkatx.listener.runners.concurrent import (
 )
 from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, MessageRecord, Record
+from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
@@ -132,8 +133,14 @@ class RecordRunner:
         self._settles = type(processor) is DefaultAfterRollbackProcessor
         self._buffer = _RecordBuffer(self.spec.serializer)
         self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
-        # A listener of one topic gets that topic's records only: the hot path need not ask each Message.
-        self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 else None
+        #: ``retry="topics"``: a failed record hops to a retry topic (the container's, which feeds them back).
+        self._hops = RetryHops.of(self.spec, container.group_id)
+        #: The handler called per record; with retry topics it sees a hop's input record (one call more per
+        #: record, for those listeners only).
+        self._handler = self.spec.handler if self._hops is None else self._hops.viewing(self.spec.handler)
+        # A listener of one topic gets that topic's records only (not with retry topics, whose records come in the
+        # same units): the hot path need not ask each Message.
+        self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 and self._hops is None else None
         self._stopped_at = -1
         self._cut: _Cut | None = None
         self._ahead = False  # handling ahead of a commit (listener/loop/overlap.py): a failure is left for later
@@ -284,7 +291,7 @@ class RecordRunner:
             record = failure.record
             state = unit.tracker.state(record)
             if state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
-                cut = _Cut.after(retry_recovery(unit, record))
+                cut = _Cut.after(retry_recovery(unit, record, self._hops))
             else:
                 cut = self._failed(unit, record, failure.exc, failure.index, False)
             if cut is None:  # recovered in this transaction: its offset commits, the records after it come next
@@ -306,7 +313,7 @@ class RecordRunner:
         buf.clear()
         previous = bind_sink(buf)
         try:
-            collect_outputs(spec.handler(record), spec.output, spec.serializer, spec.name, buf)
+            collect_outputs(self._handler(record), spec.output, spec.serializer, spec.name, buf)
             return list(buf)
         finally:
             buf.clear()
@@ -317,7 +324,7 @@ class RecordRunner:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
         buf = self._buffer
         emitters = self._emitters(unit)
-        handler, handled = _transaction_handler(self.spec.handler, self.spec.untraced_roots)
+        handler, handled = _transaction_handler(self._handler, self.spec.untraced_roots)
         previous = bind_sink(buf)
         try:
             outputs, offsets = self._handle_records(unit, msgs, emitters, handler)
@@ -361,7 +368,7 @@ class RecordRunner:
                 record.key, record.value = msg.key(), msg.value()
                 error = cut = None
                 if failing and _settled_before(tracker, record, msg):  # its recoverer failed before: recover it
-                    cut = _Cut.after(retry_recovery(unit, record))
+                    cut = _Cut.after(retry_recovery(unit, record, self._hops))
                 else:
                     try:
                         result = handler(record)
@@ -425,7 +432,7 @@ class RecordRunner:
                 raise HandlerFailure(index, error, record)
             if not self._settles:  # a custom after-rollback processor decides, once the records before it committed
                 return _Cut(handover=HandlerFailure(0, error, record))
-            outcome = settle_failure(unit, record, error, wait_in_transaction=in_place)
+            outcome = settle_failure(unit, record, error, wait_in_transaction=in_place, hops=self._hops)
             if not isinstance(outcome, CallAgain):
                 return _Cut.after(outcome)
             if flush is None:
@@ -433,7 +440,7 @@ class RecordRunner:
             record = outcome.record
             again: Exception | None = None
             try:
-                collect_outputs(spec.handler(record), spec.output, spec.serializer, spec.name, buf)
+                collect_outputs(self._handler(record), spec.output, spec.serializer, spec.name, buf)
                 if buf:
                     unit.outputs += flush()
             except Exception as exc:

@@ -1,0 +1,188 @@
+"""``retry="topics"``: the loop stage that feeds a container the records of its retry partitions.
+
+The retry partitions of input partition ``(T, p)`` are ``(T + suffix, p)``
+(a hop keeps the record's partition, :mod:`kafkatx.retry_topics`), and they
+belong to whoever owns ``(T, p)``: the failure state of an input partition
+stays with one container. The group's assignor cannot put them together (it
+sees topics, not their pairing), so the retry topics are not subscribed: a
+second consumer (the container's consumer config, the same ``group.id``,
+read_committed, no auto commit) that never joins the group is assigned the
+mirrored retry partitions when input partitions are assigned
+(``incremental_assign`` from the group's committed offsets; earliest when none
+is committed yet), and unassigned when they are revoked or lost.
+
+Their offsets are committed by the container's transactions like the input
+partitions' (a retry partition's commits go through the producer of its input
+partition, see ``ListenerContainer._producer_for``). Every seek, pause and
+resume of a retry partition reaches this consumer (the container routes them
+by topic, in one place).
+
+**The due-time gate.** A retry topic holds records of one delay, in the order
+they failed, so a partition's head is always the record due first. Of what a
+poll brings, each retry partition's records up to the first one not yet due
+are handed on; that partition is sought back to that record and paused until
+it is due (a pause, never a sleep, and never with a transaction open).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from kafkatx.client.offsets import TP
+from kafkatx.record import ConsumedMessage
+from kafkatx.retry_topics.headers import due_ms_of
+from kafkatx.retry_topics.hops import RetryHops
+
+__all__ = ["RetryFeed", "not_due"]
+
+log = logging.getLogger("kafkatx.container")
+
+#: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
+#: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
+_NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
+
+
+def not_due(messages: Iterable[ConsumedMessage], now_ms: int) -> dict[TP, tuple[int, int]]:
+    """The retry partitions of ``messages`` (records, in poll order) whose records are not all due at
+    ``now_ms``: the offset of each one's first record not due, and when that record is due (epoch ms)."""
+    gate: dict[TP, tuple[int, int]] = {}
+    for msg in messages:
+        tp = (msg.topic(), msg.partition())
+        if tp in gate:
+            continue
+        due = due_ms_of(msg.headers())
+        if due > now_ms:
+            gate[tp] = (msg.offset(), due)
+    return gate
+
+
+class RetryFeed:
+    """The retry partitions mirrored from a container's assignment, on a consumer of their own."""
+
+    def __init__(self, hops: RetryHops | None, consumer_config: dict[str, Any], name: str) -> None:
+        """``hops`` None: a listener without retry topics, for which this feed holds nothing and opens nothing."""
+        self.hops = hops
+        self.name = name
+        config = {k: v for k, v in consumer_config.items() if k not in _NOT_FOR_THE_FEED}
+        config["auto.offset.reset"] = "earliest"  # no commit yet: every hop written so far is this owner's
+        config["enable.auto.commit"] = False
+        self._config = config
+        self.consumer: Consumer | None = None
+        #: The retry partitions this feed holds now.
+        self.assigned: set[TP] = set()
+        #: retry topic -> input topic
+        self._origin = (
+            {} if hops is None else {retry: topic for topic in hops.inputs for retry in hops.plan.topics(topic)}
+        )
+
+    def open(self) -> None:
+        if self.hops is None:
+            return
+        self.consumer = Consumer(self._config)
+        log.info(
+            "listener %s: retry topics %s, fed by a consumer of their own", self.name, ", ".join(self._origin) or "none"
+        )
+
+    def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        self.assigned.clear()
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:
+                log.debug("closing the retry consumer failed", exc_info=True)
+
+    def consumer_of(self, tp: TP, container_consumer: Consumer | None) -> Consumer | None:
+        """The consumer that fetches ``tp``: this one for a retry partition, else the container's."""
+        return self.consumer if self._origin and tp[0] in self._origin else container_consumer
+
+    def input_of(self, tp: TP) -> TP:
+        """The input partition a retry partition mirrors (``tp`` itself for an input partition)."""
+        if not self._origin:
+            return tp
+        origin = self._origin.get(tp[0])
+        return tp if origin is None else (origin, tp[1])
+
+    def resume(self, tps: list[TP], container_consumer: Consumer) -> None:
+        """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
+        mine = [TopicPartition(t, p) for t, p in tps if self._origin and t in self._origin]
+        theirs = [TopicPartition(t, p) for t, p in tps if not self._origin or t not in self._origin]
+        for consumer, some in ((container_consumer, theirs), (self.consumer, mine)):
+            if consumer is not None and some:
+                try:
+                    consumer.resume(some)
+                except Exception:
+                    log.debug("resume of %s failed (revoked?)", some, exc_info=True)
+
+    # -- the assignment, mirrored ------------------------------------------------------
+    def assign(self, inputs: Iterable[TP]) -> list[TP]:
+        """Input partitions ``inputs`` were assigned: take their retry partitions (from the committed offsets)."""
+        consumer = self.consumer
+        if consumer is None or self.hops is None:
+            return []
+        mirrored = [tp for tp in self.hops.mirrored(inputs) if tp not in self.assigned]
+        if not mirrored:
+            return []
+        # No offset given: librdkafka starts from the group's committed offset (auto.offset.reset when none),
+        # read with require_stable under read_committed, so a previous owner's pending commit is waited for.
+        partitions = [TopicPartition(t, p) for t, p in mirrored]
+        consumer.incremental_assign(partitions)
+        self.assigned.update(mirrored)
+        try:  # librdkafka keeps a pause flag across unassign and assign: a new assignment starts unpaused
+            consumer.resume(partitions)
+        except Exception:
+            log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
+        log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
+        return mirrored
+
+    def revoke(self, inputs: Iterable[TP]) -> list[TP]:
+        """Input partitions ``inputs`` were revoked or lost: give up their retry partitions; returns them."""
+        mirrored = [tp for tp in self.hops.mirrored(inputs) if tp in self.assigned] if self.hops is not None else []
+        if not mirrored:
+            return []
+        self.assigned.difference_update(mirrored)
+        consumer = self.consumer
+        if consumer is not None:
+            try:
+                consumer.incremental_unassign([TopicPartition(t, p) for t, p in mirrored])
+            except Exception:
+                log.debug("unassigning retry partitions %s failed", mirrored, exc_info=True)
+        return mirrored
+
+    # -- the stage ------------------------------------------------------------------
+    def poll(
+        self, max_records: int, seek: Callable[[TP, int], None], pause: Callable[[TP, float], None]
+    ) -> list[Message]:
+        """What the retry partitions have that is due (errors too, for the container to report); a partition whose
+        head is not due is sought back to it (``seek``, the container's) and paused until it is due (``pause``)."""
+        consumer = self.consumer
+        if consumer is None or not self.assigned:
+            return []
+        msgs = consumer.consume(max_records, 0)
+        if not msgs:
+            return msgs
+        now_ms = int(time.time() * 1000)
+        # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
+        records = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
+        gate = not_due(records, now_ms)
+        if not gate:
+            return msgs
+        for tp, (offset, due_ms) in gate.items():
+            seek(tp, offset)
+            pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
+        due = {id(m) for m in records if _before_gate(m, gate)}
+        return [m for m in msgs if m.error() is not None or id(m) in due]
+
+
+def _before_gate(msg: ConsumedMessage, gate: dict[TP, tuple[int, int]]) -> bool:
+    held = gate.get((msg.topic(), msg.partition()))
+    return held is None or msg.offset() < held[0]
+
+
+def _fmt(tps: list[TP]) -> str:
+    return ", ".join(f"{t}[{p}]" for t, p in sorted(tps))

@@ -1,0 +1,114 @@
+"""What a listener with ``retry="topics"`` does with a record it consumed, and with one whose handler failed.
+
+:class:`RetryHops` is the strategy the record runner hands the failed-record
+procedure (:func:`~kafkatx.listener.failure.failed_record.settle_failure`):
+
+- :meth:`RetryHops.view`: the record the handler sees. A record consumed from
+  an input topic is itself; one consumed from a retry topic is the input record
+  behind it (:func:`~kafkatx.retry_topics.headers.parse_hop`: original topic,
+  partition, offset, key, value, own headers and timestamp, ``attempt`` from
+  the hop's header);
+- :meth:`RetryHops.hop`: the output that sends a failed record's input view to
+  the retry topic of its next attempt, on its input partition (a hop keeps the
+  record's partition, so whoever owns input partition ``(T, p)`` owns its
+  retries too), due ``delay`` after now.
+
+It does no I/O: the output goes to the open transaction through the unit, so
+the hop and the offset of the record it replaces commit together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import Record
+from kafkatx.retry_topics.headers import hop_headers, parse_hop
+from kafkatx.retry_topics.plan import RetryTopicPlan
+from kafkatx.rollback.policy import FailurePolicy
+
+__all__ = ["RetryHops"]
+
+
+class _Declaration(Protocol):
+    """What the retry topics of a listener follow from (a listener spec is one)."""
+
+    @property
+    def retry(self) -> str: ...
+    @property
+    def topics(self) -> tuple[str, ...]: ...
+    @property
+    def policy(self) -> FailurePolicy: ...
+
+
+class RetryHops:
+    """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
+
+    __slots__ = ("plan", "inputs", "group_id", "_origin", "_clock")
+
+    def __init__(
+        self,
+        plan: RetryTopicPlan,
+        inputs: Iterable[str],
+        group_id: str | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.plan = plan
+        self.inputs = tuple(inputs)
+        self.group_id = group_id
+        #: retry topic -> its input topic
+        self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
+        self._clock = clock
+
+    @classmethod
+    def of(cls, spec: _Declaration, group_id: str | None) -> RetryHops | None:
+        """The retry topics of a listener declared with ``retry="topics"``; None for any other listener."""
+        if spec.retry != "topics":
+            return None
+        return cls(RetryTopicPlan(spec.policy), spec.topics, group_id)
+
+    def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
+        """``handler`` called with each record's :meth:`view`."""
+        view = self.view
+
+        def handle(record: Record) -> Any:
+            return handler(view(record))
+
+        return handle
+
+    @property
+    def retry_topics(self) -> tuple[str, ...]:
+        """Every retry topic of the listener's input topics."""
+        return tuple(self._origin)
+
+    def is_retry_topic(self, topic: str) -> bool:
+        return topic in self._origin
+
+    def mirrored(self, tps: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The retry partitions owned with input partitions ``tps``: ``(T + suffix, p)`` for each ``(T, p)``."""
+        return [(retry, p) for t, p in tps for retry in self.plan.topics(t) if t in self.inputs]
+
+    def view(self, record: Record) -> Record:
+        """The record the handler sees: ``record`` itself, or, consumed from a retry topic, its input record."""
+        if record.topic not in self._origin:
+            return record
+        hop = parse_hop(record)
+        if hop is None:  # not written by a hop (someone produced to the retry topic): handled as it is
+            return record
+        return hop.record
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def hop(self, view: Record, exception: BaseException, failures: int, delay: float) -> PendingOutput | None:
+        """The output sending ``view`` (an input record that failed its ``failures``-th attempt) to the retry
+        topic of its next attempt, due ``delay`` seconds from now; None if the plan has no retry left."""
+        level = self.plan.level_for(failures)
+        if level is None:
+            return None
+        due_ms = self.now_ms() + round(delay * 1000)
+        headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
+        return (view.topic + level.suffix, view.raw_value, view.raw_key, headers, view.partition)

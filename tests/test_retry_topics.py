@@ -1,0 +1,215 @@
+"""``retry="topics"`` (issue 40, step 2): a failed record waits in a retry topic, written in the transaction that
+commits its offset, and its partition goes on at once (``ordering="none"``, as Spring's retry topics)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from helpers import POISON_FQCN, PoisonError, make_app
+from tenacity import wait_exponential
+
+from kafkatx import App, DeadLetterPublishingRecoverer, InvalidConfigurationError, Record
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import RecordRetryScheduled
+from kafkatx.retry_topics.headers import ATTEMPTS
+from kafkatx.testing import KafkaTestKit, running, wait_for
+
+TOPICS: dict[str, Any] = {"retry": "topics", "ordering": "none"}
+
+
+class Transient(Exception):
+    """A failure worth retrying."""
+
+
+def _hops_committed(kafka: KafkaTestKit, group: str, topic: str, suffix: str = "-retry") -> bool:
+    """Every hop of ``topic``'s retry topic consumed and committed (a transaction marker may follow the last)."""
+    last: dict[int, int] = {}
+    for hop in kafka.read(topic + suffix):
+        last[hop.partition] = hop.offset
+    committed = kafka.committed(group, topic + suffix)
+    return all(committed.get(p, 0) > offset for p, offset in last.items())
+
+
+def _seen(calls: list[tuple[bytes, int, float]], value: bytes) -> list[int]:
+    return [attempt for v, attempt, _ in calls if v == value]
+
+
+def test_a_record_failing_twice_succeeds_at_attempt_3_through_the_retry_topics_and_the_partition_goes_on(
+    kafka: KafkaTestKit,
+) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    kafka.produce(
+        src,
+        [
+            {"key": b"k", "value": b"flaky", "partition": 1, "headers": [("trace", b"t-1")]},
+            *({"key": b"k%d" % i, "value": b"ok-%d" % i, "partition": 1} for i in range(5)),
+        ],
+    )
+    app = make_app(kafka)
+    calls: list[tuple[bytes, int, float]] = []
+    views: list[Record] = []
+
+    @app.listener(src, output=out, max_attempts=3, backoff=1.0, dlq=True, **TOPICS)
+    def handle(record: Record) -> bytes:
+        value = record.value or b""
+        calls.append((value, record.attempt, time.monotonic()))
+        if value == b"flaky":
+            views.append(record)
+            if record.attempt < 3:
+                raise Transient(f"attempt {record.attempt}")
+        return b"out-" + value
+
+    with running(app):
+        wait_for(lambda: _seen(calls, b"flaky") == [1, 2, 3], 30, message="flaky handled at attempt 3")
+        wait_for(lambda: len(kafka.read(out)) == 6, 30, message="six outputs committed")
+        wait_for(lambda: _hops_committed(kafka, app.group_id, src), 30, message="the retry topic committed")
+    outputs = Counter(r.value for r in kafka.read(out))
+    assert outputs == Counter([b"out-flaky", *(b"out-ok-%d" % i for i in range(5))]), "each output exactly once"
+    assert [v.attempt for v in views] == [1, 2, 3]
+    for view in views:  # the handler saw the original record every time, never the hop's own coordinates
+        assert (view.topic, view.partition, view.offset, view.key) == (src, 1, 0, b"k")
+        assert view.headers == [("trace", b"t-1")], view.headers  # kafkatx's retry headers hidden
+    order = [v for v, _, _ in calls]
+    assert order.index(b"ok-4") < order.index(b"flaky", 1), "the records after it were handled before its retry"
+    hops = kafka.read(src + "-retry")
+    assert [h.partition for h in hops] == [1, 1], "two hops, on the record's own partition"
+    assert [int.from_bytes(h.header(ATTEMPTS) or b"", "big") for h in hops] == [2, 3]
+    assert kafka.read(src + "-dlt") == []
+
+
+def test_the_retry_comes_no_earlier_than_the_backoff_after_the_failure(kafka: KafkaTestKit) -> None:
+    src = kafka.topic()
+    kafka.produce(src, [b"once"])
+    app = make_app(kafka)
+    failed_at: list[float] = []
+    called_at: dict[int, float] = {}
+
+    @app.listener(src, max_attempts=2, backoff=1.5, dlq=True, **TOPICS)
+    def handle(record: Record) -> None:
+        called_at[record.attempt] = time.time()
+        if record.attempt == 1:
+            failed_at.append(time.time())
+            raise Transient("the first call fails")
+
+    scheduled: list[RecordRetryScheduled] = []
+    app.on(RecordRetryScheduled)(scheduled.append)
+    with running(app):
+        wait_for(lambda: 2 in called_at, 30, message="the second attempt")
+    assert called_at[2] - failed_at[0] >= 1.5, called_at[2] - failed_at[0]
+    assert [(e.attempt, e.delay) for e in scheduled] == [(2, 1.5)], "the retry event names the next attempt and delay"
+
+
+def test_a_record_due_later_does_not_delay_one_due_earlier(kafka: KafkaTestKit) -> None:
+    """Exponential back-off (1 s, then 2 s): A's second failure waits 2 s in -retry-2000 while B's first retry,
+    due 1 s after its failure in -retry-1000, is handled before it."""
+    src = kafka.topic()
+    kafka.produce(src, [{"key": b"a", "value": b"A"}])
+    app = make_app(kafka)
+    calls: list[tuple[bytes, int, float]] = []
+
+    @app.listener(src, max_attempts=3, backoff=wait_exponential(multiplier=1, max=10), dlq=True, **TOPICS)
+    def handle(record: Record) -> None:
+        value = record.value or b""
+        calls.append((value, record.attempt, time.time()))
+        if value == b"A" and record.attempt < 3 or value == b"B" and record.attempt < 2:
+            raise Transient(f"{value!r} attempt {record.attempt}")
+
+    with running(app):
+        wait_for(lambda: _seen(calls, b"A") == [1, 2], 30, message="A's second attempt")
+        kafka.produce(src, [{"key": b"b", "value": b"B"}])  # fails at once: due 1 s later, A 2 s after its own
+        wait_for(lambda: _seen(calls, b"A") == [1, 2, 3] and _seen(calls, b"B") == [1, 2], 30, message="both done")
+    order = [(v, a) for v, a, _ in calls]
+    assert order.index((b"B", 2)) < order.index((b"A", 3)), order
+    a2, a3 = (t for v, a, t in calls if v == b"A" and a in (2, 3))
+    assert a3 - a2 >= 2.0, "A waited its 2 s level"
+    assert [r.value for r in kafka.read(src + "-retry-2000")] == [b"A"]
+    assert sorted(r.value or b"" for r in kafka.read(src + "-retry-1000")) == [b"A", b"B"]
+
+
+def test_always_failing_is_dead_lettered_after_max_attempts_naming_the_original_and_not_retryable_at_once(
+    kafka: KafkaTestKit,
+) -> None:
+    src = kafka.topic(partitions=2)
+    kafka.produce(
+        src,
+        [
+            {"value": b"ok-0", "partition": 1},
+            {"value": b"always", "partition": 1, "headers": [("own", b"h")]},
+            {"value": b"fatal", "partition": 0},
+        ],
+    )
+    app = make_app(kafka)
+    attempts: dict[bytes, list[int]] = defaultdict(list)
+
+    @app.listener(src, max_attempts=3, backoff=0.3, dlq=True, not_retryable=(PoisonError,), **TOPICS)
+    def handle(record: Record) -> None:
+        value = record.value or b""
+        attempts[value].append(record.attempt)
+        if value == b"always":
+            raise Transient("never works")
+        if value == b"fatal":
+            raise PoisonError("never valid")
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(src + "-dlt")) == 2, 30, message="two dead letters")
+        wait_for(lambda: _hops_committed(kafka, app.group_id, src), 30, message="the hops committed")
+    assert attempts == {b"ok-0": [1], b"always": [1, 2, 3], b"fatal": [1]}
+    dead = {d.value: (d, parse_dead_letter_headers(d.headers)) for d in kafka.read(src + "-dlt")}
+    record, info = dead[b"always"]
+    assert (info.original_topic, info.original_partition, info.original_offset) == (src, 1, 1)
+    assert info.attempts == 3 and info.exception_message == "never works"
+    assert record.header("own") == b"h" and record.header(ATTEMPTS) is None, "no hop header in the dead letter"
+    _, info = dead[b"fatal"]
+    assert (info.original_topic, info.original_partition, info.original_offset) == (src, 0, 0)
+    assert info.exception_fqcn == POISON_FQCN and info.attempts == 1
+    assert [h.value for h in kafka.read(src + "-retry")] == [b"always", b"always"], "no hop for the fatal record"
+
+
+def test_a_restart_with_records_in_retry_does_each_exactly_once_and_attempts_never_go_back(
+    kafka: KafkaTestKit,
+) -> None:
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [b"r-%d" % i for i in range(6)]
+    kafka.produce(src, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
+    first = make_app(kafka, name="retry-restart")
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def handler(record: Record) -> bytes:
+        with lock:
+            seen[record.value or b""].append(record.attempt)
+        if record.attempt < 3:
+            raise Transient("not yet")
+        return b"done-" + (record.value or b"")
+
+    first.listener(src, output=out, max_attempts=4, backoff=3.0, dlq=True, **TOPICS)(handler)
+    with running(first):
+        wait_for(lambda: kafka.caught_up(first.group_id, src), 30, message="every input offset committed")
+        wait_for(lambda: len(kafka.read(src + "-retry")) == 6, 30, message="six hops committed")
+    assert all(attempts == [1] for attempts in seen.values()), "stopped with every record in retry"
+    second = App(first.name, bootstrap_servers=kafka.bootstrap_servers, group_id=first.group_id, instance_id="other")
+    second.listener(src, output=out, max_attempts=4, backoff=3.0, dlq=True, **TOPICS)(handler)
+    with running(second):
+        wait_for(lambda: len(kafka.read(out)) == 6, 60, message="six outputs")
+        wait_for(lambda: _hops_committed(kafka, second.group_id, src), 30, message="the hops committed")
+    assert Counter(r.value for r in kafka.read(out)) == Counter(b"done-" + v for v in values), "each exactly once"
+    assert {v: seen[v] for v in values} == {v: [1, 2, 3] for v in values}, "attempts never went back or repeated"
+    assert kafka.read(src + "-dlt") == []
+
+
+def test_declaration_errors(kafka: KafkaTestKit) -> None:
+    app = make_app(kafka)
+    with pytest.raises(InvalidConfigurationError, match='ordering="none"'):
+        app.listener(kafka.topic(), retry="topics")(lambda record: None)
+    src = kafka.topic()
+    kafka.topic(name=src + "-dlt")
+    kafka.topic(name=src + "-retri")
+    strict = make_app(kafka)
+    strict.listener(src, dlq=DeadLetterPublishingRecoverer(create_topics=False), **TOPICS)(lambda record: None)
+    with pytest.raises(InvalidConfigurationError, match=rf"retry topic '{src}-retry'.*did you mean '{src}-retri'"):
+        strict.start()
+    strict.stop(timeout=10)

@@ -1,0 +1,179 @@
+"""``retry="topics"``'s pure rules (no broker): what is refused at declaration, what a hop is, which record the
+handler and the recoverer see, where a hop's count comes from, and the due-time gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import tenacity
+from test_failed_record import FakeScope
+
+from kafkatx import App, DefaultAfterRollbackProcessor, InvalidConfigurationError, Record
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
+from kafkatx.listener.failure.failed_record import Hold, retry_recovery, settle_failure
+from kafkatx.listener.loop.retry_feed import not_due
+from kafkatx.listener.spec import build_spec
+from kafkatx.outputs import PendingOutput
+from kafkatx.recoverers import Recoverer
+from kafkatx.retry_topics import RetryTopicPlan, hop_headers, parse_hop
+from kafkatx.retry_topics.hops import RetryHops
+from kafkatx.rollback.policy import FailurePolicy
+
+TOPICS: dict[str, Any] = {"retry": "topics", "ordering": "none"}
+
+
+def _handler(record: Record) -> None:
+    return None
+
+
+# -- the declaration ---------------------------------------------------------------------------------------
+def test_retry_topics_needs_ordering_none_and_says_why() -> None:
+    with pytest.raises(InvalidConfigurationError, match=r'keeps per-key order in a later release.*ordering="none"'):
+        build_spec(_handler, ["orders"], {"retry": "topics"})
+    with pytest.raises(InvalidConfigurationError, match='ordering="none"'):
+        build_spec(_handler, ["orders"], {"retry": "topics", "ordering": "partition"})
+    assert build_spec(_handler, ["orders"], TOPICS).retry == "topics"
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"after_rollback": DefaultAfterRollbackProcessor()}, "after_rollback"),
+        ({"in_flight": 4}, "in_flight=4"),
+        ({"overlap_commit": True}, "overlap_commit"),
+        ({"database": "sqlite://"}, "database="),
+    ],
+)
+def test_what_retry_topics_cannot_go_with_yet_is_refused_by_option(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(InvalidConfigurationError, match=named):
+        build_spec(_handler, ["orders"], {**TOPICS, **options})
+
+
+def test_retry_topics_is_refused_on_spark_listeners() -> None:
+    with pytest.raises(InvalidConfigurationError, match="record listeners"):
+        build_spec(_handler, ["orders"], TOPICS, kind="batch", runner=lambda container: lambda unit: None)
+
+
+def test_an_unknown_retry_mode_names_the_three() -> None:
+    with pytest.raises(InvalidConfigurationError, match="'rollback', 'in_place' or 'topics'"):
+        App("x").listener("orders", retry="topic")(_handler)  # type: ignore[arg-type]
+
+
+# -- hops ----------------------------------------------------------------------------------------------------
+def _hops(**options: Any) -> RetryHops:
+    return RetryHops(RetryTopicPlan(FailurePolicy(**options)), ["orders"], "grp", clock=lambda: 1000.0)
+
+
+def test_a_hop_goes_to_the_level_of_the_next_attempt_on_the_records_partition_with_raw_bytes() -> None:
+    hops = _hops(max_attempts=3, backoff=tenacity.wait_exponential(multiplier=1, max=10))
+    record = Record("orders", 2, 41, "decoded", {"v": 1}, [("own", b"h")], 5, raw_key=b"k", raw_value=b"v")
+    topic, value, key, headers, partition = hops.hop(record, TimeoutError("t"), 2, 2.0) or ("", None, None, [], None)
+    assert (topic, value, key, partition) == ("orders-retry-2000", b"v", b"k", 2)
+    back = parse_hop(Record(topic, partition or 0, 0, key, value, headers or []))
+    assert back is not None and back.due_ms == 1_002_000 and back.record.attempt == 3
+    assert (back.record.topic, back.record.partition, back.record.offset, back.record.headers) == (
+        "orders",
+        2,
+        41,
+        [("own", b"h")],
+    )
+    assert hops.hop(record, TimeoutError("t"), 3, 4.0) is None, "no retry left after the last attempt"
+
+
+def test_the_view_of_a_hop_is_its_input_record_and_of_an_input_record_itself() -> None:
+    hops = _hops(max_attempts=3, backoff=1.0)
+    original = Record("orders", 1, 9, b"k", b"v", [("own", b"h")], 5)
+    headers = hop_headers(original, ValueError("x"), group_id="grp", next_attempt=2, due_ms=7)
+    consumed = Record("orders-retry", 1, 0, b"k", b"v", headers)
+    assert hops.view(original) is original
+    view = hops.view(consumed)
+    assert (view.topic, view.offset, view.attempt, view.headers) == ("orders", 9, 2, [("own", b"h")])
+    assert hops.mirrored([("orders", 1), ("other", 0)]) == [("orders-retry", 1)]
+    assert hops.view(Record("orders-retry", 0, 0, None, b"x")).topic == "orders-retry", "no hop headers: as is"
+
+
+@dataclass
+class HopScope(FakeScope):
+    produced: list[PendingOutput] = field(default_factory=list)
+
+    def produce(self, output: PendingOutput) -> None:
+        self.produced.append(output)
+
+
+def _consumed_hop(attempt: int) -> Record:
+    original = Record("orders", 0, 7, b"k", b"v", [], 5)
+    headers = hop_headers(original, TimeoutError("t"), group_id="grp", next_attempt=attempt, due_ms=1)
+    return Record("orders-retry", 0, 3, b"k", b"v", headers)
+
+
+def test_a_retry_is_a_hop_in_the_transaction_counted_from_the_header_not_the_tracker() -> None:
+    dead: list[Record] = []
+    scope = HopScope(FailurePolicy(lambda r, e: dead.append(r), max_attempts=4, backoff=0))
+    hops = _hops(max_attempts=4, backoff=0)
+    assert settle_failure(scope, _consumed_hop(2), TimeoutError("t"), hops=hops) is None, "no hold: the hop"
+    assert [(o[0], o[4]) for o in scope.produced] == [("orders-retry", 0)], "backoff 0 hops too"
+    assert not scope.tracker, "the tracker counts nothing: the attempt is in the header"
+    assert [(e.attempt, e.record.topic) for e in scope.of(HandlerFailed)] == [(2, "orders")]
+    assert [(e.attempt, e.delay) for e in scope.of(RecordRetryScheduled)] == [(3, 0.0)]
+    assert settle_failure(scope, _consumed_hop(4), TimeoutError("t"), hops=hops) is None
+    assert len(scope.produced) == 1 and [(r.topic, r.offset, r.attempt) for r in dead] == [("orders", 7, 4)]
+    assert [e.record.topic for e in scope.of(RecordRecovered)] == ["orders"]
+
+
+def test_a_failed_recovery_of_a_hop_holds_the_retry_partition_and_retries_it_on_the_input_view() -> None:
+    calls: list[Record] = []
+
+    class Flaky(Recoverer):
+        name = "flaky"
+
+        def __call__(self, record: Record, exception: BaseException) -> None:
+            calls.append(record)
+            if len(calls) == 1:
+                raise RuntimeError("dlt down")
+
+    scope = HopScope(FailurePolicy(Flaky(), max_attempts=2, backoff=0, recovery_backoff=0.5))
+    hops = _hops(max_attempts=2, backoff=0)
+    consumed = _consumed_hop(2)
+    outcome = settle_failure(scope, consumed, TimeoutError("t"), hops=hops)
+    assert isinstance(outcome, Hold) and (outcome.record.topic, outcome.record.offset) == ("orders-retry", 3)
+    assert scope.tracker.state(consumed) is not None, "pending recovery kept at the consumed coordinates"
+    assert retry_recovery(scope, consumed, hops) is None
+    assert [(r.topic, r.offset) for r in calls] == [("orders", 7), ("orders", 7)], "the recoverer saw the original"
+
+
+def test_a_dead_letter_through_hops_names_the_original_coordinates() -> None:
+    from kafkatx.dlq.headers import dead_letter_headers
+
+    hops = _hops(max_attempts=2, backoff=0)
+    view = hops.view(_consumed_hop(2))
+    info = parse_dead_letter_headers(dead_letter_headers(view, ValueError("x"), group_id="grp", attempts=2))
+    assert (info.original_topic, info.original_partition, info.original_offset) == ("orders", 0, 7)
+
+
+# -- the due-time gate -----------------------------------------------------------------------------------
+class _Msg:
+    def __init__(self, topic: str, partition: int, offset: int, due_ms: int | None) -> None:
+        self._t, self._p, self._o = topic, partition, offset
+        self._h = [] if due_ms is None else [("retry_topic-backoff-timestamp", due_ms.to_bytes(8, "big"))]
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._h
+
+
+def test_the_gate_stops_each_retry_partition_at_its_first_record_not_due() -> None:
+    msgs = [_Msg("a-retry", 0, 5, 100), _Msg("a-retry", 0, 6, 300), _Msg("a-retry", 0, 7, 200)]
+    msgs += [_Msg("a-retry", 1, 1, None), _Msg("a-retry-2000", 0, 3, 250)]
+    assert not_due(msgs, 150) == {("a-retry", 0): (6, 300), ("a-retry-2000", 0): (3, 250)}  # type: ignore[arg-type]
+    assert not_due(msgs, 1000) == {}  # type: ignore[arg-type]
