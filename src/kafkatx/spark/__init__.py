@@ -136,3 +136,12 @@ def spark_listener(app: SparkHost, topics: Sequence[str], options: Mapping[str, 
         return handler
 
     return decorator
+
+
+def __getattr__(name: str) -> Any:
+    """``kafkatx.spark.streaming`` (Structured Streaming's "kafkatx" format) is imported on first use."""
+    if name == "streaming":
+        import importlib
+
+        return importlib.import_module("kafkatx.spark.streaming")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

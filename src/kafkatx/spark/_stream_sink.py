@@ -1,0 +1,147 @@
+"""The ``"kafkatx"`` streaming sink: a micro-batch's rows visible to read_committed readers exactly once.
+
+Spark's own Kafka sink writes each task's rows as the task runs, so a retried task, a re-run batch or a
+restarted driver writes rows again (at least once). Writing a Kafka transaction per task is not enough
+either: when an upstream Python worker dies, Spark can hand the writer an input that simply ends, and a task
+that commits what it got commits a truncated partition. So here the executors only collect their rows
+(:meth:`KafkaTxStreamWriter.write` returns them in its commit message) and the **driver** writes the batch,
+where Spark tells it the batch succeeded (:meth:`KafkaTxStreamWriter.commit`), in one Kafka transaction that
+also records the batch id:
+
+- the transactional id is the query's (``transactionalId`` option, by default derived from the
+  ``checkpointLocation`` and topic): ``init_transactions`` fences a driver still running an older attempt
+  of the query (a zombie) and aborts what it left open;
+- the batch id is committed in the same transaction, as the offset of a marker partition in a consumer group
+  of the query's own (the group named like the transactional id; the marker partition is partition 0 of
+  the sink's topic, offset ``batch id + 1``); a batch whose id is already committed is skipped, so a batch
+  Spark runs again after its rows were committed (a driver killed between the Kafka commit and its
+  checkpoint) is not written twice.
+
+This assumes that a re-run batch gives the same rows (a deterministic plan, as Spark's own exactly-once sinks
+do); a batch whose rows differ on a re-run keeps its first rows. The price is that every row travels to the
+driver: the sink's throughput is the driver's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+
+from kafkatx.errors import InvalidConfigurationError
+from kafkatx.spark._stream_source import kafka_config, options_of
+
+__all__ = ["KafkaTxStreamWriter", "batch_marker"]
+
+log = logging.getLogger("kafkatx.spark")
+
+#: A sink row: (topic, key, value, partition, headers).
+SinkRow = tuple[str, bytes | None, bytes | None, int | None, list[tuple[str, bytes]] | None]
+
+
+def _bytes(value: Any, column: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    raise InvalidConfigurationError(f"the {column!r} column must be binary or string, got {type(value).__name__}")
+
+
+@dataclass
+class _Rows(WriterCommitMessage):
+    """What one task collected, handed to the driver."""
+
+    rows: list[SinkRow] = field(default_factory=list)
+
+
+def batch_marker(topic: str) -> TopicPartition:
+    """The partition whose committed offset (in the query's own group) is the last committed batch id + 1."""
+    return TopicPartition(topic, 0)
+
+
+class KafkaTxStreamWriter(DataSourceStreamWriter):
+    """Rows collected on the executors, written by the driver in one transaction per micro-batch."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self._options = options_of(options)
+        self._topic = self._options.get("topic")
+        kafka_config(self._options)  # refuses a missing kafka.bootstrap.servers now, not in a task
+        if not self._topic:
+            raise InvalidConfigurationError(
+                'the "kafkatx" sink needs .option("topic", ...): its partition 0 also keeps the last committed '
+                "batch id (a per-row topic column alone is not enough)"
+            )
+        identity = self._options.get("transactionalid")
+        if not identity:
+            where = self._options.get("checkpointlocation") or self._options.get("path") or self._topic
+            identity = f"kafkatx-sink-{hashlib.sha256(str(where).encode()).hexdigest()[:16]}-{self._topic}"
+        self.transactional_id = identity
+
+    # -- executors ------------------------------------------------------------
+    def write(self, iterator: Iterator[Any]) -> _Rows:
+        """Collect this task's rows; nothing is written to Kafka here (see the module's docstring)."""
+        rows: list[SinkRow] = []
+        for row in iterator:
+            fields = row.asDict() if hasattr(row, "asDict") else dict(row)
+            if "value" not in fields:
+                raise InvalidConfigurationError('the "kafkatx" sink needs a "value" column (binary or string)')
+            headers = fields.get("headers")
+            rows.append(
+                (
+                    str(self._topic),  # as in Spark's sink, the topic option overrides a topic column
+                    _bytes(fields.get("key"), "key"),
+                    _bytes(fields.get("value"), "value"),
+                    fields.get("partition"),
+                    [(str(k), _bytes(v, "headers") or b"") for k, v in headers] if headers else None,
+                )
+            )
+        return _Rows(rows)
+
+    # -- driver -----------------------------------------------------------------
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803  (pyspark's name)
+        """Write the batch's rows and its id in one transaction, unless that batch id is already committed."""
+        config = kafka_config(self._options)
+        producer = Producer({**config, "transactional.id": self.transactional_id, "linger.ms": 5})
+        producer.init_transactions(60)  # fences an older driver of this query, aborts what it left open
+        group = Consumer({**config, "group.id": self.transactional_id, "enable.auto.commit": False})
+        try:
+            marker = batch_marker(str(self._topic))
+            done = group.committed([marker], timeout=30)[0].offset
+            if done > batchId:
+                log.warning("kafkatx sink %s: batch %d is already committed; skipped", self._topic, batchId)
+                return
+            producer.begin_transaction()
+            count = 0
+            for message in messages:
+                for topic, key, value, partition, headers in message.rows if message is not None else ():
+                    kwargs: dict[str, Any] = {"key": key, "headers": headers}
+                    if partition is not None:
+                        kwargs["partition"] = int(partition)
+                    producer.produce(topic, value, **kwargs)
+                    count += 1
+                    if count % 10_000 == 0:
+                        producer.poll(0)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(marker.topic, marker.partition, batchId + 1)], group.consumer_group_metadata(), 60
+            )
+            producer.commit_transaction(120)
+            log.info("kafkatx sink %s: batch %d committed, %d row(s)", self._topic, batchId, count)
+        except KafkaException:
+            try:
+                producer.abort_transaction(30)
+            except KafkaException:
+                pass
+            raise
+        finally:
+            group.close()
+            producer.flush(10)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803  (pyspark's name)
+        """Nothing was written for a batch Spark aborts (rows reach Kafka only in :meth:`commit`)."""
