@@ -4,7 +4,8 @@
 its own, and reads the last stdout line (``RESULT {...}``). Runs:
 
 - ``raw``      hand-written confluent-kafka EOS loop, consume(batch) per transaction (runs 1*, 3b)
-- ``kafkatx``  kafkatx App + @app.listener, options from the config (runs 2*, 3, 4, 4b)
+- ``kafkatx``  kafkatx App + @app.listener, options from the config (runs 2*, 3, 4, 4b); with
+  ``listener: "batch"``, @app.batch_listener (runs 2v, 2vn, 4v)
 
 ``shape`` says what each record becomes (see workload.SHAPES): the kafkatx handler
 returns it in that shape, and the hand-written loop produces the same
@@ -330,7 +331,61 @@ def kafkatx_handler(shape: str, tr: Tracker, out: str) -> tuple[Any, dict[str, A
             return {"v": record.value.decode().upper(), "o": o}
 
         return handler, {"output": out, "serializer": dumps_json}
+    if shape == "numpy":
+        import numpy  # noqa: F401 - imported before the first record, as the batch run does
+
+        def handler(record: Any) -> Any:
+            if tr.t_first is None:
+                tr.start()
+            o = record.offset
+            if o % every == 0:
+                seen(record.partition, o)
+            return numpy_upper(record.value)
+
+        return handler, {"output": out}
     raise SystemExit(f"unknown shape {shape!r}")
+
+
+def numpy_upper(value: bytes) -> bytes:
+    """``value.upper()`` with numpy (ASCII a-z less 32), as a vectorized transform would write it for one record."""
+    import numpy as np
+
+    a = np.frombuffer(value, np.uint8)
+    return (a ^ (((a - 97) < 26).astype(np.uint8) << 5)).tobytes()  # type: ignore[no-any-return]
+
+
+def batch_handler(shape: str, tr: Tracker, out: str) -> tuple[Any, dict[str, Any]]:
+    """(batch handler, listener options) for ``shape`` (bytes or numpy): the record handler's work, per batch."""
+    seen, every = tr.seen, tr.every
+
+    def sample(records: list[Any]) -> None:
+        if tr.t_first is None:
+            tr.start()
+        for r in records:
+            o = r.offset
+            if o % every == 0:
+                seen(r.partition, o)
+
+    if shape == "bytes":
+
+        def handler(records: list[Any]) -> Any:
+            sample(records)
+            return [r.value.upper() for r in records]
+
+        return handler, {"output": out}
+    if shape == "numpy":
+        import numpy as np
+
+        def handler(records: list[Any]) -> Any:
+            sample(records)
+            values = [r.value for r in records]
+            a = np.frombuffer(b"".join(values), np.uint8)
+            upper = (a ^ (((a - 97) < 26).astype(np.uint8) << 5)).tobytes()  # the whole batch in one pass
+            ends = np.cumsum([len(v) for v in values]).tolist()
+            return [upper[e - len(v) : e] for v, e in zip(values, ends)]
+
+        return handler, {"output": out}
+    raise SystemExit(f"no batch handler for shape {shape!r}")
 
 
 def run_raw(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -418,7 +473,32 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     calls = bytearray(n) if poison else None
     failures = [0]
 
-    if poison:
+    batch = cfg.get("listener") == "batch"
+    if poison and batch:
+        from kafkatx import RecordFailedError
+
+        def handler(records: list[Any]) -> list[bytes]:  # the poison handler below, over a batch
+            if tr.t_first is None:
+                tr.start()
+            outs = []
+            for record in records:
+                o = record.offset
+                if o % every == 0:
+                    seen(record.partition, o)
+                i = o * parts + record.partition
+                if i < n:
+                    calls[i] = min(255, calls[i] + 1)  # type: ignore[index]
+                v = record.value
+                if v[10:16] == b"poison":
+                    raise RecordFailedError(record) from PoisonError(f"poison record {v[:9].decode()}")
+                outs.append(v.upper())
+            return outs
+
+        options["output"] = cfg["output"]
+    elif batch:
+        handler, shape_options = batch_handler(cfg.get("shape", "bytes"), tr, cfg["output"])
+        options.update(shape_options)
+    elif poison:
 
         def handler(record: Any) -> bytes:
             if tr.t_first is None:
@@ -439,7 +519,10 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
         handler, shape_options = kafkatx_handler(cfg.get("shape", "bytes"), tr, cfg["output"])
         options.update(shape_options)
 
-    app.add_listener(handler, cfg["input"], name="bench", **options)
+    if batch:
+        app.add_batch_listener(handler, cfg["input"], name="bench", **options)
+    else:
+        app.add_listener(handler, cfg["input"], name="bench", **options)
 
     @app.on(TransactionCommitted)
     def _committed(ev: Any) -> None:

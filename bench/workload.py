@@ -23,6 +23,8 @@ SHAPES: dict[str, tuple[str, int]] = {
     "generator": ("yield (key, value.upper()); yield (key, value)", 2),
     "send": ("send(out, value.upper(), key); return None", 1),
     "serializer": ("return {'v': value.decode().upper(), 'o': offset}, serializer=json", 1),
+    # the bytes shape's output, computed with numpy (per record, or over a batch listener's values at once)
+    "numpy": ("return numpy_upper(record.value)", 1),
 }
 
 
@@ -56,7 +58,7 @@ def dumps_json(obj: Any) -> bytes:
 
 def expected_outputs(shape: str, key: bytes | None, value: bytes, offset: int) -> list[tuple[bytes | None, bytes, Any]]:
     """(key, value, headers) of the records one input record becomes, as read back."""
-    if shape == "bytes":
+    if shape in ("bytes", "numpy"):
         return [(None, value.upper(), None)]
     if shape in ("keyed", "send"):
         return [(key, value.upper(), None)]

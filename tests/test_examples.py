@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
+import runpy
 import signal
 import subprocess
 import sys
@@ -46,7 +48,15 @@ def _stop(proc: subprocess.Popen[str], seen: list[str]) -> str:
 
 def test_every_example_app_is_run_under_local_by_the_suite() -> None:
     apps = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if re.search(r"^app = App\(", p.read_text(), re.M))
-    assert apps == ["enrich_async", "orders", "payments", "people", "spark_wordcount", "typed_orders"], apps
+    assert apps == [
+        "batch_scores",
+        "enrich_async",
+        "orders",
+        "payments",
+        "people",
+        "spark_wordcount",
+        "typed_orders",
+    ], apps
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
     for name in apps:
         assert re.search(rf"\"examples\.{name}:app\"[^\n]*\"--local\"|_run_local\(\"examples\.{name}:app\"", tests), (
@@ -114,6 +124,37 @@ def test_the_async_enrich_example_prices_orders_concurrently_in_order_per_custom
             proc.wait()
 
 
+def test_the_batch_scores_example_scores_batches_and_dead_letters_the_named_reading() -> None:
+    """docs/HANDLERS.md "Batch listeners": numpy over a batch; the reading named by RecordFailedError dead-lettered."""
+    pytest.importorskip("numpy")
+    proc, seen = _run_local("examples.batch_scores:app"), []
+    readings = [(b"s%d" % (i % 7), json.dumps({"n": i, "temp": 15 + i % 20}).encode()) for i in range(300)]
+    bad = [b'{"temp": "hot"}', b"not json"]
+    try:
+        bootstrap = read_until(proc, r"embedded broker at (127\.0\.0\.1:\d+)", 120, seen).group(1)
+        read_until(proc, r"assigned readings\[", 120, seen)
+        produce(bootstrap, "readings", [*readings[:150], (b"s1", bad[0]), *readings[150:], (b"s2", bad[1])])
+        wait_for(lambda: len(read_topic(bootstrap, "reading-scores")) >= 300, 120, message="300 readings scored")
+        wait_for(lambda: len(read_topic(bootstrap, "readings-dlt")) == 2, 60, message="the two bad ones dead-lettered")
+        scores = read_topic(bootstrap, "reading-scores")
+        assert len(scores) == 300, "each reading scored exactly once"
+        assert sorted((r.key or b"") for r in scores) == sorted(k for k, _ in readings), "keys kept"
+        for r in scores:
+            out = json.loads(r.value or b"{}")
+            assert abs(out["score"] - 1 / (1 + math.exp(-(out["temp"] - 25) / 4))) < 1e-4, out
+        dead = read_topic(bootstrap, "readings-dlt")
+        assert sorted(d.value or b"" for d in dead) == sorted(bad), "dead-lettered byte for byte"
+        from kafkatx.dlq.headers import parse_dead_letter_headers
+
+        infos = [parse_dead_letter_headers(d.headers) for d in dead]
+        assert {i.attempts for i in infos} == {1}, "BadReading is not retryable: dead-lettered at once"
+        _stop(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.local_broker_only
 def test_the_typed_orders_example_runs_under_local() -> None:
     """JSON orders validated by a model, Avro invoices out; the two that cannot be read dead-lettered at once."""
@@ -131,9 +172,9 @@ def test_the_typed_orders_example_runs_under_local() -> None:
         (out,) = read_topic(bootstrap, "typed-invoices")
         value = out.value or b""
         assert value[0] == 0, "Schema Registry wire format: magic byte, then the schema id"
-        from examples.typed_orders import INVOICE_SCHEMA
-
-        schema = fastavro.parse_schema(json.loads(INVOICE_SCHEMA))
+        # By path: the repository root is on sys.path under `python -m pytest` only, not under `pytest`.
+        typed_orders = runpy.run_path(str(ROOT / "examples" / "typed_orders.py"))
+        schema = fastavro.parse_schema(json.loads(typed_orders["INVOICE_SCHEMA"]))
         import io
 
         assert fastavro.schemaless_reader(io.BytesIO(value[5:]), schema) == {"order": 1, "total": 7.0}
