@@ -346,8 +346,7 @@ def test_the_supervisor_serves_every_workers_metrics_on_the_metrics_port_and_the
 
 def test_not_ready_while_no_broker_answers_and_ready_again_once_it_does(tmp_path: Path) -> None:
     """The cluster gone for longer than not_ready_after: /readyz is 503 and says so (not a stale 200), /livez stays
-    200 (restarting the process would not bring the broker back), and /readyz is 200 again once it answers; its
-    producers are then initialised again before their next transaction."""
+    200 (restarting the process would not bring the broker back), and /readyz is 200 again once it answers."""
     from kafkatx.local import LocalBroker
 
     broker = LocalBroker(data_dir=tmp_path / "broker").start()
@@ -367,8 +366,6 @@ def test_not_ready_while_no_broker_answers_and_ready_again_once_it_does(tmp_path
             assert app.health_server is not None
             url = app.health_server.url
             wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready with the broker up")
-            snapshot = broker.data_dir / "kafka.json"  # the broker's state, snapshotted every 1-2 s: the topic in it
-            wait_for(lambda: snapshot.exists() and src in snapshot.read_text(), 10, message="the topic snapshotted")
             broker.kill()
             body = wait_for(
                 lambda: (lambda r: r[1] if r[0] == 503 else None)(get(url + "/readyz")), 60, message="not ready"
@@ -380,15 +377,6 @@ def test_not_ready_while_no_broker_answers_and_ready_again_once_it_does(tmp_path
             broker.start()
             wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="ready again once the broker answers")
             assert _unreachable(get(url + "/metrics")[1]) == [0.0]
-            # The broker restarted: each transactional id starts its next transaction with init_transactions (a
-            # transaction the broker lost the end of is aborted by it, not left to hold read_committed readers).
-            container = app.containers[0]
-            producers = {tp: container.producer_for(tp) for tp in sorted(container.assigned)}
-            assert producers and all(p.generation == 1 for p in producers.values()), "initialised once before"
-            kit.produce(src, [(None, b"after")] * 4, partition=0)
-            kit.produce(src, [(None, b"after")] * 4, partition=1)
-            wait_for(lambda: all(p.generation == 2 for p in producers.values()), 30, message="producers renewed")
-            wait_for(lambda: kit.committed(app.group_id, src) == {0: 4, 1: 4}, 30, message="committed after")
     finally:
         broker.stop()
 

@@ -162,4 +162,4 @@ def test_a_healthy_app_whose_outputs_flow_reports_zero_and_no_event(kafka: Kafka
     assert events == []
     assert len(kafka.values(out)) == 100
     assert not app.stable_offsets.running, "its thread ended with the App"
-    wait_for_client_threads_to_end(before)  # its client (and the App's) closed: no librdkafka thread left
+    wait_for_client_threads_to_end(before, timeout=30)  # its client (and the App's) closed: no librdkafka thread left

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
 
 from kafkatx import InvalidConfigurationError
 from kafkatx.client.bounded import CallInProgress
@@ -344,16 +343,3 @@ def test_a_port_file_that_is_missing_or_garbled_reads_as_no_port(tmp_path: Any) 
     assert read_port_file(str(path)) is None
     path.write_text("4711")
     assert read_port_file(str(path)) == 4711
-
-
-def test_a_cluster_that_answers_again_asks_once_for_fresh_producers() -> None:
-    renewals: list[int] = []
-    watch = BrokerWatch("c", 0, "127.0.0.1:9092", on_back=lambda: renewals.append(1))
-    watch.answered()
-    assert renewals == [], "it never went away: nothing to renew"
-    on_error = watch.error_cb(None)
-    on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN))
-    on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN))
-    watch.answered()
-    watch.answered()
-    assert renewals == [1], "once per time it came back"

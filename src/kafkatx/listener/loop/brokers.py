@@ -4,13 +4,6 @@ librdkafka says when every broker is down (``_ALL_BROKERS_DOWN``, through the
 consumer's ``error_cb``) but not when one answers again. So while the cluster
 is down, the loop's idle stage asks it for metadata, at most every
 :data:`PROBE_INTERVAL_S`; any answer, or any record fetched, ends it.
-
-When it answers again the container's idle producers are replaced (``on_back``), so that the next transaction
-of each transactional id starts with ``init_transactions``. A cluster that was down may have restarted: a broker
-that lost the end of a transaction it had acknowledged (the embedded one can, docs/BROKERS.md) holds it open,
-and with it every read_committed reader of its partitions, until the id is initialised again; and librdkafka
-keeps coordinator handles of the brokers that went away (librdkafka #5456) that a new instance does not have.
-One ``InitProducerId`` per id and outage is the price.
 """
 
 from __future__ import annotations
@@ -36,15 +29,10 @@ class BrokerWatch:
     """Since when no broker of the cluster has answered this container (``down_since``, None while one does)."""
 
     def __init__(
-        self,
-        name: str,
-        worker: int,
-        bootstrap_servers: str,
-        publish: Callable[[Event], None] = lambda event: None,
-        on_back: Callable[[], None] = lambda: None,
+        self, name: str, worker: int, bootstrap_servers: str, publish: Callable[[Event], None] = lambda event: None
     ) -> None:
         self._name, self._worker, self.bootstrap_servers = name, worker, bootstrap_servers
-        self._publish, self._on_back = publish, on_back
+        self._publish = publish
         self.down_since: float | None = None
         self._probed = 0.0
 
@@ -68,7 +56,6 @@ class BrokerWatch:
             seconds = time.monotonic() - since
             log.warning("listener %s: %s answers again after %.0fs", self._name, self.bootstrap_servers, seconds)
             self._publish(ClusterReachable(self._name, self._worker, self.bootstrap_servers, seconds))
-            self._on_back()
 
     def probe(self, consumer: Any) -> None:
         """While the cluster is down: ask it for metadata, at most every :data:`PROBE_INTERVAL_S`."""

@@ -129,11 +129,7 @@ class ListenerContainer:
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         #: Whether the cluster answers (listener/loop/brokers.py): fed by the consumer's error_cb and the idle stage.
         self.brokers = BrokerWatch(
-            self.name,
-            worker,
-            str(self.consumer_config.get("bootstrap.servers", "the cluster")),
-            self.publish,
-            self._renew_idle_producers,
+            self.name, worker, str(self.consumer_config.get("bootstrap.servers", "the cluster")), self.publish
         )
         self.consumer_config["error_cb"] = self.brokers.error_cb(self.consumer_config.get("error_cb"))
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
@@ -205,13 +201,6 @@ class ListenerContainer:
             if call is not None:
                 return call
         return None
-
-    def _renew_idle_producers(self) -> None:
-        """The cluster answers again: each producer not in a transaction starts its next one with init_transactions
-        (listener/loop/brokers.py says why)."""
-        for producer in [*filter(None, [self._group_producer]), *self._partition_producers.values()]:
-            if not producer.in_transaction:
-                producer.discard()
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
