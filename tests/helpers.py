@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,6 @@ def wait_for_client_threads_to_end(before: frozenset[int], timeout: float = 10) 
     clients that live on (a fixture's, an earlier test's) do not count."""
 
     def ended() -> bool:
-        gc.collect()  # a client only the garbage collector still holds (a cycle, a finished future) is freed now
         return not (client_threads() - before)
 
     wait_for(ended, timeout, message="the clients' librdkafka threads ended")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from helpers import client_threads, make_app, wait_for_client_threads_to_end
+from helpers import make_app
 
 from kafkatx import App, Record
 from kafkatx.client.log import client_log
@@ -144,7 +144,6 @@ def test_a_healthy_app_whose_outputs_flow_reports_zero_and_no_event(kafka: Kafka
     events: list[Event] = []
     app = watched_app(kafka, src, out, events)
     metrics = instrument(app)
-    before = client_threads()
     with running(app):
         watch = app.stable_offsets
         assert watch.running
@@ -162,4 +161,3 @@ def test_a_healthy_app_whose_outputs_flow_reports_zero_and_no_event(kafka: Kafka
     assert events == []
     assert len(kafka.values(out)) == 100
     assert not app.stable_offsets.running, "its thread ended with the App"
-    wait_for_client_threads_to_end(before, timeout=30)  # its client (and the App's) closed: no librdkafka thread left
