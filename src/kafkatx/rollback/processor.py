@@ -38,13 +38,8 @@ from kafkatx.rollback.tracker import FailureTracker
 __all__ = ["AfterRollbackProcessor", "DefaultAfterRollbackProcessor", "RollbackContext"]
 
 
-class RollbackContext(Protocol):
-    """What an after-rollback processor can see and do. Provided by the container.
-
-    ``failed.attempt`` is the delivery attempt that failed; ``records`` are
-    the unprocessed records, failed one first; ``processed`` the batch-mates
-    before it, aborted with it (each with its true next ``attempt``).
-    """
+class FailureView(Protocol):
+    """What an after-rollback processor can see: the failed record, its error, the records around it."""
 
     listener: str
     group_id: str
@@ -64,6 +59,10 @@ class RollbackContext(Protocol):
     @property
     def stopping(self) -> bool:
         """True once the container is stopping: decide nothing you cannot finish."""
+
+
+class RollbackActions(Protocol):
+    """What an after-rollback processor can do inside its new transaction."""
 
     def replay_processed(self) -> None:
         """Re-run the handler for ``processed`` in this transaction (their attempts are not counted)."""
@@ -86,6 +85,15 @@ class RollbackContext(Protocol):
 
     def publish(self, event: Event) -> None:
         """Publish an event to the App's subscribers."""
+
+
+class RollbackContext(FailureView, RollbackActions, Protocol):
+    """What an after-rollback processor can see and do. Provided by the container.
+
+    ``failed.attempt`` is the delivery attempt that failed; ``records`` are
+    the unprocessed records, failed one first; ``processed`` the batch-mates
+    before it, aborted with it (each with its true next ``attempt``).
+    """
 
 
 @runtime_checkable
