@@ -1,0 +1,189 @@
+"""``retry="topics"`` through every kind of stop (issue 40): a SIGKILL while a record from a retry topic is being
+handled, a rebalance with records in retry, and ``--workers``. Each time every output commits exactly once, no
+record's attempt number ever goes back, and nothing is dead-lettered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from process_helpers import read_until
+from test_crash_counting import _command, run_worker
+
+from kafkatx import App, Record
+from kafkatx.testing import KafkaTestKit, running, unique_name, wait_for
+
+pytestmark = pytest.mark.slow
+
+APP = textwrap.dedent(
+    """
+    import os, time
+    from kafkatx import App, Record
+
+    app = App(os.environ["APP_NAME"], consumer_config={
+        "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "heartbeat.interval.ms": 500})
+
+    class Transient(Exception):
+        pass
+
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", ordering="none",
+                  max_attempts=4, backoff=1.0, dlq=True)
+    def handle(record: Record) -> bytes:
+        value = record.value or b""
+        with open(os.environ["CALLS"], "a") as calls:
+            calls.write(f"{value.decode()} {record.attempt}\\n")
+        if value.startswith(b"flaky"):
+            if value == b"flaky-10" and record.attempt == 2 and not os.path.exists(os.environ["MARK"]):
+                open(os.environ["MARK"], "w").close()
+                print("stalling in a retry", flush=True)
+                time.sleep(120)  # SIGKILLed here: a hop's transaction open, other records waiting in retry
+            if record.attempt < 3:
+                raise Transient(f"attempt {record.attempt}")
+        return b"out-" + value
+    """
+)
+
+
+def _calls(path: Path) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        value, attempt = line.rsplit(" ", 1)
+        seen[value].append(int(attempt))
+    return seen
+
+
+@pytest.mark.timeout(240)
+def test_a_sigkill_with_records_in_retry_then_a_restart_commits_each_output_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    (tmp_path / "retry_app.py").write_text(APP)
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    name = unique_name("retry-kill")
+    calls, mark = tmp_path / "calls.log", tmp_path / "stalled"
+    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "CALLS": str(calls), "MARK": str(mark)}
+    env["PYTHONUNBUFFERED"] = "1"
+    values = [f"flaky-{i}" if i % 5 == 0 else f"ok-{i}" for i in range(40)]
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 2} for i, v in enumerate(values)])
+
+    proc = subprocess.Popen(
+        _command(kafka.bootstrap_servers, "retry_app:app"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        read_until(proc, "stalling in a retry", timeout=90)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    before = _calls(calls)
+    assert before["flaky-10"] == [1, 2], before["flaky-10"]
+    assert any(v.startswith("flaky") and before[v] == [1] for v in values), "killed with records still in retry"
+
+    code, log = run_worker(
+        tmp_path,
+        env,
+        kafka.bootstrap_servers,
+        stop_when=lambda: len(kafka.read(out)) >= len(values) and kafka.caught_up(name, src),
+        timeout=120,
+        app="retry_app:app",
+    )
+    assert code == 0, log[-3000:]
+    outputs = Counter(kafka.values(out))
+    assert outputs == Counter(b"out-" + v.encode() for v in values), "every output exactly once"
+    seen = _calls(calls)
+    for value in values:
+        attempts = seen[value]
+        assert attempts == sorted(attempts), f"{value}: an attempt number went back: {attempts}"
+        assert attempts[-1] == (3 if value.startswith("flaky") else 1), f"{value}: {attempts}"
+    assert kafka.read(src + "-dlt") == []
+
+
+class Transient(Exception):
+    """A failure worth retrying."""
+
+
+def _check_attempts(seen: dict[str, list[int]], values: list[str]) -> None:
+    for value in values:
+        attempts = seen[value]
+        assert attempts == sorted(attempts), f"{value}: an attempt number went back: {attempts}"
+        assert attempts[-1] == (3 if value.startswith("flaky") else 1), f"{value}: {attempts}"
+
+
+@pytest.mark.timeout(180)
+def test_a_rebalance_with_records_in_retry_moves_them_with_their_partitions_and_does_each_once(
+    kafka: KafkaTestKit,
+) -> None:
+    """A second member joins while records wait in retry (their partitions move to it), then the first leaves."""
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    values = [f"flaky-{i}" if i % 3 == 0 else f"ok-{i}" for i in range(80)]  # on every partition
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 4} for i, v in enumerate(values)])
+    name = unique_name("retry-rebalance")
+    seen: dict[str, list[int]] = defaultdict(list)
+    retried_by: set[str] = set()  # the members that handled a record taken from a retry topic
+    lock = threading.Lock()
+
+    def member(instance: str) -> App:
+        app = App(name, bootstrap_servers=kafka.bootstrap_servers, instance_id=instance)
+
+        @app.listener(src, output=out, retry="topics", ordering="none", max_attempts=4, backoff=1.5, dlq=True)
+        def handle(record: Record) -> bytes:
+            value = (record.value or b"").decode()
+            with lock:
+                seen[value].append(record.attempt)
+                if record.attempt > 1:
+                    retried_by.add(instance)
+            if value.startswith("flaky") and record.attempt < 3:
+                raise Transient(f"attempt {record.attempt}")
+            return b"out-" + value.encode()
+
+        return app
+
+    first, second = member("a"), member("b")
+    with running(first):
+        wait_for(lambda: len(kafka.read(src + "-retry")) >= 10, 30, message="records waiting in retry")
+        with running(second):
+            wait_for(lambda: "b" in retried_by, 30, message="the second member handles records from retry")
+        # the first leaves too (a clean stop): the second left first here, so the first takes every partition back
+        wait_for(lambda: len(kafka.read(out)) >= len(values), 60, message="every output")
+        wait_for(lambda: kafka.caught_up(first.group_id, src), 30, message="every input offset committed")
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v.encode() for v in values), "every output exactly once"
+    _check_attempts(seen, values)
+    assert kafka.read(src + "-dlt") == []
+
+
+@pytest.mark.timeout(180)
+def test_under_workers_records_in_retry_are_handled_once_by_whichever_worker_owns_their_partition(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    (tmp_path / "retry_app.py").write_text(APP)
+    src, out = kafka.topic(partitions=4), kafka.topic(partitions=4)
+    name = unique_name("retry-workers")
+    calls = tmp_path / "calls.log"
+    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "CALLS": str(calls), "PYTHONUNBUFFERED": "1"}
+    env["MARK"] = str(tmp_path / "no-stall")
+    (tmp_path / "no-stall").touch()  # no call stalls here
+    values = [f"flaky-{i}" if i % 5 == 0 else f"ok-{i}" for i in range(80)]
+    kafka.produce(src, [{"value": v.encode(), "partition": i % 4} for i, v in enumerate(values)])
+    command = [sys.executable, "-m", "kafkatx", "run", "retry_app:app", "--workers", "2", "--no-status"]
+    command += ["--instance-id", "rw", "--bootstrap-servers", kafka.bootstrap_servers]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(kafka.read(out)) >= len(values), 90, message="every output")
+        wait_for(lambda: kafka.caught_up(name, src), 30, message="every input offset committed")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest[-3000:]
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v.encode() for v in values), "every output exactly once"
+    _check_attempts(_calls(calls), values)
+    assert kafka.read(src + "-dlt") == []
