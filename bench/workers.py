@@ -448,6 +448,56 @@ def tracer_provider(ratio: float | bool = True) -> Any:
     return provider
 
 
+class RetryTimes:
+    """Run 4t's clock: the main flow is done once every input record committed (the records taken from the retry
+    topics, counted by the handler, set apart); the run once the retries are done too (``expected`` records)."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.retry_calls = 0  # records handled from a retry topic (attempts 2 and 3)
+        self.first_failure: dict[int, float] = {}
+        self.delays: list[float] = []  # per retried record: its first failure to its success
+        self.main_done: float | None = None
+
+    def committed(self, committed_records: int, n: int) -> bool:
+        if self.main_done is None and committed_records - self.retry_calls >= n:
+            self.main_done = perf()
+        return committed_records >= self.expected
+
+    def result(self, tr: Tracker, n: int) -> dict[str, Any]:
+        assert tr.t_first is not None and self.main_done is not None
+        delays = sorted(self.delays)
+        return {
+            "main_flow_records_per_s": n / (self.main_done - tr.t_first),
+            "retried_after_s_median": delays[len(delays) // 2] if delays else None,
+            "retried_after_s_max": delays[-1] if delays else None,
+        }
+
+
+def transient_handler(tr: Tracker, cfg: dict[str, Any], retries: RetryTimes) -> Any:
+    """Run 4t's handler: the poison-marked records fail at attempts 1 and 2 and succeed at 3."""
+    every, parts = cfg["sample_every"], cfg["partitions"]
+
+    def handler(record: Any) -> bytes:
+        if tr.t_first is None:
+            tr.start()
+        o, attempt, v = record.offset, record.attempt, record.value
+        if attempt == 1 and o % every == 0:
+            tr.seen(record.partition, o)
+        if v[10:16] == b"poison":
+            i = o * parts + record.partition
+            if attempt > 1:
+                retries.retry_calls += 1
+            if attempt == 1:
+                retries.first_failure[i] = perf()
+            if attempt < 3:
+                raise PoisonError(f"transient failure of {v[:9].decode()} at attempt {attempt}")
+            retries.delays.append(perf() - retries.first_failure.get(i, perf()))
+        return v.upper()  # type: ignore[no-any-return]
+
+    return handler
+
+
 def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     """kafkatx: App + @app.listener (runs 2, 3, 4, 4b)."""
     import threading
@@ -474,6 +524,8 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     failures = [0]
 
     batch = cfg.get("listener") == "batch"
+    transient = bool(cfg.get("transient"))
+    retries = RetryTimes(n + 2 * sum(1 for i in range(n) if is_poison(i, cfg["poison_every"], parts)))
     if poison and batch:
         from kafkatx import RecordFailedError
 
@@ -498,6 +550,9 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     elif batch:
         handler, shape_options = batch_handler(cfg.get("shape", "bytes"), tr, cfg["output"])
         options.update(shape_options)
+    elif transient:
+        handler = transient_handler(tr, cfg, retries)
+        options["output"] = cfg["output"]
     elif poison:
 
         def handler(record: Any) -> bytes:
@@ -527,7 +582,10 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     @app.on(TransactionCommitted)
     def _committed(ev: Any) -> None:
         tr.committed(ev.records)
-        if tr.committed_records >= n:
+        if not transient:
+            if tr.committed_records >= n:
+                finished.set()
+        elif retries.committed(tr.committed_records, n):
             finished.set()
 
     @app.on(TransactionAborted)
@@ -552,6 +610,8 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     res["fencing"] = app.listeners[0].fencing
     res["kafkatx_path"] = str(Path(sys.modules["kafkatx"].__file__ or "").parent)
     res["handler_failures"] = failures[0]
+    if transient:
+        res.update(retries.result(tr, n))
     if calls is not None:
         poison_idx = {i for i in range(n) if is_poison(i, cfg["poison_every"], parts)}
         nonpoison = [c for i, c in enumerate(calls) if i not in poison_idx]
