@@ -203,8 +203,8 @@ def test_a_restart_with_records_in_retry_does_each_exactly_once_and_attempts_nev
 
 def test_declaration_errors(kafka: KafkaTestKit) -> None:
     app = make_app(kafka)
-    with pytest.raises(InvalidConfigurationError, match='ordering="none"'):
-        app.listener(kafka.topic(), retry="topics")(lambda record: None)
+    with pytest.raises(InvalidConfigurationError, match="cannot keep partition order"):
+        app.listener(kafka.topic(), retry="topics", ordering="partition")(lambda record: None)
     src = kafka.topic()
     kafka.topic(name=src + "-dlt")
     kafka.topic(name=src + "-retri")
