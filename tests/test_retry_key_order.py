@@ -9,6 +9,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import pytest
 from helpers import make_app
 from tenacity import wait_exponential
 
@@ -42,11 +43,13 @@ def _followed(kafka: KafkaTestKit, topics: list[str]) -> list[bytes]:
     ]
 
 
+@pytest.mark.parametrize("fencing", ["group", "partition"])
 def test_each_keys_outputs_come_out_in_input_order_across_retry_levels_each_exactly_once(
-    kafka: KafkaTestKit,
+    kafka: KafkaTestKit, fencing: str
 ) -> None:
     """Four keys on two partitions; some records fail at attempts 1-2 (exponential back-off: 0.2 s then 0.4 s, in
-    two retry topics), with later records of their key behind them."""
+    two retry topics), with later records of their key behind them. With ``fencing="partition"`` each partition's
+    transaction has a producer of its own, and one may begin while another commits."""
     src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
     keys = [b"a", b"b", b"c", b"d"]
     inputs = [{"key": k, "value": b"%s-%d" % (k, i), "partition": n % 2} for i in range(6) for n, k in enumerate(keys)]
@@ -57,7 +60,15 @@ def test_each_keys_outputs_come_out_in_input_order_across_retry_levels_each_exac
     handled: list[bytes] = []
     lock = threading.Lock()
 
-    @app.listener(src, output=out, max_attempts=4, backoff=wait_exponential(multiplier=0.2, max=10), dlq=True, **TOPICS)
+    @app.listener(
+        src,
+        output=out,
+        max_attempts=4,
+        backoff=wait_exponential(multiplier=0.2, max=10),
+        dlq=True,
+        fencing=fencing,
+        **TOPICS,
+    )
     def handle(record: Record) -> tuple[bytes | None, bytes]:
         value = record.value or b""
         with lock:
