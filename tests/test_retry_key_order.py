@@ -15,6 +15,8 @@ from tenacity import wait_exponential
 
 from kafkatx import App, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import RecordFollowed, RecordsInRetry
+from kafkatx.metrics import instrument
 from kafkatx.retry_topics.headers import ATTEMPTS
 from kafkatx.testing import KafkaTestKit, running, wait_for
 
@@ -97,11 +99,17 @@ def test_each_keys_outputs_come_out_in_input_order_across_retry_levels_each_exac
 
 
 def test_a_head_dead_lettered_after_its_last_attempt_releases_its_followers_in_order(kafka: KafkaTestKit) -> None:
+    """Also the events and metrics: each follow (once per hop of the head), the records in retry."""
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [{"key": b"k", "value": v} for v in (b"always", b"next-1", b"next-2")])
     kafka.produce(src, [{"key": b"j", "value": b"other"}])
     app = make_app(kafka)
+    metrics = instrument(app)
     calls: list[tuple[bytes, int]] = []
+    followed: list[RecordFollowed] = []
+    in_retry: list[int] = []
+    app.on(RecordFollowed)(followed.append)
+    app.on(RecordsInRetry)(lambda event: in_retry.append(event.records))
 
     @app.listener(src, output=out, max_attempts=3, backoff=0.3, dlq=True, **TOPICS)
     def handle(record: Record) -> bytes:
@@ -122,6 +130,13 @@ def test_a_head_dead_lettered_after_its_last_attempt_releases_its_followers_in_o
     [dead] = kafka.read(src + "-dlt")
     info = parse_dead_letter_headers(dead.headers)
     assert (dead.value, info.original_topic, info.original_offset, info.attempts) == (b"always", src, 0, 3)
+    values = [e.record.value if e.record else None for e in followed]
+    assert values == [b"next-1", b"next-2"] * 2, "they followed its first hop, then moved behind its second"
+    assert {e.topic for e in followed} == {src + "-retry"}
+    assert max(in_retry) == 3 and in_retry[-1] == 0, in_retry
+    labels = {"app": app.name, "listener": followed[0].listener}
+    assert metrics.registry.get_sample_value("kafkatx_records_followed_total", labels) == 4
+    assert metrics.registry.get_sample_value("kafkatx_records_in_retry", labels) == 0
 
 
 def test_a_restart_rebuilds_the_keys_in_retry_from_the_topics_order_kept_nothing_lost_or_doubled(

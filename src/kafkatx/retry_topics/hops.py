@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from kafkatx.client.offsets import TP
 from kafkatx.context import send
 from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import Event, RecordFollowed, RecordsInRetry
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.retry_topics.headers import hop_headers, parse_hop
@@ -53,12 +54,14 @@ class _Declaration(Protocol):
     def policy(self) -> FailurePolicy: ...
     @property
     def ordering(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "keys", "_origin", "_clock")
+    __slots__ = ("plan", "inputs", "group_id", "keys", "_origin", "_clock", "_publish", "_listener")
 
     def __init__(
         self,
@@ -68,6 +71,8 @@ class RetryHops:
         *,
         clock: Callable[[], float] = time.time,
         key_order: bool = False,
+        publish: Callable[[Event], None] | None = None,
+        listener: str = "",
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -75,15 +80,26 @@ class RetryHops:
         #: retry topic -> its input topic
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
+        self._publish, self._listener = publish, listener
         #: ``ordering="key"``: the keys in retry; None lets records pass each other (``ordering="none"``).
-        self.keys = RetryKeys(self._origin) if key_order else None
+        self.keys = RetryKeys(self._origin, self._in_retry if publish is not None else None) if key_order else None
 
     @classmethod
-    def of(cls, spec: _Declaration, group_id: str | None) -> RetryHops | None:
-        """The retry topics of a listener declared with ``retry="topics"``; None for any other listener."""
+    def of(
+        cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
+    ) -> RetryHops | None:
+        """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
+        where :class:`~kafkatx.events.RecordFollowed` and :class:`~kafkatx.events.RecordsInRetry` go."""
         if spec.retry != "topics":
             return None
-        return cls(RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=spec.ordering == "key")
+        key_order = spec.ordering == "key"
+        return cls(
+            RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=key_order, publish=publish, listener=spec.name
+        )
+
+    def _in_retry(self, records: int) -> None:
+        if self._publish is not None:
+            self._publish(RecordsInRetry(self._listener, 0, records))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
@@ -154,6 +170,8 @@ class RetryHops:
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         if self.keys is not None:
             self.keys.wrote(view, place)
+        if self._publish is not None:
+            self._publish(RecordFollowed(self._listener, 0, view, place.topic))
 
     def hop_of(self, msg: ConsumedMessage) -> tuple[TP, bytes | None, int] | None:
         """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""

@@ -67,14 +67,17 @@ class _Journal:
 class RetryKeys:
     """The keys in retry of the input partitions a container owns (see the module)."""
 
-    __slots__ = ("_keys", "_journals", "_current", "_origin")
+    __slots__ = ("_keys", "_journals", "_current", "_origin", "_count", "_told", "_on_count")
 
-    def __init__(self, origin: Mapping[str, str]) -> None:
-        """``origin``: retry topic -> its input topic."""
+    def __init__(self, origin: Mapping[str, str], on_count: Callable[[int], None] | None = None) -> None:
+        """``origin``: retry topic -> its input topic; ``on_count`` is told how many records are in retry whenever
+        that changes (committed, rebuilt, forgotten)."""
         self._keys: dict[TP, dict[bytes, Entries]] = {}
         self._journals: dict[int, _Journal] = {}
         self._current: _Journal | None = None
         self._origin = dict(origin)
+        self._count = self._told = 0
+        self._on_count = on_count
 
     # -- what a record does --------------------------------------------------------------
     def ahead(self, view: Record) -> Place | None:
@@ -129,7 +132,10 @@ class RetryKeys:
                     self._drop(*found)
         if journal is not None:
             for tp, key, offset, place in journal.wrote:
-                self._keys.setdefault(tp, {}).setdefault(key, {})[offset] = place
+                entries = self._keys.setdefault(tp, {}).setdefault(key, {})
+                self._count += offset not in entries
+                entries[offset] = place
+        self._tell()
 
     def rebuilt(self, tp: TP, in_retry: Iterable[tuple[bytes | None, int, Place]]) -> None:
         """Input partition ``tp``'s keys, from its retry partitions read from the committed offsets to the end:
@@ -138,27 +144,38 @@ class RetryKeys:
         for key, offset, place in in_retry:
             if key is not None:
                 keys.setdefault(key, {})[offset] = place
+        self._count -= self.in_retry(tp)
         if keys:
             self._keys[tp] = keys
         else:
             self._keys.pop(tp, None)
+        self._count += self.in_retry(tp)
+        self._tell()
 
     def forget(self, tps: Iterable[TP]) -> None:
         """Input partitions revoked or lost: their keys go (their next owner rebuilds them)."""
         for tp in tps:
+            self._count -= self.in_retry(tp)
             self._keys.pop(tp, None)
+        self._tell()
 
     # -- what it holds ---------------------------------------------------------------------
     def in_retry(self, tp: TP | None = None) -> int:
         """How many records are in retry (committed), of ``tp`` or of every input partition."""
-        parts = self._keys.values() if tp is None else [self._keys.get(tp, {})]
-        return sum(len(entries) for keys in parts for entries in keys.values())
+        if tp is None:
+            return self._count
+        return sum(len(entries) for entries in self._keys.get(tp, {}).values())
 
     def keys_in_retry(self, tp: TP) -> dict[bytes, list[int]]:
         """``tp``'s keys in retry (committed), each with its records' input offsets in order."""
         return {key: sorted(entries) for key, entries in self._keys.get(tp, {}).items()}
 
     # -- inside -----------------------------------------------------------------------------
+    def _tell(self) -> None:
+        if self._count != self._told and self._on_count is not None:
+            self._told = self._count
+            self._on_count(self._count)
+
     def _overlay_used(self) -> bool:
         journal = self._current
         return journal is not None and bool(journal.overlay)
@@ -184,7 +201,8 @@ class RetryKeys:
         entries = keys.get(key)
         if entries is None:
             return
-        entries.pop(offset, None)
+        if entries.pop(offset, None) is not None:
+            self._count -= 1
         if not entries:
             del keys[key]
             if not keys:
