@@ -15,7 +15,7 @@ from tenacity import wait_exponential
 
 from kafkatx import App, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.events import RecordFollowed, RecordsInRetry
+from kafkatx.events import PartitionsAssigned, PartitionsRevoked, RecordFollowed, RecordsInRetry
 from kafkatx.metrics import instrument
 from kafkatx.retry_topics.headers import ATTEMPTS
 from kafkatx.testing import KafkaTestKit, running, wait_for
@@ -180,3 +180,47 @@ def test_a_restart_rebuilds_the_keys_in_retry_from_the_topics_order_kept_nothing
     assert dict(seen) == {b"head": [1, 2], b"f-1": [1], b"f-2": [1], b"late": [1], b"free": [1]}, "no attempt again"
     assert time.monotonic() - started < 30
     assert b"late" in _followed(kafka, [src + "-retry"]), "it followed through the retry topic"
+
+
+def test_a_rebalance_moves_the_keys_in_retry_with_their_partition(kafka: KafkaTestKit) -> None:
+    """A second App joins while each partition has a key's head in retry (it fails 3 times, 8 s apart) and a
+    follower: the new owner of a partition rebuilds its keys from the retry topics, so a record of the key
+    written after the move follows too, and every key's outputs come out once, in input order."""
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    keys = {0: b"k0", 1: b"k1"}
+    kafka.produce(src, [{"key": k, "value": k + v, "partition": p} for p, k in keys.items() for v in (b"-head", b"-f")])
+    group = make_app(kafka).group_id
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    followed: list[bytes] = []
+    owned: list[set[tuple[str, int]]] = [set(), set()]
+    lock = threading.Lock()
+
+    def handler(record: Record) -> tuple[bytes | None, bytes]:
+        value = record.value or b""
+        with lock:
+            seen[value].append(record.attempt)
+        if value.endswith(b"-head") and record.attempt < 4:
+            raise Transient("not yet")
+        return record.key, b"out-" + value
+
+    apps = [App(group, bootstrap_servers=kafka.bootstrap_servers, group_id=group, instance_id=f"m{i}") for i in (0, 1)]
+    for i, app in enumerate(apps):
+        app.listener(src, output=out, max_attempts=4, backoff=8.0, dlq=True, **TOPICS)(handler)
+        app.on(RecordFollowed)(lambda event: followed.append(event.record.value if event.record else b""))
+        app.on(PartitionsAssigned)(lambda event, i=i: owned[i].update(event.partitions))
+        app.on(PartitionsRevoked)(lambda event, i=i: owned[i].difference_update(event.partitions))
+    with running(apps[0]):
+        wait_for(lambda: len(kafka.read(src + "-retry")) == 4, 30, message="both heads and followers in retry")
+        with running(apps[1]):
+            wait_for(lambda: owned[1] & {(src, 0), (src, 1)}, 60, message="the newcomer owns a partition")
+            wait_for(lambda: not owned[0] & owned[1], 60, message="nobody owns a partition twice")
+            kafka.produce(src, [{"key": k, "value": k + b"-late", "partition": p} for p, k in keys.items()])
+            wait_for(lambda: len(kafka.read(out)) == 6, 90, message="six outputs")
+    assert {b"k0-late", b"k1-late"} <= set(followed), "the late records followed, on either member"
+    by_key = _by_key(kafka.read(out))
+    assert by_key == {k: [b"out-" + k + v for v in (b"-head", b"-f", b"-late")] for k in keys.values()}
+    assert {v: a for v, a in seen.items() if v.endswith(b"-head")} == {
+        b"k0-head": [1, 2, 3, 4],
+        b"k1-head": [1, 2, 3, 4],
+    }
+    assert all(a == [1] for v, a in seen.items() if not v.endswith(b"-head")), "no follower spent an attempt"

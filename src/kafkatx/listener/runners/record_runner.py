@@ -323,8 +323,8 @@ class RecordRunner:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
         buf = self._buffer
         emitters = self._emitters(unit)
-        # The untraced roots' handler is the listener's own: with retry topics each record needs the view first.
-        roots = self.spec.untraced_roots if self._hops is None else None
+        # The untraced roots' handler is the listener's own: with key order every record passes the gate first.
+        roots = self.spec.untraced_roots if self._hops is None or self._hops.keys is None else None
         handler, handled = _transaction_handler(self._handler, roots)
         previous = bind_sink(buf)
         try:
