@@ -55,8 +55,8 @@ def test_each_keys_outputs_come_out_in_input_order_across_retry_levels_each_exac
     src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
     keys = [b"a", b"b", b"c", b"d"]
     inputs = [{"key": k, "value": b"%s-%d" % (k, i), "partition": n % 2} for i in range(6) for n, k in enumerate(keys)]
-    flaky = {b"a-0", b"a-3", b"b-1", b"c-4"}  # d never fails: it runs as without key order
-    kafka.produce(src, inputs)
+    flaky = {b"a-0", b"a-3", b"b-1", b"c-4", b"x-0"}  # d never fails: it runs as without key order
+    kafka.produce(src, [{"value": b"x-0", "partition": 0}, *inputs, {"value": b"x-1", "partition": 0}])
     app = make_app(kafka)
     attempts: dict[bytes, list[int]] = defaultdict(list)
     handled: list[bytes] = []
@@ -82,19 +82,22 @@ def test_each_keys_outputs_come_out_in_input_order_across_retry_levels_each_exac
         return record.key, b"out-" + value
 
     with running(app):
-        wait_for(lambda: len(handled) == len(inputs), 60, message="every record handled")
+        wait_for(lambda: len(handled) == len(inputs) + 2, 60, message="every record handled")
         wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="every input offset committed")
     expected = {k: [b"out-%s-%d" % (k, i) for i in range(6)] for k in keys}
     outputs = kafka.read(out)
-    assert Counter(r.value for r in outputs) == Counter(v for vs in expected.values() for v in vs), "exactly once"
-    assert _by_key(outputs) == expected, "each key's outputs in input order"
+    assert sorted(r.value or b"" for r in outputs if r.key is None) == [b"out-x-0", b"out-x-1"]
+    assert [v for v in handled if v.startswith(b"x")] == [b"x-1", b"x-0"], "no key, no key order: x-1 passed x-0"
+    keyed = [r for r in outputs if r.key is not None]
+    assert Counter(r.value for r in keyed) == Counter(v for vs in expected.values() for v in vs), "exactly once"
+    assert _by_key(keyed) == expected, "each key's outputs in input order"
     for k in keys:
         assert [v for v in handled if v.startswith(k)] == [b"%s-%d" % (k, i) for i in range(6)], k
     assert {v: a for v, a in attempts.items() if v in flaky} == dict.fromkeys(flaky, [1, 2, 3])
     assert all(attempts[v] == [1] for v in attempts if v not in flaky), "a follower spends no attempt"
     followed = _followed(kafka, [src + "-retry-200", src + "-retry-400"])
     assert {b"a-1", b"b-2", b"c-5"} <= set(followed), "the records behind a failed one followed it"
-    assert not any(v.startswith(b"d") for v in followed), "a key with nothing in retry never follows"
+    assert not any(v.startswith((b"d", b"x")) for v in followed), "no key, or nothing in retry: it never follows"
     assert kafka.read(src + "-dlt") == []
 
 

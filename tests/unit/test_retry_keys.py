@@ -168,7 +168,8 @@ def test_rebuilt_and_forgotten_by_input_partition() -> None:
     keys = _keys(_hops())
     keys.rebuilt(("orders", 0), [(b"k", 4, Place("orders-retry", 1)), (None, 5, Place("orders-retry", 1))])
     keys.rebuilt(("orders", 1), [(b"j", 2, Place("orders-retry", 1))])
-    assert keys.in_retry() == 2, "a hop without a key holds no key"
+    assert keys.in_retry() == 3, "a record without a key is in retry too (counted, never followed)"
+    assert keys.ahead(_input(9, None)) is None
     keys.forget([("orders", 0)])
     assert keys.keys_in_retry(("orders", 0)) == {} and keys.in_retry(("orders", 1)) == 1
     keys.rebuilt(("orders", 1), [])

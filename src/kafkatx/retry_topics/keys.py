@@ -59,7 +59,7 @@ class _Journal:
     __slots__ = ("wrote", "overlay")
 
     def __init__(self) -> None:
-        self.wrote: list[tuple[TP, bytes, int, Place]] = []
+        self.wrote: list[tuple[TP, bytes | None, int, Place]] = []
         #: (input TP, key) -> its entries as this transaction sees them (copied on first change).
         self.overlay: dict[tuple[TP, bytes], Entries] = {}
 
@@ -72,7 +72,8 @@ class RetryKeys:
     def __init__(self, origin: Mapping[str, str], on_count: Callable[[int], None] | None = None) -> None:
         """``origin``: retry topic -> its input topic; ``on_count`` is told how many records are in retry whenever
         that changes (committed, rebuilt, forgotten)."""
-        self._keys: dict[TP, dict[bytes, Entries]] = {}
+        #: input TP -> key -> its records in retry; keyless records under None (counted, never followed).
+        self._keys: dict[TP, dict[bytes | None, Entries]] = {}
         self._journals: dict[int, _Journal] = {}
         self._current: _Journal | None = None
         self._origin = dict(origin)
@@ -95,11 +96,12 @@ class RetryKeys:
         """A hop of ``view`` to ``place`` was produced in the open transaction."""
         key = view.raw_key
         journal = self._current
-        if key is None or journal is None:
+        if journal is None:
             return
         tp = (view.topic, view.partition)
         journal.wrote.append((tp, key, view.offset, place))
-        self._own(journal, tp, key)[view.offset] = place
+        if key is not None:  # a keyless record is counted, never followed
+            self._own(journal, tp, key)[view.offset] = place
 
     def consumed(self, view: Record) -> None:
         """``view``, read from a retry topic, is being handled in the open transaction: it is no longer in retry
@@ -140,10 +142,9 @@ class RetryKeys:
     def rebuilt(self, tp: TP, in_retry: Iterable[tuple[bytes | None, int, Place]]) -> None:
         """Input partition ``tp``'s keys, from its retry partitions read from the committed offsets to the end:
         ``(key, input offset, place)`` of each hop found, in the order read."""
-        keys: dict[bytes, Entries] = {}
+        keys: dict[bytes | None, Entries] = {}
         for key, offset, place in in_retry:
-            if key is not None:
-                keys.setdefault(key, {})[offset] = place
+            keys.setdefault(key, {})[offset] = place
         self._count -= self.in_retry(tp)
         if keys:
             self._keys[tp] = keys
@@ -166,7 +167,7 @@ class RetryKeys:
             return self._count
         return sum(len(entries) for entries in self._keys.get(tp, {}).values())
 
-    def keys_in_retry(self, tp: TP) -> dict[bytes, list[int]]:
+    def keys_in_retry(self, tp: TP) -> dict[bytes | None, list[int]]:
         """``tp``'s keys in retry (committed), each with its records' input offsets in order."""
         return {key: sorted(entries) for key, entries in self._keys.get(tp, {}).items()}
 
@@ -196,7 +197,7 @@ class RetryKeys:
 
     def _drop(self, tp: TP, key: bytes | None, offset: int) -> None:
         keys = self._keys.get(tp)
-        if key is None or keys is None:
+        if keys is None:
             return
         entries = keys.get(key)
         if entries is None:
