@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from confluent_kafka import Message
+import pytest
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from kafkatx.context import bind_sink
+from kafkatx.errors import KafkaTxError
+from kafkatx.listener.loop import retry_feed
+from kafkatx.listener.loop.retry_feed import read_to_end
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.retry_topics import RetryTopicPlan, hop_headers, parse_hop
@@ -174,3 +178,44 @@ def test_rebuilt_and_forgotten_by_input_partition() -> None:
     assert keys.keys_in_retry(("orders", 0)) == {} and keys.in_retry(("orders", 1)) == 1
     keys.rebuilt(("orders", 1), [])
     assert keys.in_retry() == 0
+
+
+# -- the rebuild's read to the end ---------------------------------------------------------------------------
+class _Scanner:
+    """A consumer whose partitions hold ``batches`` (each a consume() answer), then nothing."""
+
+    def __init__(self, *batches: list[Message]) -> None:
+        self.batches = list(batches)
+        self.assigned: list[Any] = []
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = partitions
+
+    def unassign(self) -> None:
+        self.assigned = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        return self.batches.pop(0) if self.batches else []
+
+
+def _eof(partition: int) -> Message:
+    return Message(topic="orders-retry", partition=partition, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_the_rebuild_reads_every_retry_partition_to_its_end() -> None:
+    hop = _read_back(_input(4, b"k"), 0)
+    scanner = _Scanner([hop], [_eof(0)], [_eof(1)])
+    starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 7)]
+    assert read_to_end(cast(Any, scanner), starts, "orders") == [hop]
+    assert scanner.assigned == [] and scanner.batches == [], "both ends reached, the partitions given back"
+
+
+def test_a_rebuild_that_makes_no_progress_stops_the_container_rather_than_lose_key_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(retry_feed, "REBUILD_TIMEOUT_S", 0.05)
+    scanner = _Scanner([_eof(0)])  # partition 1 never reaches its end
+    starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 0)]
+    with pytest.raises(KafkaTxError, match=r"orders-retry\[1\].*no progress.*cannot be rebuilt"):
+        read_to_end(cast(Any, scanner), starts, "orders")
+    assert scanner.assigned == [], "given back all the same"

@@ -203,8 +203,7 @@ class App(BatchListeners):
         - ``max_recovery_failures`` [None]: failed recoveries of one record before the container stops (None: never).
         - ``recovery_backoff`` [None: 0.5 s doubling to 30 s]: wait between recovery attempts.
         - ``after_rollback`` [None]: a custom AfterRollbackProcessor instead of the default one.
-        - ``retry`` ["rollback"]: "topics" sends a failed record to a retry topic in the transaction that commits
-          its offset (docs/RETRY_TOPICS.md); "in_place" (deprecated) waits out the back-off in the open transaction.
+        - ``retry`` ["rollback"]: "topics": a failed record waits in a retry topic (docs/RETRY_TOPICS.md).
         - ``count_crashes`` [True]: count a record that kills the process as a failed attempt.
         - ``outages`` [(ConnectionError,)]: exception types meaning a dependency is down: pause, count nothing.
         - ``max_outage`` [None]: seconds of outage before the App stops (None: wait as long as it takes).

@@ -49,14 +49,15 @@ from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "not_due"]
+__all__ = ["RetryFeed", "not_due", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
 #: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
 #: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
 _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
-#: How long rebuilding the keys in retry of an assignment may take (reading retry partitions to their end).
+#: How long rebuilding the keys in retry of an assignment may go without progress (reading retry partitions to
+#: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
 
 
@@ -168,7 +169,7 @@ class RetryFeed:
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
         starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
-        for msg in _read_to_end(scanner, starts, time.monotonic() + REBUILD_TIMEOUT_S, self.name):
+        for msg in read_to_end(scanner, starts, self.name):
             hop = hops.hop_of(msg)
             if hop is not None:
                 tp, key, offset = hop
@@ -224,22 +225,25 @@ class RetryFeed:
         return [m for m in msgs if m.error() is not None or id(m) in due]
 
 
-def _read_to_end(scanner: Consumer, starts: list[TopicPartition], deadline: float, name: str) -> list[ConsumedMessage]:
-    """What ``starts``' partitions hold from their offsets to their end (read_committed: the last stable offset)."""
+def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> list[ConsumedMessage]:
+    """What ``starts``' partitions hold from their offsets to their end (read_committed: the last stable offset);
+    :class:`~kafkatx.KafkaTxError` once :data:`REBUILD_TIMEOUT_S` passed without a record or an end reached."""
     records: list[ConsumedMessage] = []
     if not starts:
         return records
     left = {(tp.topic, tp.partition) for tp in starts}
     scanner.assign(starts)
     try:
+        deadline = time.monotonic() + REBUILD_TIMEOUT_S
         while left:
             if time.monotonic() > deadline:
                 raise KafkaTxError(
-                    f"listener {name!r}: the retry partitions {_fmt(sorted(left))} were not read to their end "
-                    f"within {REBUILD_TIMEOUT_S:g}s, so the keys in retry (ordering='key') cannot be rebuilt; "
+                    f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
+                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the keys in retry (ordering='key') cannot be rebuilt; "
                     "the container stops rather than let a record pass one of its key in retry"
                 )
-            for msg in scanner.consume(500, 0.2):
+            msgs = scanner.consume(500, 0.2)
+            for msg in msgs:
                 error = msg.error()
                 if error is None:
                     records.append(cast("ConsumedMessage", msg))
@@ -247,6 +251,8 @@ def _read_to_end(scanner: Consumer, starts: list[TopicPartition], deadline: floa
                     left.discard((msg.topic(), msg.partition()))
                 else:
                     log.warning("listener %s: reading the retry partitions: %s", name, error)
+            if msgs:
+                deadline = time.monotonic() + REBUILD_TIMEOUT_S
     finally:
         scanner.unassign()
     return records
