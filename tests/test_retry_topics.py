@@ -1,5 +1,6 @@
 """``retry="topics"`` (issue 40, step 2): a failed record waits in a retry topic, written in the transaction that
-commits its offset, and its partition goes on at once (``ordering="none"``, as Spring's retry topics)."""
+commits its offset, and its partition goes on at once (``ordering="none"``, as Spring's retry topics; key order:
+tests/test_retry_key_order.py)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def _seen(calls: list[tuple[bytes, int, float]], value: bytes) -> list[int]:
     return [attempt for v, attempt, _ in calls if v == value]
 
 
+@pytest.mark.parametrize("ordering", ["none", "key"])
 def test_a_record_failing_twice_succeeds_at_attempt_3_through_the_retry_topics_and_the_partition_goes_on(
-    kafka: KafkaTestKit,
+    kafka: KafkaTestKit, ordering: str
 ) -> None:
+    """The records after it (other keys) pass it, with or without key order."""
     src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
     kafka.produce(
         src,
@@ -53,7 +56,7 @@ def test_a_record_failing_twice_succeeds_at_attempt_3_through_the_retry_topics_a
     calls: list[tuple[bytes, int, float]] = []
     views: list[Record] = []
 
-    @app.listener(src, output=out, max_attempts=3, backoff=1.0, dlq=True, **TOPICS)
+    @app.listener(src, output=out, max_attempts=3, backoff=1.0, dlq=True, **{**TOPICS, "ordering": ordering})
     def handle(record: Record) -> bytes:
         value = record.value or b""
         calls.append((value, record.attempt, time.monotonic()))
@@ -103,15 +106,22 @@ def test_the_retry_comes_no_earlier_than_the_backoff_after_the_failure(kafka: Ka
     assert [(e.attempt, e.delay) for e in scheduled] == [(2, 1.5)], "the retry event names the next attempt and delay"
 
 
-def test_a_record_due_later_does_not_delay_one_due_earlier(kafka: KafkaTestKit) -> None:
+@pytest.mark.parametrize("ordering", ["none", "key"])
+def test_a_record_due_later_does_not_delay_one_due_earlier(kafka: KafkaTestKit, ordering: str) -> None:
     """Exponential back-off (1 s, then 2 s): A's second failure waits 2 s in -retry-2000 while B's first retry,
-    due 1 s after its failure in -retry-1000, is handled before it."""
+    due 1 s after its failure in -retry-1000, is handled before it (keys a and b: key order holds back neither)."""
     src = kafka.topic()
     kafka.produce(src, [{"key": b"a", "value": b"A"}])
     app = make_app(kafka)
     calls: list[tuple[bytes, int, float]] = []
 
-    @app.listener(src, max_attempts=3, backoff=wait_exponential(multiplier=1, max=10), dlq=True, **TOPICS)
+    @app.listener(
+        src,
+        max_attempts=3,
+        backoff=wait_exponential(multiplier=1, max=10),
+        dlq=True,
+        **{**TOPICS, "ordering": ordering},
+    )
     def handle(record: Record) -> None:
         value = record.value or b""
         calls.append((value, record.attempt, time.time()))
@@ -203,8 +213,8 @@ def test_a_restart_with_records_in_retry_does_each_exactly_once_and_attempts_nev
 
 def test_declaration_errors(kafka: KafkaTestKit) -> None:
     app = make_app(kafka)
-    with pytest.raises(InvalidConfigurationError, match='ordering="none"'):
-        app.listener(kafka.topic(), retry="topics")(lambda record: None)
+    with pytest.raises(InvalidConfigurationError, match="cannot keep partition order"):
+        app.listener(kafka.topic(), retry="topics", ordering="partition")(lambda record: None)
     src = kafka.topic()
     kafka.topic(name=src + "-dlt")
     kafka.topic(name=src + "-retri")

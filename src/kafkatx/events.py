@@ -28,6 +28,8 @@ __all__ = [
     "TransactionAborted",
     "HandlerFailed",
     "RecordRetryScheduled",
+    "RecordFollowed",
+    "RecordsInRetry",
     "RecordRecovered",
     "RecoveryFailed",
     "ProducerRecreated",
@@ -106,6 +108,23 @@ class RecordRetryScheduled(Event):
     record: Record | None = None
     attempt: int = 1
     delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFollowed(Event):
+    """``retry="topics"`` with key order: ``record`` went to retry topic ``topic`` behind its key's record in
+    retry, without being handled or spending an attempt."""
+
+    record: Record | None = None
+    topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsInRetry(Event):
+    """``retry="topics"`` with key order: how many records of the container's partitions are in retry (written
+    to a retry topic and not consumed from it, as committed) changed: after a commit, an assignment, a revocation."""
+
+    records: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from kafkatx.listener.spec import ListenerSpec, build_spec
 from kafkatx.listener.transaction.unit import TransactionUnit
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage
+from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.rollback.tracker import FailureTracker
 
 TP = tuple[str, int]  # (tests keep their own spelling: src defines it once, in kafkatx.client.offsets)
@@ -216,6 +217,7 @@ class FakeHost:
         self.transaction_budget = 3600.0
         self.fence_hold = 5.0
         self.max_producer_recreations = 10
+        self.retry_hops = RetryHops.of(spec, self.group_id)
         self.producer = producer or FakeProducer()
         self.events: list[Event] = []
         self.seeks: list[tuple[TP, int]] = []

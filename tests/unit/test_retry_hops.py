@@ -30,12 +30,14 @@ def _handler(record: Record) -> None:
 
 
 # -- the declaration ---------------------------------------------------------------------------------------
-def test_retry_topics_needs_ordering_none_and_says_why() -> None:
-    with pytest.raises(InvalidConfigurationError, match=r'keeps per-key order in a later release.*ordering="none"'):
-        build_spec(_handler, ["orders"], {"retry": "topics"})
-    with pytest.raises(InvalidConfigurationError, match='ordering="none"'):
+def test_retry_topics_keeps_key_order_by_default_and_refuses_partition_order_saying_why() -> None:
+    with pytest.raises(InvalidConfigurationError, match=r'cannot keep partition order.*retry="rollback".*"key"'):
         build_spec(_handler, ["orders"], {"retry": "topics", "ordering": "partition"})
-    assert build_spec(_handler, ["orders"], TOPICS).retry == "topics"
+    keyed = build_spec(_handler, ["orders"], {"retry": "topics"})
+    assert (keyed.retry, keyed.ordering) == ("topics", "key")
+    assert RetryHops.of(keyed, "grp").keys is not None  # type: ignore[union-attr]
+    loose = build_spec(_handler, ["orders"], TOPICS)
+    assert RetryHops.of(loose, "grp").keys is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

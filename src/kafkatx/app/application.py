@@ -203,7 +203,7 @@ class App(BatchListeners):
         - ``max_recovery_failures`` [None]: failed recoveries of one record before the container stops (None: never).
         - ``recovery_backoff`` [None: 0.5 s doubling to 30 s]: wait between recovery attempts.
         - ``after_rollback`` [None]: a custom AfterRollbackProcessor instead of the default one.
-        - ``retry`` ["rollback"]: "in_place" retries inside the open transaction instead of aborting it.
+        - ``retry`` ["rollback"]: "topics": a failed record waits in a retry topic (docs/RETRY_TOPICS.md).
         - ``count_crashes`` [True]: count a record that kills the process as a failed attempt.
         - ``outages`` [(ConnectionError,)]: exception types meaning a dependency is down: pause, count nothing.
         - ``max_outage`` [None]: seconds of outage before the App stops (None: wait as long as it takes).
@@ -218,7 +218,8 @@ class App(BatchListeners):
         - ``in_flight`` [1]: records of a container handled at once (an ``async def`` handler is awaited,
           a plain one runs on a pool of that many threads); outputs still go out in input order.
         - ``ordering`` [None: "key"]: which records wait for each other when ``in_flight`` > 1: "key",
-          "partition" or "none".
+          "partition" or "none"; with ``retry="topics"``, "key" makes a record follow its key's record in retry
+          and "none" lets it pass ("partition" is refused there).
         - ``overlap_commit`` [False]: handle the next batch while a transaction commits, holding its outputs
           (docs/OVERLAP.md); not with ``database=``, ``in_flight`` > 1 or async handlers.
         - ``group_id`` [the App's]: the consumer group.

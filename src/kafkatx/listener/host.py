@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from kafkatx.outputs import PendingOutput, Serializer
     from kafkatx.record import ConsumedMessage, Record
     from kafkatx.recoverers import Recoverer
+    from kafkatx.retry_topics.hops import RetryHops
     from kafkatx.rollback.policy import FailurePolicy
     from kafkatx.rollback.processor import AfterRollbackProcessor
     from kafkatx.rollback.tracker import FailureTracker
@@ -336,6 +337,11 @@ class ContainerTransactions(Protocol):
 
     def producer_for(self, tp: TP) -> TransactionalProducer:
         """The transactional producer that commits ``tp``'s offsets."""
+
+    @property
+    def retry_hops(self) -> RetryHops | None:
+        """``retry="topics"``: the listener's retry topics (and, with key order, the keys in retry each
+        transaction keeps up to date); None for any other listener."""
 
 
 class ContainerFailureState(Protocol):

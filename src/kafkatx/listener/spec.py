@@ -385,9 +385,10 @@ def _check_retry_topics(
     why = (
         'retry="topics" is available on record listeners (@app.listener) only'
         if kind != "record" or runner is not None
-        else 'retry="topics" keeps per-key order in a later release: pass ordering="none" to let records pass '
-        "each other like Spring's retry topics do (a record in retry no longer holds back the records after it)"
-        if opts["ordering"] != "none"
+        else 'retry="topics" cannot keep partition order (ordering="partition"): a record in retry would hold '
+        'back every later record of its partition, which is what retry="rollback" does without the topics; use '
+        'ordering="key" (the default: a record follows its key\'s record in retry) or ordering="none"'
+        if opts["ordering"] == "partition"
         else 'retry="topics" cannot go with a custom after_rollback processor (a failed record is written to a '
         "retry topic in the open transaction, without calling it): drop after_rollback="
         if opts["after_rollback"] is not None

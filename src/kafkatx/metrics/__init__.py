@@ -37,8 +37,10 @@ from kafkatx.events import (
     PartitionsAssigned,
     PartitionsRevoked,
     ProducerRecreated,
+    RecordFollowed,
     RecordRecovered,
     RecordRetryScheduled,
+    RecordsInRetry,
     RecoveryFailed,
     TransactionAborted,
     TransactionCommitted,
@@ -101,6 +103,15 @@ class _Families:
         self.outputs = counter("kafkatx_outputs_produced", "Records produced by handlers in committed transactions")
         self.failures = counter("kafkatx_handler_failures", "Handler failures (each failed attempt counts)")
         self.retries = counter("kafkatx_record_retries", "Redeliveries scheduled after a handler failure")
+        self.followed = counter(
+            "kafkatx_records_followed",
+            'Records sent to a retry topic behind their key\'s record in retry (retry="topics", ordering="key")',
+        )
+        self.in_retry = gauge(
+            "kafkatx_records_in_retry",
+            'Records in retry topics, not consumed back yet, of the partitions assigned (retry="topics", '
+            'ordering="key")',
+        )
         self.recovered = counter(
             "kafkatx_records_recovered", "Records handed to the recoverer (e.g. sent to the DLQ)", ("recoverer",)
         )
@@ -164,6 +175,7 @@ class Metrics:
         self._app_name = app.name
         self._lag = lag
         self._assigned: dict[tuple[str, int], int] = {}
+        self._in_retry: dict[tuple[str, int], int] = {}
         self._running: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         on = app.events.subscribe
@@ -171,6 +183,8 @@ class Metrics:
         on(TransactionAborted, self._simple(families.aborted))
         on(HandlerFailed, self._simple(families.failures))
         on(RecordRetryScheduled, self._simple(families.retries))
+        on(RecordFollowed, self._simple(families.followed))
+        on(RecordsInRetry, self._records_in_retry)
         on(RecordRecovered, self._recovered)
         on(RecoveryFailed, self._simple(families.recovery_failures))
         on(ProducerRecreated, self._simple(families.recreations))
@@ -241,6 +255,8 @@ class Metrics:
         if was_running:  # a container that failed to open stops without having started
             self._f.running.labels(*self._labels(event)).dec()
         self._set_assigned(event.listener, event.worker, 0)
+        if (event.listener, event.worker) in self._in_retry:  # its partitions, and their records in retry, are gone
+            self._records_in_retry(RecordsInRetry(event.listener, event.worker, 0))
 
     def _partitions(self, event: PartitionsAssigned | PartitionsRevoked) -> None:
         n = len(event.partitions)
@@ -248,6 +264,14 @@ class Metrics:
             current = self._assigned.get((event.listener, event.worker), 0)
         delta = n if isinstance(event, PartitionsAssigned) else -n
         self._set_assigned(event.listener, event.worker, current + delta)
+
+    def _records_in_retry(self, event: RecordsInRetry) -> None:
+        """Per container, summed per listener, as the assigned partitions are."""
+        listener = listener_label(event.listener, event.worker)
+        with self._lock:
+            self._in_retry[(event.listener, event.worker)] = event.records
+            total = sum(n for (c, w), n in self._in_retry.items() if listener_label(c, w) == listener)
+        self._f.in_retry.labels(self._app_name, listener).set(total)
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from kafkatx.dlq import headers as dlt
 from kafkatx.dlq.headers import dead_letter_headers, parse_dead_letter_headers
 from kafkatx.record import Headers, Record
 
@@ -39,6 +40,7 @@ ORIGINAL_TIMESTAMP = "retry_topic-original-timestamp"
 _RETRY_PREFIX = "retry_topic-"
 _DLT_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-")
 _INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
 
 
 def _java_big_integer(value: int) -> bytes:
@@ -62,15 +64,34 @@ class RetryHop:
 
 
 def hop_headers(
-    record: Record, exception: BaseException, *, group_id: str | None, next_attempt: int, due_ms: int
+    record: Record, exception: BaseException | None, *, group_id: str | None, next_attempt: int, due_ms: int
 ) -> Headers:
-    """The headers of ``record`` (the input record, as its handler saw it) sent to a retry topic after ``exception``."""
-    headers = dead_letter_headers(record, exception, group_id=group_id, attempts=next_attempt - 1)
+    """The headers of ``record`` (the input record, as its handler saw it) sent to a retry topic after ``exception``;
+    ``exception`` None: a record that follows its key's head (``ordering="key"``), no failure of its own to name."""
+    if exception is None:
+        headers = _provenance(record, group_id)
+    else:
+        headers = dead_letter_headers(record, exception, group_id=group_id, attempts=next_attempt - 1)
     headers += [
         (ATTEMPTS, _INT.pack(next_attempt)),
         (BACKOFF_TIMESTAMP, _java_big_integer(due_ms)),
         (ORIGINAL_TIMESTAMP, _java_big_integer(record.timestamp)),
     ]
+    return headers
+
+
+def _provenance(record: Record, group_id: str | None) -> Headers:
+    """``record``'s own headers and Spring's ``kafka_dlt-original-*`` (what :func:`parse_hop` reads back)."""
+    headers: Headers = [(k, v) for k, v in record.headers if not k.startswith(_DLT_PREFIXES)]
+    headers += [
+        (dlt.ORIGINAL_TOPIC, record.topic.encode()),
+        (dlt.ORIGINAL_PARTITION, _INT.pack(record.partition)),
+        (dlt.ORIGINAL_OFFSET, _LONG.pack(record.offset)),
+        (dlt.ORIGINAL_TIMESTAMP, _LONG.pack(record.timestamp)),
+        (dlt.ORIGINAL_TIMESTAMP_TYPE, record.timestamp_type.encode()),
+    ]
+    if group_id:
+        headers.append((dlt.ORIGINAL_CONSUMER_GROUP, group_id.encode()))
     return headers
 
 

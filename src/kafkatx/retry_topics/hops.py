@@ -15,6 +15,12 @@ procedure (:func:`~kafkatx.listener.failure.failed_record.settle_failure`):
 
 It does no I/O: the output goes to the open transaction through the unit, so
 the hop and the offset of the record it replaces commit together.
+
+With ``ordering="key"`` it holds the listener's :class:`~kafkatx.retry_topics.keys.RetryKeys`
+(``keys``): :meth:`RetryHops.viewing` is then also the gate of key order: a
+record whose key has an earlier record in retry is not handed to the handler;
+it follows that record (:meth:`RetryHops.follow`, sent like a ``send()`` of the
+handler, so it commits with the record's offset), its attempt unchanged.
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from kafkatx.client.offsets import TP
+from kafkatx.context import send
+from kafkatx.dlq.headers import parse_dead_letter_headers
+from kafkatx.events import Event, RecordFollowed, RecordsInRetry
 from kafkatx.outputs import PendingOutput
-from kafkatx.record import Record
+from kafkatx.record import ConsumedMessage, Record
 from kafkatx.retry_topics.headers import hop_headers, parse_hop
+from kafkatx.retry_topics.keys import Place, RetryKeys
 from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
 
@@ -41,12 +52,16 @@ class _Declaration(Protocol):
     def topics(self) -> tuple[str, ...]: ...
     @property
     def policy(self) -> FailurePolicy: ...
+    @property
+    def ordering(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "_origin", "_clock")
+    __slots__ = ("plan", "inputs", "group_id", "keys", "_origin", "_clock", "_publish", "_listener")
 
     def __init__(
         self,
@@ -55,6 +70,9 @@ class RetryHops:
         group_id: str | None,
         *,
         clock: Callable[[], float] = time.time,
+        key_order: bool = False,
+        publish: Callable[[Event], None] | None = None,
+        listener: str = "",
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -62,22 +80,49 @@ class RetryHops:
         #: retry topic -> its input topic
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
+        self._publish, self._listener = publish, listener
+        #: ``ordering="key"``: the keys in retry; None lets records pass each other (``ordering="none"``).
+        self.keys = RetryKeys(self._origin, self._in_retry if publish is not None else None) if key_order else None
 
     @classmethod
-    def of(cls, spec: _Declaration, group_id: str | None) -> RetryHops | None:
-        """The retry topics of a listener declared with ``retry="topics"``; None for any other listener."""
+    def of(
+        cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
+    ) -> RetryHops | None:
+        """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
+        where :class:`~kafkatx.events.RecordFollowed` and :class:`~kafkatx.events.RecordsInRetry` go."""
         if spec.retry != "topics":
             return None
-        return cls(RetryTopicPlan(spec.policy), spec.topics, group_id)
+        key_order = spec.ordering == "key"
+        return cls(
+            RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=key_order, publish=publish, listener=spec.name
+        )
+
+    def _in_retry(self, records: int) -> None:
+        if self._publish is not None:
+            self._publish(RecordsInRetry(self._listener, 0, records))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
-        """``handler`` called with each record's :meth:`view`."""
-        view = self.view
+        """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
+        view, keys, origin = self.view, self.keys, self._origin
+        if keys is None:
 
-        def handle(record: Record) -> Any:
-            return handler(view(record))
+            def handle(record: Record) -> Any:
+                return handler(view(record))
 
-        return handle
+            return handle
+        ahead, consumed, follow = keys.ahead, keys.consumed, self.follow
+
+        def in_key_order(record: Record) -> Any:
+            seen = view(record)
+            if record.topic in origin and seen is not record:
+                consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
+            place = ahead(seen)
+            if place is None:
+                return handler(seen)
+            follow(seen, place)
+            return None
+
+        return in_key_order
 
     @property
     def retry_topics(self) -> tuple[str, ...]:
@@ -111,4 +156,27 @@ class RetryHops:
             return None
         due_ms = self.now_ms() + round(delay * 1000)
         headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
-        return (view.topic + level.suffix, view.raw_value, view.raw_key, headers, view.partition)
+        topic = view.topic + level.suffix
+        if self.keys is not None:
+            self.keys.wrote(view, Place(topic, due_ms))
+        return (topic, view.raw_value, view.raw_key, headers, view.partition)
+
+    def follow(self, view: Record, place: Place) -> None:
+        """Send ``view`` behind its key's head, to ``place`` (the head's retry topic, due when it is), in the
+        handler's transaction (as its ``send()``): no attempt spent, no failure to name."""
+        headers = hop_headers(
+            view, None, group_id=self.group_id, next_attempt=max(view.attempt, 1), due_ms=place.due_ms
+        )
+        send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
+        if self.keys is not None:
+            self.keys.wrote(view, place)
+        if self._publish is not None:
+            self._publish(RecordFollowed(self._listener, 0, view, place.topic))
+
+    def hop_of(self, msg: ConsumedMessage) -> tuple[TP, bytes | None, int] | None:
+        """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""
+        info = parse_dead_letter_headers(msg.headers())
+        topic, partition, offset = info.original_topic, info.original_partition, info.original_offset
+        if topic is None or partition is None or offset is None:
+            return None
+        return (topic, partition), msg.key(), offset

@@ -136,7 +136,8 @@ class ListenerContainer:
         self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
-        self._feed = RetryFeed(RetryHops.of(spec, self.group_id), self.consumer_config, self.name)
+        self.retry_hops = RetryHops.of(spec, self.group_id, self.publish)
+        self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
         self._runner: Callable[[TransactionUnit], None] = (

@@ -22,6 +22,15 @@ they failed, so a partition's head is always the record due first. Of what a
 poll brings, each retry partition's records up to the first one not yet due
 are handed on; that partition is sought back to that record and paused until
 it is due (a pause, never a sleep, and never with a transaction open).
+
+**The keys in retry** (``ordering="key"``, :mod:`kafkatx.retry_topics.keys`) are rebuilt
+when input partitions are assigned, never carried in memory from an earlier
+owner: their retry partitions are read from the committed offsets (fetched
+with the input partitions', read_committed, so a previous owner's pending
+commit is waited for) to their end, on a third consumer of the same group
+that never commits, and every hop found is a record in retry. Until it is
+read to the end the assignment callback does not return, so nothing of the
+partition is handled before its keys are known.
 """
 
 from __future__ import annotations
@@ -31,20 +40,25 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from kafkatx.client.offsets import TP
+from kafkatx.errors import KafkaTxError
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
+from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "not_due"]
+__all__ = ["RetryFeed", "not_due", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
 #: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
 #: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
 _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
+#: How long rebuilding the keys in retry of an assignment may go without progress (reading retry partitions to
+#: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
+REBUILD_TIMEOUT_S = 30.0
 
 
 def not_due(messages: Iterable[ConsumedMessage], now_ms: int) -> dict[TP, tuple[int, int]]:
@@ -73,6 +87,8 @@ class RetryFeed:
         config["enable.auto.commit"] = False
         self._config = config
         self.consumer: Consumer | None = None
+        #: Key order: reads retry partitions to their end at assignment (rebuild), never commits.
+        self._scanner: Consumer | None = None
         #: The retry partitions this feed holds now.
         self.assigned: set[TP] = set()
         #: retry topic -> input topic
@@ -84,18 +100,21 @@ class RetryFeed:
         if self.hops is None:
             return
         self.consumer = Consumer(self._config)
+        if self.hops.keys is not None:
+            self._scanner = Consumer({**self._config, "enable.partition.eof": True})
         log.info(
             "listener %s: retry topics %s, fed by a consumer of their own", self.name, ", ".join(self._origin) or "none"
         )
 
     def close(self) -> None:
-        consumer, self.consumer = self.consumer, None
+        consumers, self.consumer, self._scanner = (self.consumer, self._scanner), None, None
         self.assigned.clear()
-        if consumer is not None:
-            try:
-                consumer.close()
-            except Exception:
-                log.debug("closing the retry consumer failed", exc_info=True)
+        for consumer in consumers:
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except Exception:
+                    log.debug("closing a retry consumer failed", exc_info=True)
 
     def consumer_of(self, tp: TP, container_consumer: Consumer | None) -> Consumer | None:
         """The consumer that fetches ``tp``: this one for a retry partition, else the container's."""
@@ -138,13 +157,40 @@ class RetryFeed:
         except Exception:
             log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
         log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
+        if self.hops.keys is not None:
+            self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         return mirrored
+
+    def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> None:
+        """Key order: the keys in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end."""
+        consumer, scanner, hops = self.consumer, self._scanner, self.hops
+        assert consumer is not None and scanner is not None and hops is not None and hops.keys is not None
+        wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
+        committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
+        starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
+        found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
+        for msg in read_to_end(scanner, starts, self.name):
+            hop = hops.hop_of(msg)
+            if hop is not None:
+                tp, key, offset = hop
+                found.setdefault(tp, []).append((key, offset, Place(msg.topic(), due_ms_of(msg.headers()))))
+        for tp, in_retry in found.items():
+            hops.keys.rebuilt(tp, in_retry)
+        log.info(
+            "listener %s: %d record(s) in retry on %s, keys rebuilt from the retry topics",
+            self.name,
+            sum(len(f) for f in found.values()),
+            _fmt(inputs),
+        )
 
     def revoke(self, inputs: Iterable[TP]) -> list[TP]:
         """Input partitions ``inputs`` were revoked or lost: give up their retry partitions; returns them."""
+        inputs = list(inputs)
         mirrored = [tp for tp in self.hops.mirrored(inputs) if tp in self.assigned] if self.hops is not None else []
         if not mirrored:
             return []
+        if self.hops is not None and self.hops.keys is not None:
+            self.hops.keys.forget(inputs)  # their next owner rebuilds them from the retry topics
         self.assigned.difference_update(mirrored)
         consumer = self.consumer
         if consumer is not None:
@@ -177,6 +223,39 @@ class RetryFeed:
             pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
         due = {id(m) for m in records if _before_gate(m, gate)}
         return [m for m in msgs if m.error() is not None or id(m) in due]
+
+
+def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> list[ConsumedMessage]:
+    """What ``starts``' partitions hold from their offsets to their end (read_committed: the last stable offset);
+    :class:`~kafkatx.KafkaTxError` once :data:`REBUILD_TIMEOUT_S` passed without a record or an end reached."""
+    records: list[ConsumedMessage] = []
+    if not starts:
+        return records
+    left = {(tp.topic, tp.partition) for tp in starts}
+    scanner.assign(starts)
+    try:
+        deadline = time.monotonic() + REBUILD_TIMEOUT_S
+        while left:
+            if time.monotonic() > deadline:
+                raise KafkaTxError(
+                    f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
+                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the keys in retry (ordering='key') cannot be rebuilt; "
+                    "the container stops rather than let a record pass one of its key in retry"
+                )
+            msgs = scanner.consume(500, 0.2)
+            for msg in msgs:
+                error = msg.error()
+                if error is None:
+                    records.append(cast("ConsumedMessage", msg))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    left.discard((msg.topic(), msg.partition()))
+                else:
+                    log.warning("listener %s: reading the retry partitions: %s", name, error)
+            if msgs:
+                deadline = time.monotonic() + REBUILD_TIMEOUT_S
+    finally:
+        scanner.unassign()
+    return records
 
 
 def _before_gate(msg: ConsumedMessage, gate: dict[TP, tuple[int, int]]) -> bool:

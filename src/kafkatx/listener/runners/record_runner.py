@@ -70,7 +70,6 @@ from kafkatx.listener.runners.concurrent import (
 )
 from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, MessageRecord, Record
-from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
@@ -134,7 +133,7 @@ class RecordRunner:
         self._buffer = _RecordBuffer(self.spec.serializer)
         self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
         #: ``retry="topics"``: a failed record hops to a retry topic (the container's, which feeds them back).
-        self._hops = RetryHops.of(self.spec, container.group_id)
+        self._hops = container.retry_hops
         #: The handler called per record; with retry topics it sees a hop's input record (one call more per
         #: record, for those listeners only).
         self._handler = self.spec.handler if self._hops is None else self._hops.viewing(self.spec.handler)
@@ -324,7 +323,9 @@ class RecordRunner:
         """Handle ``msgs`` in the open transaction, producing each record's outputs, then send the offsets."""
         buf = self._buffer
         emitters = self._emitters(unit)
-        handler, handled = _transaction_handler(self._handler, self.spec.untraced_roots)
+        # The untraced roots' handler is the listener's own: with key order every record passes the gate first.
+        roots = self.spec.untraced_roots if self._hops is None or self._hops.keys is None else None
+        handler, handled = _transaction_handler(self._handler, roots)
         previous = bind_sink(buf)
         try:
             outputs, offsets = self._handle_records(unit, msgs, emitters, handler)

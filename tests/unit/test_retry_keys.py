@@ -1,0 +1,221 @@
+"""``ordering="key"`` with retry topics, the pure rules (no broker): which record follows its key's head, where to,
+and how the keys in retry follow what the transactions commit (never what they only tried)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from kafkatx.context import bind_sink
+from kafkatx.errors import KafkaTxError
+from kafkatx.listener.loop import retry_feed
+from kafkatx.listener.loop.retry_feed import read_to_end
+from kafkatx.outputs import PendingOutput
+from kafkatx.record import ConsumedMessage, Record
+from kafkatx.retry_topics import RetryTopicPlan, hop_headers, parse_hop
+from kafkatx.retry_topics.hops import RetryHops
+from kafkatx.retry_topics.keys import Place, RetryKeys
+from kafkatx.rollback.policy import FailurePolicy
+
+A, B = object(), object()  # two transactional producers
+
+
+def _hops() -> RetryHops:
+    plan = RetryTopicPlan(FailurePolicy(max_attempts=3, backoff=1.0))
+    return RetryHops(plan, ["orders"], "grp", clock=lambda: 1000.0, key_order=True)
+
+
+def _keys(hops: RetryHops) -> RetryKeys:
+    assert hops.keys is not None
+    return hops.keys
+
+
+def _input(offset: int, key: bytes | None, partition: int = 0) -> Record:
+    return Record("orders", partition, offset, key, b"v%d" % offset, [], 5)
+
+
+def _read_back(original: Record, retry_offset: int, *, exc: BaseException | None = None, due: int = 0) -> Message:
+    """``original``'s hop as the retry consumer hands it over."""
+    headers = hop_headers(original, exc, group_id="grp", next_attempt=2 if exc else 1, due_ms=due)
+    return Message(
+        topic="orders-retry",
+        partition=original.partition,
+        offset=retry_offset,
+        key=original.key,
+        value=original.value,
+        headers=headers,
+    )
+
+
+def _as_record(msg: Message) -> Record:
+    return Record(msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.key(), msg.value(), msg.headers())
+
+
+class _Sink(list[PendingOutput]):
+    serializer = None
+    add = list.append
+
+
+def _run(handler: Any, hops: RetryHops, record: Record) -> tuple[Any, list[PendingOutput]]:
+    sink = _Sink()
+    previous = bind_sink(sink)
+    try:
+        return hops.viewing(handler)(record), list(sink)
+    finally:
+        bind_sink(previous)
+
+
+def test_a_key_without_a_record_in_retry_runs_and_a_record_without_a_key_never_follows() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.began(A)
+    assert hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0) is not None  # k's first record hops
+    assert hops.hop(_input(1, None), TimeoutError("t"), 1, 1.0) is not None  # so does a record without a key
+    assert keys.ahead(_input(2, b"other")) is None
+    assert keys.ahead(_input(3, None)) is None, "no key, no key order"
+    assert keys.ahead(_input(4, b"k", partition=1)) is None, "key order is per input partition"
+    assert keys.ahead(_input(5, b"k")) == Place("orders-retry", 1_001_000), "behind k's head, due when it is"
+
+
+def test_a_follower_is_sent_behind_its_head_in_the_transaction_with_its_attempt_unchanged_and_no_failure() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.began(A)
+    hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0)
+    called: list[Record] = []
+    result, sent = _run(called.append, hops, _input(3, b"k"))
+    assert result is None and called == [], "the handler is not called for a follower"
+    [(topic, value, key, headers, partition)] = sent
+    assert (topic, value, key, partition) == ("orders-retry", b"v3", b"k", 0)
+    back = parse_hop(Record(topic, 0, 0, key, value, headers or []))
+    assert back is not None and back.record.attempt == 1 and back.due_ms == 1_001_000
+    assert (back.record.topic, back.record.offset) == ("orders", 3)
+    assert not any(name.startswith("kafka_dlt-exception") for name, _ in headers or []), "no failure to name"
+    _run(called.append, hops, _input(4, b"j"))
+    assert [r.offset for r in called] == [4], "another key runs"
+
+
+def test_the_keys_in_retry_are_what_committed_an_aborted_transactions_hops_are_dropped() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.began(A)
+    hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0)
+    keys.began(A)  # the transaction was aborted: the same producer begins again
+    assert keys.ahead(_input(1, b"k")) is None and keys.in_retry() == 0
+    hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0)
+    keys.committed(A, {("orders", 0): 1}, [], hops.hop_of)
+    keys.began(A)
+    assert keys.ahead(_input(1, b"k")) is not None and keys.keys_in_retry(("orders", 0)) == {b"k": [0]}
+
+
+def test_a_head_read_back_runs_and_releases_its_followers_once_its_retry_offset_commits() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.rebuilt(("orders", 0), [(b"k", 0, Place("orders-retry", 5)), (b"k", 3, Place("orders-retry", 5))])
+    head, follower = _read_back(_input(0, b"k"), 10, exc=TimeoutError("t")), _read_back(_input(3, b"k"), 11)
+    keys.began(A)
+    called: list[Record] = []
+    _run(called.append, hops, _as_record(follower))
+    assert called == [], "read before its head: it follows again"
+    _run(called.append, hops, _as_record(head))
+    assert [(r.offset, r.attempt) for r in called] == [(0, 2)], "the head runs at its own attempt"
+    _run(called.append, hops, _as_record(follower))
+    assert [r.offset for r in called] == [0, 3], "after its head, in the same transaction, the follower runs"
+    consumed = cast("list[ConsumedMessage]", [head, follower])
+    keys.committed(A, {("orders-retry", 0): 11}, consumed, hops.hop_of)  # the follower's offset did not commit
+    assert keys.keys_in_retry(("orders", 0)) == {b"k": [3]}
+    keys.began(A)
+    keys.committed(A, {("orders-retry", 0): 12}, consumed[1:], hops.hop_of)
+    assert keys.in_retry() == 0
+
+
+def test_a_head_that_hops_again_keeps_its_followers_behind_it_in_its_new_level() -> None:
+    plan = RetryTopicPlan(FailurePolicy(max_attempts=4, backoff=lambda state: float(state.attempt_number)))
+    hops = RetryHops(plan, ["orders"], "grp", clock=lambda: 1000.0, key_order=True)
+    keys = _keys(hops)
+    assert plan.topics("orders") == ("orders-retry-1000", "orders-retry-2000", "orders-retry-3000")
+    keys.rebuilt(("orders", 0), [(b"k", 0, Place("orders-retry-1000", 5)), (b"k", 3, Place("orders-retry-1000", 5))])
+    keys.began(A)
+    head = _input(0, b"k")
+    keys.consumed(head)  # read back, it failed again: its second retry waits 2 s in the next level
+    hops.hop(head, TimeoutError("t"), 2, 2.0)
+    assert keys.ahead(_input(3, b"k")) == Place("orders-retry-2000", 1_002_000), "the follower moves behind it"
+    assert keys.ahead(_input(7, b"k")) == Place("orders-retry-2000", 1_002_000), "and so does a new record"
+
+
+def test_a_dead_lettered_head_releases_its_followers() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.rebuilt(("orders", 0), [(b"k", 0, Place("orders-retry", 5))])
+    keys.began(A)
+    keys.consumed(_input(0, b"k"))  # read back and dead-lettered: no hop follows
+    assert keys.ahead(_input(3, b"k")) is None
+
+
+def test_each_producers_transaction_keeps_its_own_journal() -> None:
+    """``fencing="partition"``: B's transaction may begin while A's commits; each commit applies its own hops."""
+    hops = _hops()
+    keys = _keys(hops)
+    keys.began(A)
+    hops.hop(_input(0, b"k", partition=0), TimeoutError("t"), 1, 1.0)
+    keys.began(B)
+    hops.hop(_input(0, b"k", partition=1), TimeoutError("t"), 1, 1.0)
+    keys.committed(A, {("orders", 0): 1}, [], hops.hop_of)
+    assert keys.keys_in_retry(("orders", 0)) == {b"k": [0]} and keys.keys_in_retry(("orders", 1)) == {}
+    keys.committed(B, {("orders", 1): 1}, [], hops.hop_of)
+    assert keys.keys_in_retry(("orders", 1)) == {b"k": [0]}
+
+
+def test_rebuilt_and_forgotten_by_input_partition() -> None:
+    keys = _keys(_hops())
+    keys.rebuilt(("orders", 0), [(b"k", 4, Place("orders-retry", 1)), (None, 5, Place("orders-retry", 1))])
+    keys.rebuilt(("orders", 1), [(b"j", 2, Place("orders-retry", 1))])
+    assert keys.in_retry() == 3, "a record without a key is in retry too (counted, never followed)"
+    assert keys.ahead(_input(9, None)) is None
+    keys.forget([("orders", 0)])
+    assert keys.keys_in_retry(("orders", 0)) == {} and keys.in_retry(("orders", 1)) == 1
+    keys.rebuilt(("orders", 1), [])
+    assert keys.in_retry() == 0
+
+
+# -- the rebuild's read to the end ---------------------------------------------------------------------------
+class _Scanner:
+    """A consumer whose partitions hold ``batches`` (each a consume() answer), then nothing."""
+
+    def __init__(self, *batches: list[Message]) -> None:
+        self.batches = list(batches)
+        self.assigned: list[Any] = []
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = partitions
+
+    def unassign(self) -> None:
+        self.assigned = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        return self.batches.pop(0) if self.batches else []
+
+
+def _eof(partition: int) -> Message:
+    return Message(topic="orders-retry", partition=partition, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_the_rebuild_reads_every_retry_partition_to_its_end() -> None:
+    hop = _read_back(_input(4, b"k"), 0)
+    scanner = _Scanner([hop], [_eof(0)], [_eof(1)])
+    starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 7)]
+    assert read_to_end(cast(Any, scanner), starts, "orders") == [hop]
+    assert scanner.assigned == [] and scanner.batches == [], "both ends reached, the partitions given back"
+
+
+def test_a_rebuild_that_makes_no_progress_stops_the_container_rather_than_lose_key_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(retry_feed, "REBUILD_TIMEOUT_S", 0.05)
+    scanner = _Scanner([_eof(0)])  # partition 1 never reaches its end
+    starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 0)]
+    with pytest.raises(KafkaTxError, match=r"orders-retry\[1\].*no progress.*cannot be rebuilt"):
+        read_to_end(cast(Any, scanner), starts, "orders")
+    assert scanner.assigned == [], "given back all the same"
