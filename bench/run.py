@@ -242,7 +242,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "4t": {
         "label": "kafkatx, 1% failing at attempts 1-2, retry='topics' (default back-off, dlq)",
         "kind": "kafkatx",
-        "options": {**G, "retry": "topics", "ordering": "none"},
+        "options": {**G, "retry": "topics"},  # ordering="key", the default: each key's outputs in input order
         "input": "main",
         "transient": True,
         "dlq": True,

@@ -33,7 +33,7 @@ APP = textwrap.dedent(
     class Transient(Exception):
         pass
 
-    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", ordering="none",
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", ordering=os.environ["ORDERING"],
                   max_attempts=4, backoff=1.0, dlq=True)
     def handle(record: Record) -> bytes:
         value = record.value or b""
@@ -68,6 +68,7 @@ def test_a_sigkill_with_records_in_retry_then_a_restart_commits_each_output_once
     name = unique_name("retry-kill")
     calls, mark = tmp_path / "calls.log", tmp_path / "stalled"
     env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "CALLS": str(calls), "MARK": str(mark)}
+    env["ORDERING"] = "none"  # key order through a SIGKILL: test_retry_key_order_crash.py
     env["PYTHONUNBUFFERED"] = "1"
     values = [f"flaky-{i}" if i % 5 == 0 else f"ok-{i}" for i in range(40)]
     kafka.produce(src, [{"value": v.encode(), "partition": i % 2} for i, v in enumerate(values)])
@@ -170,7 +171,7 @@ def test_under_workers_records_in_retry_are_handled_once_by_whichever_worker_own
     name = unique_name("retry-workers")
     calls = tmp_path / "calls.log"
     env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "CALLS": str(calls), "PYTHONUNBUFFERED": "1"}
-    env["MARK"] = str(tmp_path / "no-stall")
+    env["MARK"], env["ORDERING"] = str(tmp_path / "no-stall"), "key"
     (tmp_path / "no-stall").touch()  # no call stalls here
     values = [f"flaky-{i}" if i % 5 == 0 else f"ok-{i}" for i in range(80)]
     kafka.produce(src, [{"value": v.encode(), "partition": i % 4} for i, v in enumerate(values)])
