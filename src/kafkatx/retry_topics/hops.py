@@ -61,7 +61,7 @@ class _Declaration(Protocol):
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "keys", "_origin", "_clock", "_publish", "_listener")
+    __slots__ = ("plan", "inputs", "group_id", "keys", "written", "_origin", "_clock", "_publish", "_listener")
 
     def __init__(
         self,
@@ -83,6 +83,8 @@ class RetryHops:
         self._publish, self._listener = publish, listener
         #: ``ordering="key"``: the keys in retry; None lets records pass each other (``ordering="none"``).
         self.keys = RetryKeys(self._origin, self._in_retry if publish is not None else None) if key_order else None
+        #: The retry partitions hops were written to since the feed last looked (it fetches them again).
+        self.written: set[TP] = set()
 
     @classmethod
     def of(
@@ -159,6 +161,7 @@ class RetryHops:
         topic = view.topic + level.suffix
         if self.keys is not None:
             self.keys.wrote(view, Place(topic, due_ms))
+        self.written.add((topic, view.partition))
         return (topic, view.raw_value, view.raw_key, headers, view.partition)
 
     def follow(self, view: Record, place: Place) -> None:
@@ -168,6 +171,7 @@ class RetryHops:
             view, None, group_id=self.group_id, next_attempt=max(view.attempt, 1), due_ms=place.due_ms
         )
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
+        self.written.add((place.topic, view.partition))
         if self.keys is not None:
             self.keys.wrote(view, place)
         if self._publish is not None:

@@ -44,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaTxError
+from kafkatx.listener.loop.drained import DrainedPartitions
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
@@ -91,6 +92,8 @@ class RetryFeed:
         self._scanner: Consumer | None = None
         #: The retry partitions this feed holds now.
         self.assigned: set[TP] = set()
+        #: Those of them read to their end, paused until a hop is written to them (drained.py).
+        self._drained = DrainedPartitions()
         #: retry topic -> input topic
         self._origin = (
             {} if hops is None else {retry: topic for topic in hops.inputs for retry in hops.plan.topics(topic)}
@@ -108,6 +111,7 @@ class RetryFeed:
 
     def close(self) -> None:
         consumers, self.consumer, self._scanner = (self.consumer, self._scanner), None, None
+        self._drained.forget(self.assigned)
         self.assigned.clear()
         for consumer in consumers:
             if consumer is not None:
@@ -120,6 +124,10 @@ class RetryFeed:
         """The consumer that fetches ``tp``: this one for a retry partition, else the container's."""
         return self.consumer if self._origin and tp[0] in self._origin else container_consumer
 
+    def sought(self, tp: TP) -> None:
+        """The container sought ``tp``: if it is a retry partition paused as read to its end, fetch it again."""
+        self._drained.fetch_again(self.consumer, (tp,))
+
     def input_of(self, tp: TP) -> TP:
         """The input partition a retry partition mirrors (``tp`` itself for an input partition)."""
         if not self._origin:
@@ -131,6 +139,7 @@ class RetryFeed:
         """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
         mine = [TopicPartition(t, p) for t, p in tps if self._origin and t in self._origin]
         theirs = [TopicPartition(t, p) for t, p in tps if not self._origin or t not in self._origin]
+        self._drained.forget((tp.topic, tp.partition) for tp in mine)  # resumed here, whatever paused them
         for consumer, some in ((container_consumer, theirs), (self.consumer, mine)):
             if consumer is not None and some:
                 try:
@@ -152,6 +161,7 @@ class RetryFeed:
         partitions = [TopicPartition(t, p) for t, p in mirrored]
         consumer.incremental_assign(partitions)
         self.assigned.update(mirrored)
+        self._drained.forget(mirrored)  # resumed below: a new assignment starts fetching
         try:  # librdkafka keeps a pause flag across unassign and assign: a new assignment starts unpaused
             consumer.resume(partitions)
         except Exception:
@@ -192,6 +202,7 @@ class RetryFeed:
         if self.hops is not None and self.hops.keys is not None:
             self.hops.keys.forget(inputs)  # their next owner rebuilds them from the retry topics
         self.assigned.difference_update(mirrored)
+        self._drained.forget(mirrored)
         consumer = self.consumer
         if consumer is not None:
             try:
@@ -206,11 +217,15 @@ class RetryFeed:
     ) -> list[Message]:
         """What the retry partitions have that is due (errors too, for the container to report); a partition whose
         head is not due is sought back to it (``seek``, the container's) and paused until it is due (``pause``)."""
-        consumer = self.consumer
-        if consumer is None or not self.assigned:
+        consumer, hops = self.consumer, self.hops
+        if consumer is None or hops is None or not self.assigned:
             return []
+        if hops.written:  # hops written since the last look: their partitions are fetched until read past them
+            self._drained.written(consumer, hops.written, self.assigned)
+            hops.written.clear()
         msgs = consumer.consume(max_records, 0)
         if not msgs:
+            self._drained.pause_read_to_end(consumer, self.assigned)
             return msgs
         now_ms = int(time.time() * 1000)
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.

@@ -1,0 +1,129 @@
+"""Retry partitions read to their end wait paused until a hop is written to them.
+
+A retry partition mostly holds nothing: records arrive there only as hops this
+container writes (the owner of input partition ``(T, p)`` is the only writer
+of its retry partitions), or were there when it was assigned. Fetching an
+empty partition costs a fetch request per answer, and a broker that answers an
+empty fetch at once (the embedded one: ``fetch.wait.max.ms`` is not honoured)
+turns that into a busy loop of the client and the broker: about a third of a
+core for one listener's retry partitions, taken from the main flow.
+
+So a retry partition whose position reached its high watermark is paused, and
+resumed when a hop is written to it, when the container seeks it (a record
+handled from it is fetched again) or resumes it, or when it is assigned again.
+After a hop, the partition is paused again only once the client has seen the
+high watermark move past what it knew when the hop was written: until then
+the hop may still be on its way, and a pause would leave it unread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kafkatx.client.offsets import TP
+
+__all__ = ["DrainedPartitions"]
+
+log = logging.getLogger("kafkatx.container")
+
+
+class DrainedPartitions:
+    """The retry partitions a feed keeps paused because there is nothing in them to fetch (see the module)."""
+
+    def __init__(self) -> None:
+        #: Paused here: read to their end, nothing written to them since.
+        self.paused: set[TP] = set()
+        #: Written to: the high watermark known then; paused again only once the client knows a higher one.
+        self._written_at: dict[TP, int] = {}
+        #: Where fetching starts for those with no record read yet (librdkafka's position is unset until one is).
+        self._start: dict[TP, int] = {}
+
+    def pause_read_to_end(self, consumer: Consumer, assigned: Iterable[TP]) -> None:
+        """Pause the partitions of ``assigned`` whose position reached their high watermark (as last fetched)."""
+        fetching = [tp for tp in assigned if tp not in self.paused]
+        if not fetching:
+            return
+        positions = {(p.topic, p.partition): p.offset for p in consumer.position(_partitions(fetching))}
+        unread = [tp for tp in fetching if positions.get(tp, -1) < 0 and tp not in self._start]
+        if unread:
+            self._start.update(_starts(consumer, unread))
+        ends = []
+        for tp in fetching:
+            position = positions.get(tp, -1)
+            position = position if position >= 0 else self._start.get(tp, -1)
+            high = _cached_high(consumer, tp)
+            if 0 <= high <= position and high > self._written_at.get(tp, -1):
+                ends.append(tp)
+        if ends:
+            _call(consumer.pause, ends)
+            self.paused.update(ends)
+            for tp in ends:
+                self._written_at.pop(tp, None)
+
+    def written(self, consumer: Consumer, tps: Iterable[TP], assigned: set[TP]) -> None:
+        """Hops were written to ``tps``: fetch them (again) until the client has read past them."""
+        wake = []
+        for tp in tps:
+            if tp in assigned:
+                self._written_at[tp] = max(self._written_at.get(tp, -1), _cached_high(consumer, tp))
+                if tp in self.paused:
+                    wake.append(tp)
+        self.fetch_again(consumer, wake)
+
+    def fetch_again(self, consumer: Consumer | None, tps: Iterable[TP]) -> None:
+        """``tps`` must be fetched (sought, resumed, assigned again): those paused here are resumed."""
+        wake = [tp for tp in tps if tp in self.paused]
+        if wake:
+            self.paused.difference_update(wake)
+            if consumer is not None:
+                _call(consumer.resume, wake)
+
+    def forget(self, tps: Iterable[TP]) -> None:
+        """``tps`` are no longer assigned."""
+        for tp in tps:
+            self.paused.discard(tp)
+            self._written_at.pop(tp, None)
+            self._start.pop(tp, None)
+
+
+def _partitions(tps: Iterable[TP]) -> list[TopicPartition]:
+    return [TopicPartition(t, p) for t, p in tps]
+
+
+def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
+    """Where fetching ``tps`` starts: the group's committed offset, else the partition's first (earliest)."""
+    try:
+        committed = consumer.committed(_partitions(tps), timeout=5)
+    except Exception:
+        log.debug("committed offsets of retry partitions %s unknown", tps, exc_info=True)
+        return {}
+    starts = {}
+    for c in committed:
+        tp = (c.topic, c.partition)
+        if c.offset >= 0:
+            starts[tp] = c.offset
+        else:
+            try:
+                starts[tp] = int(consumer.get_watermark_offsets(c, cached=True)[0])
+            except Exception:
+                continue
+    return starts
+
+
+def _cached_high(consumer: Consumer, tp: TP) -> int:
+    """The high watermark the client last fetched for ``tp`` (negative when it has none)."""
+    try:
+        offsets = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+    except Exception:
+        return -1
+    return -1 if offsets is None else int(offsets[1])
+
+
+def _call(method: Callable[[list[TopicPartition]], object], tps: list[TP]) -> None:
+    try:
+        method(_partitions(tps))
+    except Exception:
+        log.debug("pause/resume of retry partitions %s failed (revoked?)", tps, exc_info=True)

@@ -1,0 +1,107 @@
+"""Retry partitions read to their end wait paused until a hop is written to them (listener/loop/drained.py)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kafkatx.listener.loop.drained import DrainedPartitions
+
+R0, R1 = ("t-retry", 0), ("t-retry", 1)
+
+
+class FakeConsumer:
+    """What DrainedPartitions reads of a consumer: positions, cached watermarks, committed offsets, pause/resume."""
+
+    def __init__(self) -> None:
+        self.positions: dict[tuple[str, int], int] = {}
+        self.high: dict[tuple[str, int], int] = {}
+        self.committed_offsets: dict[tuple[str, int], int] = {}
+        self.paused: set[tuple[str, int]] = set()
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [
+            TopicPartition(p.topic, p.partition, self.positions.get((p.topic, p.partition), -1001)) for p in partitions
+        ]
+
+    def get_watermark_offsets(self, partition: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        assert cached, "only what the client already knows: no request per poll"
+        return 0, self.high.get((partition.topic, partition.partition), -1001)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        return [
+            TopicPartition(p.topic, p.partition, self.committed_offsets.get((p.topic, p.partition), -1001))
+            for p in partitions
+        ]
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update((p.topic, p.partition) for p in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update((p.topic, p.partition) for p in partitions)
+
+
+def _setup() -> tuple[DrainedPartitions, FakeConsumer, Consumer]:
+    fake = FakeConsumer()
+    return DrainedPartitions(), fake, cast(Consumer, fake)
+
+
+def test_a_partition_read_to_its_end_is_paused_and_one_with_records_left_is_not() -> None:
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5, R1: 3}, {R0: 5, R1: 7}
+    drained.pause_read_to_end(consumer, {R0, R1})
+    assert fake.paused == {R0} and drained.paused == {R0}
+
+
+def test_a_partition_nothing_was_read_from_counts_from_its_committed_offset_or_its_start() -> None:
+    drained, fake, consumer = _setup()
+    fake.high = {R0: 4, R1: 4}
+    fake.committed_offsets = {R0: 4}  # R1: nothing committed, fetched from its first offset (0), 4 records left
+    drained.pause_read_to_end(consumer, {R0, R1})
+    assert fake.paused == {R0}
+    drained.pause_read_to_end(consumer, {R0, R1})
+    assert fake.paused == {R0}, "still unread: R1 keeps fetching"
+
+
+def test_a_partition_the_client_knows_nothing_of_yet_keeps_fetching() -> None:
+    drained, fake, consumer = _setup()
+    fake.positions = {R0: 5}  # no fetch answered yet: no high watermark known
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == set()
+
+
+def test_a_hop_written_wakes_the_partition_and_it_is_paused_again_only_past_the_new_high_watermark() -> None:
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5}, {R0: 5}
+    drained.pause_read_to_end(consumer, {R0})
+    drained.written(consumer, [R0], {R0})
+    assert fake.paused == set(), "woken for the hop"
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == set(), "the client has not seen the hop yet (its high watermark is still 5): no pause"
+    fake.high[R0] = 7  # the hop and its commit marker fetched
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == set(), "the hop is not read yet"
+    fake.positions[R0] = 7
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == {R0}
+
+
+def test_a_hop_written_to_a_partition_still_fetching_holds_off_its_pause_too() -> None:
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5}, {R0: 5}
+    drained.written(consumer, [R0], {R0})  # written before the read-to-end check ran
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == set()
+
+
+def test_a_seek_or_a_resume_fetches_a_paused_partition_again_and_unassigned_ones_are_forgotten() -> None:
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5, R1: 5}, {R0: 5, R1: 5}
+    drained.pause_read_to_end(consumer, {R0, R1})
+    drained.fetch_again(consumer, [R0])  # the container sought R0: a record of it is handled again
+    assert fake.paused == {R1} and drained.paused == {R1}
+    drained.forget([R1])
+    assert drained.paused == set()
+    drained.written(consumer, [R1], set())  # not assigned here: nothing to do
+    assert fake.paused == {R1}
