@@ -5,6 +5,7 @@ record's attempt number ever goes back, and nothing is dead-lettered."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer
 from process_helpers import read_until
 from test_crash_counting import _command, run_worker
 
@@ -188,3 +190,66 @@ def test_under_workers_records_in_retry_are_handled_once_by_whichever_worker_own
     assert Counter(kafka.values(out)) == Counter(b"out-" + v.encode() for v in values), "every output exactly once"
     _check_attempts(_calls(calls), values)
     assert kafka.read(src + "-dlt") == []
+
+
+CRASH_APP = textwrap.dedent(
+    """
+    import os
+    from kafkatx import App, Record
+
+    app = App(os.environ["APP_NAME"], consumer_config={
+        "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "heartbeat.interval.ms": 500})
+
+    class Transient(Exception):
+        pass
+
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", max_attempts=3, backoff=0.2, dlq=True)
+    def handle(record: Record) -> bytes:
+        if record.value == b"deadly":
+            if record.attempt == 1:
+                raise Transient("the first call fails: the record goes to the retry topic")
+            os._exit(17)  # read back from the retry topic, it kills the process: no exception, no cleanup
+        return b"out-" + (record.value or b"")
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_record_from_a_retry_topic_that_kills_the_process_is_dead_lettered_naming_its_input_record(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    from kafkatx.dlq.headers import parse_dead_letter_headers
+
+    (tmp_path / "crash_retry_app.py").write_text(CRASH_APP)
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    name = unique_name("retry-crash")
+    env = {**os.environ, "APP_NAME": name, "SRC": src, "OUT": out, "PYTHONUNBUFFERED": "1"}
+    values = [b"v%d" % i for i in range(20)]
+    values[7] = b"deadly"  # partition 1, offset 3
+    kafka.produce(src, [{"value": v, "key": b"k%d" % i, "partition": i % 2} for i, v in enumerate(values)])
+    exits = []
+    for _ in range(8):
+        code, log = run_worker(
+            tmp_path,
+            env,
+            kafka.bootstrap_servers,
+            stop_when=lambda: kafka.caught_up(name, src) and len(kafka.read(src + "-dlt")) == 1,
+            app="crash_retry_app:app",
+        )
+        exits.append(code)
+        if code != 17:
+            break
+    assert exits[-1] == 0 and set(exits[:-1]) == {17}, exits
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in values if v != b"deadly"), "the rest once"
+    dead = kafka.read(src + "-dlt")
+    assert [d.value for d in dead] == [b"deadly"] and dead[0].key == b"k7"
+    info = parse_dead_letter_headers(dead[0].headers)
+    assert (info.original_topic, info.original_partition, info.original_offset) == (src, 1, 3), info
+    assert info.exception_fqcn == "kafkatx.errors.ProcessCrashedError"
+    topics = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": name})
+    try:
+        assert src + "-retry-dlt" not in topics.list_topics(timeout=10).topics, "no dead letter of the retry topic"
+    finally:
+        topics.close()
+    crashes = [int(n) for n in re.findall(r"-retry\[1\] died while handling offset 0 \((\d+) failed", log)]
+    assert crashes == [3], f"the third crash of the record alone was counted before it was dead-lettered: {crashes}"

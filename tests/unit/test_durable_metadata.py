@@ -43,7 +43,7 @@ def test_metadata_about_another_offset_or_from_someone_else_says_nothing() -> No
 def _guard() -> tuple[CrashGuard, FailureTracker]:
     tracker = FailureTracker()
     spec = SimpleNamespace(count_crashes=True, max_batch_records=500)
-    container = SimpleNamespace(spec=spec, name="copy", tracker=tracker)
+    container = SimpleNamespace(spec=spec, name="copy", tracker=tracker, consumer=None)
     return CrashGuard(container), tracker  # type: ignore[arg-type]
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence, Set
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -153,7 +154,7 @@ class CrashGuard:
                 # before anything is handled (the previous owner died idle) must not be found again next start.
                 self._pending[key] = tp.offset
                 suspects, blamed = claimed_suspects(
-                    tp.offset, state.inflight_until, state.careful_until, c.spec.max_batch_records
+                    tp.offset, state.inflight_until, state.careful_until, self._claimable(tp)
                 )
                 if blamed:
                     failures += 1  # one record was in flight: it is the one that died
@@ -179,6 +180,18 @@ class CrashGuard:
             if suspects is not None:
                 self._searches[key] = suspects
                 self._marked.discard(key)
+
+    def _claimable(self, tp: TopicPartition) -> int:
+        """How many records a batch claim at ``tp.offset`` can have covered: a batch, and no more than the partition
+        holds now (a retry partition's claim names a batch but holds a few records: fewer crashes to find one)."""
+        batch, consumer = self._c.spec.max_batch_records, self._c.consumer
+        if consumer is None:
+            return batch
+        try:
+            high = int(consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)[1])
+        except Exception:
+            return batch
+        return min(batch, high - tp.offset) if high > tp.offset else batch
 
     def release(self, tps: list[TP]) -> None:
         """A clean stop or revoke: withdraw the in-flight claims, and end any search.
@@ -273,7 +286,7 @@ class CrashGuard:
         """Handle the partitions' records before ``until`` one per transaction (a database commit of several
         failed and cannot say whose record caused it; see TransactionUnit._isolate)."""
         for tp, offset in until.items():
-            if tp in self._c.assigned:
+            if self._c.owns(tp):
                 known = self._searches.get(tp)
                 self._searches[tp] = Suspects(max(known.end if known else offset, offset), halving=False)
                 self._marked.discard(tp)
@@ -294,7 +307,7 @@ class CrashGuard:
         rest: list[ConsumedMessage] = []
         for msg in batch:
             tp = (msg.topic(), msg.partition())
-            if tp in self._searches and tp in self._c.assigned:
+            if tp in self._searches and self._c.owns(tp):
                 searched.setdefault(tp, []).append(msg)
             else:
                 rest.append(msg)
@@ -309,7 +322,7 @@ class CrashGuard:
         c, i = self._c, 0
         while i < len(msgs):
             suspects = self._searches.get(tp)
-            if suspects is None or tp not in c.assigned:
+            if suspects is None or not c.owns(tp):
                 return msgs[i:]
             offset = msgs[i].offset()
             known = c.committed_offset(tp)
@@ -367,6 +380,8 @@ class CrashGuard:
         c = self._c
         tp, offset = (msg.topic(), msg.partition()), msg.offset()
         record: Record = to_record(msg, crashes)
+        if c.retry_hops is not None:  # read back from a retry topic: recovered as its input record
+            record = replace(c.retry_hops.view(record), attempt=crashes)
         state = c.tracker.state_at(tp[0], tp[1], offset)
         # A failure this process saw (its recovery was rolled back with a batch-mate's transaction, e.g. an
         # output the broker refused) is recovered as what it was; a count read from a claim is a crash's.

@@ -345,23 +345,23 @@ class ListenerContainer:
                 # KIP-98: the partition's fixed transactional.id fences its previous owner
                 # and aborts whatever that owner left open.
                 self._producer_for(tp).ensure()
-        self.guard.restore_from(consumer, partitions)  # the failure counts a previous owner committed
-        self._feed.assign(tps)
+        retry = [TopicPartition(t, p) for t, p in self._feed.assign(tps)]  # their retry partitions come with them
+        self.guard.restore_from(consumer, partitions + retry)  # the failure counts a previous owner committed
         self.assignment_received.set()  # /readyz: only now can the container handle what it was given
         self.publish(PartitionsAssigned(self.name, self.worker, tuple(tps)))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
         self._overlap.rebalancing()  # the revoke returns only once a commit under way did
         self._membership = None
-        tps = [(p.topic, p.partition) for p in partitions]
+        inputs = [(p.topic, p.partition) for p in partitions]
+        tps = inputs + self._feed.revoke(inputs)  # their retry partitions go with them
         if not lost:  # still ours until this callback returns: withdraw claims of batches that never started
             self.guard.release(tps)
         else:
             self.guard.forget(tps)
-        self.assigned.difference_update(tps)
+        self.assigned.difference_update(inputs)
         if not self.assigned:
             self._unassigned.restart()
-        tps = tps + self._feed.revoke(tps)  # their retry partitions go with them
         self._revoked_in_poll.update(tps)
         self.tracker.clear_partitions(tps)
         for tp in tps:
