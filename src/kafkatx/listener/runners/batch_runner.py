@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import RecordFailedError
 from kafkatx.events import TransactionCommitted
@@ -53,8 +54,9 @@ from kafkatx.listener.failure.failed_record import (
     settle_failure,
 )
 from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
-from kafkatx.listener.host import ContainerLiveness, Unit
-from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
+from kafkatx.listener.host import ContainerLiveness, RecordUnit, Unit
+from kafkatx.listener.runners.batch_outputs import CallOutputs, SendBuffer, bytes_values, produce_call_outputs
+from kafkatx.outputs import collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.rollback.classifier import exception_name
 from kafkatx.rollback.decision import decide_failure
@@ -66,16 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["BatchRunner", "failed_index"]
 
 log = logging.getLogger("kafkatx.container")
-
-
-class _SendBuffer(list[PendingOutput]):
-    """``kafkatx.send()``'s target during one call: kept only if the call returns."""
-
-    def __init__(self, serializer: Any) -> None:
-        super().__init__()
-        self.serializer = serializer
-
-    add = list.append
 
 
 @dataclass(slots=True)
@@ -93,6 +85,8 @@ class _Cut:
 
 #: A record settled once the calls are done: (index, error or None for a recovery to retry, already counted).
 _Later = tuple[int, BaseException | None, bool]
+#: What comes next in a transaction: ("call", the records' indices, None) or ("settle", [index], its error).
+_Step = tuple[str, Sequence[int], BaseException | None]
 
 
 class _Outage(Exception):
@@ -124,6 +118,34 @@ def failed_index(exc: RecordFailedError, records: Sequence[Record]) -> int | Non
     return None
 
 
+def _pick(records: list[Record], indices: Sequence[int]) -> list[Record]:
+    """The records at ``indices`` in a new list (the handler may change it): a slice when they are consecutive (as
+    a batch's first call's are: all of them)."""
+    if type(indices) is range and indices.step == 1:
+        return records[indices.start : indices.stop]
+    return [records[i] for i in indices]
+
+
+def _next_offsets(records: Sequence[Record]) -> dict[TP, int]:
+    """The offset after each partition's last record, read once per run of one partition's records (messages come
+    in such runs) instead of once per record."""
+    offsets: dict[TP, int] = {}
+    topic, partition, last = "", -1, -1
+    for record in records:
+        if record.partition != partition or record.topic != topic:
+            _end_run(offsets, topic, partition, last)
+            topic, partition = record.topic, record.partition
+        last = record.offset
+    _end_run(offsets, topic, partition, last)
+    return offsets
+
+
+def _end_run(offsets: dict[TP, int], topic: str, partition: int, last: int) -> None:
+    """A run of one partition's records ended at ``last`` (none yet: ``partition`` -1)."""
+    if partition >= 0 and last + 1 > offsets.get((topic, partition), -1):
+        offsets[(topic, partition)] = last + 1
+
+
 def _coords(record: Record) -> tuple[str, int, int]:
     return (record.topic, record.partition, record.offset)
 
@@ -143,6 +165,8 @@ class BatchRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Records held after a named failure (RecordFailedError): called alone when they come back.
         self._held: set[tuple[str, int, int]] = set()
+        #: The last clean transaction's records, refilled by the next one where the handler did not keep them.
+        self._spare: list[Record] = []
         #: Handler calls so far (first calls, retries, isolation probes), for logs and tests.
         self.calls = 0
 
@@ -153,14 +177,14 @@ class BatchRunner:
             self._loop = None
 
     # -- the unit ----------------------------------------------------------------------
-    def __call__(self, unit: Unit) -> None:
+    def __call__(self, unit: RecordUnit) -> None:
         msgs = unit.messages
         while msgs:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
             cut: list[_Cut | None] = [None]
 
-            def work(current: Unit = current, msgs: list[ConsumedMessage] = msgs) -> None:
+            def work(current: RecordUnit = current, msgs: list[ConsumedMessage] = msgs) -> None:
                 cut[0] = self._handle(current, msgs)
 
             try:
@@ -210,12 +234,15 @@ class BatchRunner:
         return rest
 
     # -- one transaction -----------------------------------------------------------------
-    def _handle(self, unit: Unit, msgs: list[ConsumedMessage]) -> _Cut | None:
+    def _handle(self, unit: RecordUnit, msgs: list[ConsumedMessage]) -> _Cut | None:
         """Handle ``msgs`` in the open transaction: outputs produced, failures settled, offsets sent. Returns where
         the transaction ends before the last message, if it does."""
-        records = unit.records(msgs)
+        spare, self._spare = self._spare, []
+        records = unit.records(msgs, spare)
+        del spare
+        calls = self.calls
         later: list[_Later] = []  # settled once the calls are done, if before the cut
-        todo: deque[tuple[str, list[int], BaseException | None]] = deque()
+        todo: deque[_Step] = deque()
         candidates = self._callable(unit, records, later)
         cut: _Cut | None = None
         todo.extend(("call", part, None) for part in self._split_at_held(records, candidates))
@@ -227,25 +254,26 @@ class BatchRunner:
                 cut = self._settle(unit, records, indices[0], failure, todo)
                 continue
             try:
-                outputs = self._call([records[i] for i in indices])
+                outputs = self._call(_pick(records, indices))
             except RunFailed as failed:
                 cut = self._call_failed(unit, records, indices, failed.exc, todo, later)
                 continue
-            for out in outputs:
-                unit.produce(out)
+            produce_call_outputs(unit, outputs, self.spec.output)
             if len(indices) == 1:
                 self._held.discard(_coords(records[indices[0]]))
         end = len(msgs) if cut is None else cut.index
         self._settle_later(unit, records, [item for item in later if item[0] < end])
-        offsets = unit.next_offsets(msgs[:end])
+        offsets = _next_offsets(records) if end == len(msgs) else unit.next_offsets(msgs[:end])
         if cut is not None and cut.hold is not None:  # the held record's own offset commits, with its count
             record = cut.hold.record
             offsets[(record.topic, record.partition)] = record.offset
         if offsets:
             unit.send_offsets(offsets)
+        if cut is None and not later and self.calls == calls + 1:  # nothing failed: no error holds these records
+            self._spare = records
         return cut
 
-    def _split_at_held(self, records: list[Record], candidates: list[int]) -> list[list[int]]:
+    def _split_at_held(self, records: list[Record], candidates: Sequence[int]) -> list[Sequence[int]]:
         """The calls to make: ``candidates`` in order, each record held after a named failure in a call of its own
         (its retry is its own; the records after it wait for it, so that they are called once)."""
         if not self._held:
@@ -258,13 +286,16 @@ class BatchRunner:
                 parts[-1].append(i)
         return [part for part in parts if part]
 
-    def _callable(self, unit: Unit, records: list[Record], later: list[_Later]) -> list[int]:
+    def _callable(self, unit: Unit, records: list[Record], later: list[_Later]) -> Sequence[int]:
         """The records the handler gets (decoded, with typed payloads); the others go to ``later``: a recovery to
         retry, or a record that cannot be decoded (an outage of the decoder's service raises :class:`_Outage`)."""
         tracker, decoding = unit.tracker, self.spec.decoding
+        failing = tracker.failing
+        if decoding is None and not failing:  # the clean path: every record, nothing to look at per record
+            return range(len(records))
         candidates: list[int] = []
         for i, record in enumerate(records):
-            state = tracker.state(record) if tracker else None
+            state = tracker.state(record) if (record.topic, record.partition) in failing else None
             if state is not None and state.pending_recovery:  # its recoverer failed before: recover, not call
                 later.append((i, None, False))
                 continue
@@ -282,22 +313,24 @@ class BatchRunner:
             candidates.append(i)
         return candidates
 
-    def _call(self, records: list[Record]) -> list[PendingOutput]:
-        """Call the handler with ``records``; its outputs (sent, then returned), or :class:`RunFailed`."""
+    def _call(self, records: list[Record]) -> CallOutputs:
+        """Call the handler with ``records``; its outputs, or :class:`RunFailed`."""
         spec = self.spec
         self.calls += 1
-        sent = _SendBuffer(spec.serializer)
+        sent = SendBuffer(spec.serializer)
         previous = bind_sink(sent)
         try:
             result = spec.handler(records)
             if spec.is_async:
                 result = self._event_loop().run_until_complete(result)
-            collect_outputs(result, spec.output, spec.serializer, spec.name, sent)
+            values = bytes_values(result) if spec.output is not None else None
+            if values is None:
+                collect_outputs(result, spec.output, spec.serializer, spec.name, sent)
         except Exception as exc:  # whatever the call raised fails it, and only it: nothing of it was produced
             raise RunFailed(exc) from None
         finally:
             bind_sink(previous)
-        return list(sent)
+        return list(sent), values or []
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -307,11 +340,11 @@ class BatchRunner:
     # -- failures --------------------------------------------------------------------------
     def _call_failed(
         self,
-        unit: Unit,
+        unit: RecordUnit,
         records: list[Record],
-        indices: list[int],
+        indices: Sequence[int],
         exc: BaseException,
-        todo: deque[tuple[str, list[int], BaseException | None]],
+        todo: deque[_Step],
         later: list[_Later],
     ) -> _Cut | None:
         """A call over ``indices`` raised ``exc``: split it at a named record, or retry it, or isolate its poison."""
@@ -366,9 +399,9 @@ class BatchRunner:
 
     def _isolate(
         self,
-        unit: Unit,
+        unit: RecordUnit,
         records: list[Record],
-        indices: list[int],
+        indices: Sequence[int],
         exc: BaseException,
         attempts: int,
         later: list[_Later],
@@ -397,8 +430,8 @@ class BatchRunner:
             time.perf_counter() - started,
             ", ".join(records[i].coordinates for i in poison[:10]) + (" ..." if len(poison) > 10 else ""),
         )
-        for out in found.result or []:
-            unit.produce(out)
+        if found.result is not None:
+            produce_call_outputs(unit, found.result, self.spec.output)
         for j, error in found.poison.items():
             i = indices[j]
             records[i] = replace(records[i], attempt=attempts)
@@ -411,7 +444,7 @@ class BatchRunner:
         records: list[Record],
         i: int,
         exc: BaseException | None,
-        todo: deque[tuple[str, list[int], BaseException | None]],
+        todo: deque[_Step],
     ) -> _Cut | None:
         """Record ``i`` failed alone with ``exc``: the failed-record procedure decides, in the open transaction."""
         assert exc is not None
