@@ -218,7 +218,6 @@ def _handler(records: list[Record]) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"database": "sqlite://"}, "does not take 'database'"),
         ({"in_flight": 4}, "does not take 'in_flight'"),
         ({"after_rollback": object()}, "does not take 'after_rollback'"),
         ({"retry": "in_place"}, "does not take 'retry'"),

@@ -164,7 +164,7 @@ def build_spec(
     fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts, f"{where} {name!r} ({on_topics})")
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner, records_handler)
-    database = _database_of(opts.get("database"), kind, runner, retry)
+    database = _database_of(opts.get("database"), kind, runner, retry, records_handler)
     if retry == "topics":
         _check_retry_topics(opts, options, kind, runner, in_flight, is_async, f"{where} {name!r} ({on_topics})")
     decoding = _decoding_of(opts, kind, runner, records_handler)
@@ -406,12 +406,16 @@ def _check_retry_topics(
         raise InvalidConfigurationError(f"{listener}: {why}")
 
 
-def _database_of(database: Any, kind: str, runner: RunnerFactory | None, retry: str) -> Backend | None:
-    """The backend of ``database=``: record listeners only, and not with in-place retries."""
+def _database_of(
+    database: Any, kind: str, runner: RunnerFactory | None, retry: str, records_handler: bool = False
+) -> Backend | None:
+    """The backend of ``database=``: record and batch listeners (not Spark's), and not with in-place retries."""
     if database is None:
         return None
-    if kind != "record" or runner is not None:
-        raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
+    if (kind != "record" or runner is not None) and not records_handler:
+        raise InvalidConfigurationError(
+            "database= is available on record and batch listeners (@app.listener, @app.batch_listener) only"
+        )
     if retry == "in_place":
         raise InvalidConfigurationError(
             'database= cannot be combined with retry="in_place" (deprecated): it would wait out each back-off '

@@ -38,9 +38,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
@@ -54,7 +54,7 @@ from kafkatx.listener.failure.failed_record import (
     settle_failure,
 )
 from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
-from kafkatx.listener.host import ContainerLiveness, RecordUnit, Unit
+from kafkatx.listener.host import ContainerLiveness, ContainerTransactions, RecordUnit, Unit
 from kafkatx.listener.runners.batch_outputs import CallOutputs, SendBuffer, bytes_values, produce_call_outputs
 from kafkatx.outputs import collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
@@ -63,9 +63,10 @@ from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action
 
 if TYPE_CHECKING:
+    from kafkatx.database.session import DatabaseSession
     from kafkatx.listener.spec import ListenerSpec
 
-__all__ = ["BatchRunner", "failed_index"]
+__all__ = ["BatchHost", "BatchRunner", "failed_index"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -155,12 +156,56 @@ def _cause(exc: RecordFailedError) -> BaseException:
     return exc.__cause__ if exc.__cause__ is not None else exc
 
 
+class BatchHost(ContainerLiveness, ContainerTransactions, Protocol):
+    """What the batch runner uses of its container: the last poll's time and the time budget, the database."""
+
+
+class _Probe:
+    """An isolation run with ``database=``: each in a savepoint of its own, the work of the run that passed before
+    it undone first, so that only the work of the run whose result is kept (the last that passed) commits.
+
+    Savepoints share one name (the record savepoint's), so they are ended strictly in the reverse order of their
+    making: the handler's inside each run, then the run's."""
+
+    def __init__(self, call: Callable[[list[Record]], CallOutputs], database: DatabaseSession | None) -> None:
+        self._call, self._database = call, database
+        self._passed: list[Any] = []  # the savepoint of the last run, if it passed (still open)
+
+    def __call__(self, records: list[Record]) -> CallOutputs:
+        database = self._database
+        if database is None:
+            return self._call(records)
+        self.undo()
+        point = database.savepoint()
+        try:
+            outputs = self._call(records)
+        except RunFailed:
+            database.roll_back_to(point)
+            raise
+        self._passed.append(point)
+        return outputs
+
+    def undo(self) -> None:
+        """Undo the database work of the last run, if it passed."""
+        if self._database is not None and self._passed:
+            self._database.roll_back_to(self._passed.pop())
+
+    def keep(self) -> None:
+        """Keep the database work of the last run (it passed: its result commits)."""
+        if self._database is not None and self._passed:
+            self._database.release(self._passed.pop())
+
+
 class BatchRunner:
     """``runner(unit)`` for batch listeners (``@app.batch_listener``): see the module."""
 
-    def __init__(self, spec: ListenerSpec, container: ContainerLiveness, max_bisect_jobs: int) -> None:
+    def __init__(self, spec: ListenerSpec, container: BatchHost, max_bisect_jobs: int) -> None:
         self.spec = spec
         self._c = container
+        #: ``database=``: one unit of work per transaction, each call's work in a savepoint of its own (undone
+        #: with the call if it fails), its outputs stored under its first record's partition.
+        self._database = container.database
+        self._handler = spec.handler if self._database is None else self._database.attributing(spec.handler, batch=True)
         self.max_bisect_jobs = max_bisect_jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Records held after a named failure (RecordFailedError): called alone when they come back.
@@ -320,7 +365,7 @@ class BatchRunner:
         sent = SendBuffer(spec.serializer)
         previous = bind_sink(sent)
         try:
-            result = spec.handler(records)
+            result = self._handler(records)
             if spec.is_async:
                 result = self._event_loop().run_until_complete(result)
             values = bytes_values(result) if spec.output is not None else None
@@ -331,6 +376,13 @@ class BatchRunner:
         finally:
             bind_sink(previous)
         return list(sent), values or []
+
+    def _raise_lost_connection(self, failure: BaseException | None) -> None:
+        """With ``database=``: a connection that died under the handler is an outage, no record's failure (the
+        unit is fetched again once the database answers)."""
+        unavailable = self._database.lost_connection(failure) if self._database and failure else None
+        if unavailable is not None:
+            raise unavailable
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -351,6 +403,7 @@ class BatchRunner:
         stop = unproducible_stop(unit.listener, exc)
         if stop is not None:  # a programming error, no record's: the container stops, nothing dead-lettered
             raise stop
+        self._raise_lost_connection(exc)
         if isinstance(exc, RecordFailedError):
             k = failed_index(exc, [records[i] for i in indices])
             if k is not None:
@@ -409,9 +462,10 @@ class BatchRunner:
         """The call over ``indices`` failed its attempts: find its poison records (the Spark runner's search), produce
         the outputs of one call over all the others, and leave the poison to be recovered."""
         started, calls = time.perf_counter(), self.calls
+        probe = _Probe(self._call, self._database)
         try:
             found = isolate(
-                lambda part: self._call([records[indices[j]] for j in part]),
+                lambda part: probe([records[indices[j]] for j in part]),
                 list(range(len(indices))),
                 exc,
                 max_runs=self.max_bisect_jobs,
@@ -419,7 +473,13 @@ class BatchRunner:
                 label=f"listener {unit.listener}",
             )
         except IsolationStopped:
+            probe.undo()
             return _Cut(indices[0], rewind=True)
+        if found.result is None:  # every record poison: no run's work is kept
+            probe.undo()
+        else:
+            probe.keep()
+        self._raise_lost_connection(found.last_failure)
         poison = [indices[j] for j in found.poison]
         log.warning(
             "listener %s: %d poison record(s) out of %d isolated in %d call(s) (%.2fs): %s",
