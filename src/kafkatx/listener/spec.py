@@ -198,7 +198,7 @@ def build_spec(
         producer_config=dict(opts["producer_config"] or {}),
         max_abortable_retries=_positive_int(opts["max_abortable_retries"], "max_abortable_retries", 0),
         idle_event_interval=idle,
-        count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
+        count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and (kind == "record" or records_handler),
         runner=runner,
         database=database,
         outages=_exception_types(opts.get("outages", (ConnectionError,)), "outages"),

@@ -20,7 +20,6 @@ __all__ = ["NOT_FOR_BATCH", "batch_listener_spec"]
 NOT_FOR_BATCH = {
     "after_rollback": "a batch listener settles failures itself (a named record alone, poison isolated by halves)",
     "retry": "a batch listener retries a failed call in its transaction or after the back-off; there is no in_place",
-    "count_crashes": "the crash search is for record listeners (a batch listener does not count crashes yet)",
     "in_flight": "a batch listener gets the whole batch in one call (in_flight= is for record listeners)",
     "ordering": "a batch listener gets the whole batch in one call, in order (ordering= is for record listeners)",
     "overlap_commit": "a batch listener's call runs inside its transaction (overlap_commit= is for record listeners)",

@@ -54,7 +54,7 @@ from kafkatx.listener.failure.failed_record import (
     settle_failure,
 )
 from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
-from kafkatx.listener.host import ContainerLiveness, ContainerTransactions, RecordUnit, Unit
+from kafkatx.listener.host import ContainerLiveness, ContainerTransactions, HandlerFailure, RecordUnit, Unit
 from kafkatx.listener.runners.batch_outputs import CallOutputs, SendBuffer, bytes_values, produce_call_outputs
 from kafkatx.outputs import collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
@@ -224,17 +224,21 @@ class BatchRunner:
     # -- the unit ----------------------------------------------------------------------
     def __call__(self, unit: RecordUnit) -> None:
         msgs = unit.messages
+        refused: BaseException | None = None
         while msgs:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
             cut: list[_Cut | None] = [None]
 
-            def work(current: RecordUnit = current, msgs: list[ConsumedMessage] = msgs) -> None:
-                cut[0] = self._handle(current, msgs)
+            def work(current: RecordUnit = current, msgs: list[ConsumedMessage] = msgs, failed: Any = refused) -> None:
+                cut[0] = self._handle(current, msgs, failed)
 
             try:
                 if not current.transact(work, what="batch's transaction"):
                     return  # the producer was replaced and the unit rewound to the committed offsets
+            except HandlerFailure as failure:  # the broker refused an output of this one-record unit (the crash
+                refused = failure.exc  # guard ran its batch one record per transaction to find it): settle it
+                continue
             except _Outage as outage:  # nothing counted: the unit waits for the listener's outage to end
                 current.rewind()
                 current.outage.report(current.worker, outage.exc, outage.record)
@@ -245,7 +249,7 @@ class BatchRunner:
                 if aborted.hold.delay > 0:
                     current.pause((record.topic, record.partition), aborted.hold.delay)
                 return
-            msgs = self._committed(current, msgs, cut[0], started)
+            msgs, refused = self._committed(current, msgs, cut[0], started), None
 
     def _committed(self, unit: Unit, msgs: list[ConsumedMessage], cut: _Cut | None, started: float) -> list[Any]:
         """The transaction committed ``msgs`` (or those before ``cut``): the messages to run next, from memory."""
@@ -279,18 +283,21 @@ class BatchRunner:
         return rest
 
     # -- one transaction -----------------------------------------------------------------
-    def _handle(self, unit: RecordUnit, msgs: list[ConsumedMessage]) -> _Cut | None:
+    def _handle(self, unit: RecordUnit, msgs: list[ConsumedMessage], refused: BaseException | None) -> _Cut | None:
         """Handle ``msgs`` in the open transaction: outputs produced, failures settled, offsets sent. Returns where
-        the transaction ends before the last message, if it does."""
+        the transaction ends before the last message, if it does. ``refused``: the broker refused an output of
+        this one-record unit before: its record is settled with that error, not called."""
         spare, self._spare = self._spare, []
         records = unit.records(msgs, spare)
         del spare
         calls = self.calls
         later: list[_Later] = []  # settled once the calls are done, if before the cut
         todo: deque[_Step] = deque()
-        candidates = self._callable(unit, records, later)
+        candidates = self._callable(unit, records, later) if refused is None else ()
         cut: _Cut | None = None
         todo.extend(("call", part, None) for part in self._split_at_held(records, candidates))
+        if refused is not None:
+            todo.append(("settle", range(1), refused))
         while todo and cut is None:
             step, indices, failure = todo.popleft()
             if not indices:
