@@ -117,6 +117,8 @@ class ListenerSpec:
     ordering: Ordering = "key"
     #: The handler is an ``async def``: awaited on the container's event loop.
     is_async: bool = False
+    #: The handler takes a list of Records (a batch listener's; not a Spark job's DataFrame).
+    records_handler: bool = False
     #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
     #: user's handler: kafkatx.serde.typed_handler); None for bytes.
     decoding: TypedDecoding | None = None
@@ -206,6 +208,7 @@ def build_spec(
         in_flight=in_flight,
         ordering=ordering,
         is_async=is_async,
+        records_handler=records_handler,
         decoding=decoding,
         overlap_commit=_overlap_commit(options, database is not None, kind, runner, in_flight, is_async),
     )

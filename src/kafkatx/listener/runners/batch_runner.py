@@ -54,7 +54,14 @@ from kafkatx.listener.failure.failed_record import (
     settle_failure,
 )
 from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
-from kafkatx.listener.host import ContainerLiveness, ContainerTransactions, HandlerFailure, RecordUnit, Unit
+from kafkatx.listener.host import (
+    ContainerIdentity,
+    ContainerLiveness,
+    ContainerTransactions,
+    HandlerFailure,
+    RecordUnit,
+    Unit,
+)
 from kafkatx.listener.runners.batch_outputs import CallOutputs, SendBuffer, bytes_values, produce_call_outputs
 from kafkatx.outputs import collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
@@ -156,8 +163,9 @@ def _cause(exc: RecordFailedError) -> BaseException:
     return exc.__cause__ if exc.__cause__ is not None else exc
 
 
-class BatchHost(ContainerLiveness, ContainerTransactions, Protocol):
-    """What the batch runner uses of its container: the last poll's time and the time budget, the database."""
+class BatchHost(ContainerIdentity, ContainerLiveness, ContainerTransactions, Protocol):
+    """What the batch runner uses of its container: its handler as it runs it (traced, with tracing on), the last
+    poll's time and the time budget, the database."""
 
 
 class _Probe:
@@ -205,7 +213,8 @@ class BatchRunner:
         #: ``database=``: one unit of work per transaction, each call's work in a savepoint of its own (undone
         #: with the call if it fails), its outputs stored under its first record's partition.
         self._database = container.database
-        self._handler = spec.handler if self._database is None else self._database.attributing(spec.handler, batch=True)
+        handler = container.spec.handler  # the declared one, or tracing's wrapper of it (App._traced)
+        self._handler = handler if self._database is None else self._database.attributing(handler, batch=True)
         self.max_bisect_jobs = max_bisect_jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Records held after a named failure (RecordFailedError): called alone when they come back.
