@@ -1,6 +1,7 @@
 """Batch listeners and a process that dies (issue 41): a batch that kills the process is found by the crash search
 (listener/failure/crash_guard.py, as for record listeners), and a SIGKILL in the middle of poison isolation loses
-and doubles nothing. Real processes (``kafkatx run``) against the local broker, killed for real."""
+and doubles nothing. Real processes (``kafkatx run``) against the local broker, killed for real. The same
+one-record transactions find the record whose output the broker refused at commit (in process)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 from test_crash_counting import run_worker
 
+from kafkatx import App, Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.testing import KafkaTestKit, unique_name
+from kafkatx.testing import KafkaTestKit, unique_name, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -129,3 +131,28 @@ def test_a_sigkill_during_poison_isolation_then_a_restart_loses_and_doubles_noth
     dead = kafka.read(src + "-dlt")
     assert [d.value for d in dead] == [b"bad"]
     assert parse_dead_letter_headers(dead[0].headers).exception_fqcn == "builtins.ValueError"
+
+
+def test_an_output_the_broker_refuses_dead_letters_only_the_record_whose_call_made_it(kafka: KafkaTestKit) -> None:
+    """The broker refuses the batch's commit (an output too large for its topic), which does not say whose it
+    is: the batch is run again one record per transaction (the crash guard's careful mode), and the record whose
+    output is refused is dead-lettered; the others' outputs commit once, and the app goes on."""
+    src, out = kafka.topic(partitions=2), kafka.topic(config={"max.message.bytes": "2000"})
+    values = [b"r%02d" % i for i in range(30)]
+    kafka.produce(src, [(v, v) for v in values])
+    app = App(unique_name("brefused"), bootstrap_servers=kafka.bootstrap_servers, instance_id="t")
+
+    @app.batch_listener(src, output=out, dlq=True, max_attempts=3, backoff=0, max_batch_records=30, max_batch_ms=500)
+    def handle(records: list[Record]) -> list[bytes]:
+        return [b"x" * 10_000 if r.value == b"r07" else b"out-" + (r.value or b"") for r in records]
+
+    app.start()
+    try:
+        wait_for(lambda: app.failure is not None or kafka.caught_up(app.group_id, src), 60, message="caught up")
+        assert app.failure is None, app.failure
+    finally:
+        app.stop(timeout=15)
+    assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in values if v != b"r07")
+    dead = kafka.read(src + "-dlt")
+    assert [d.value for d in dead] == [b"r07"]
+    assert parse_dead_letter_headers(dead[0].headers).exception_fqcn == "kafkatx.errors.OutputRefusedError"
