@@ -58,6 +58,33 @@ def test_a_batch_handlers_outputs_commit_exactly_once_with_batches_of_many_recor
     assert Counter(kafka.values(out)) == expected, "every returned and sent output exactly once"
 
 
+def test_records_a_handler_keeps_are_never_changed_by_later_batches(kafka: KafkaTestKit) -> None:
+    """The runner refills an earlier batch's records for the next one (no allocation per record): only those
+    nothing else holds. A handler keeping whole lists, single records or none sees every kept one as it was."""
+    src, out = kafka.topic(partitions=2), kafka.topic()
+    _produce_numbered(kafka, src, 400, partitions=2)
+    app = make_app(kafka)
+    kept: list[tuple[Record, tuple[int, int, bytes | None]]] = []
+    calls = 0
+
+    @app.batch_listener(src, output=out, max_batch_records=25, max_batch_ms=500)
+    def handle(records: list[Record]) -> list[bytes]:
+        nonlocal calls
+        calls += 1
+        if calls % 3 == 0:  # every third batch kept whole, the others' first record only
+            kept.extend((r, (r.partition, r.offset, r.value)) for r in records)
+        elif calls % 3 == 1:
+            kept.append((records[0], (records[0].partition, records[0].offset, records[0].value)))
+        return [r.value or b"" for r in records]
+
+    with running(app):
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 60, message="all 400 records committed")
+    assert calls > 6, f"many batches, so that later ones had records to refill: {calls}"
+    changed = [(seen, (r.partition, r.offset, r.value)) for r, seen in kept if (r.partition, r.offset, r.value) != seen]
+    assert changed == [], "a kept record was refilled for a later batch"
+    assert Counter(kafka.values(out)) == Counter(b"%d" % n for n in range(400))
+
+
 def test_a_named_failed_record_is_retried_alone_and_its_batch_mates_commit_once(kafka: KafkaTestKit) -> None:
     """RecordFailedError on the record 13: the records before it get a call of their own and commit once (never
     run again); 13 is retried alone with attempts 2 and 3, then dead-lettered; the records after it once."""
@@ -191,7 +218,6 @@ def _handler(records: list[Record]) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"database": "sqlite://"}, "does not take 'database'"),
         ({"in_flight": 4}, "does not take 'in_flight'"),
         ({"after_rollback": object()}, "does not take 'after_rollback'"),
         ({"retry": "in_place"}, "does not take 'retry'"),

@@ -225,9 +225,12 @@ def collect_outputs(
         into.append(to_pending(result, default_topic, serializer, listener))
         return
     if isinstance(result, Iterable) and not isinstance(result, Mapping) and not _is_model(type(result)):
-        for item in result:
-            if item is not None:
-                into.append(to_pending(item, default_topic, serializer, listener))
+        append = into.append
+        for item in result:  # a batch listener returns one item per record: bytes for the output topic, mostly
+            if type(item) is bytes and default_topic is not None:
+                append((default_topic, item, None, None, None))
+            elif item is not None:
+                append(to_pending(item, default_topic, serializer, listener))
         return
     if serializer is not None:
         into.append(to_pending(result, default_topic, serializer, listener))

@@ -181,6 +181,29 @@ def to_record(msg: ConsumedMessage, attempt: int = 1) -> Record:
     return message_record(msg, msg.topic(), msg.partition(), msg.offset(), attempt)
 
 
+def message_records(msgs: Sequence[ConsumedMessage], spare: Sequence[Record] = ()) -> list[Record]:
+    """Records over ``msgs``, all at attempt 1: a batch's, built in one loop (a batch listener builds one per
+    message in its transaction, so a call per message would be a good part of its cost).
+
+    ``spare``: an earlier batch's records, refilled instead of allocating new ones when nothing but ``spare``
+    holds them (``UNSHARED_REFCOUNT``, as the record runner refills its record): thousands of objects made and
+    freed per batch also cost the garbage collector's passes over them. A record a handler kept is never changed.
+    """
+    records: list[Record] = []
+    append, new, cls, unshared = records.append, _new_message_record, MessageRecord, UNSHARED_REFCOUNT + 1
+    reusable = len(spare) if UNSHARED_REFCOUNT > 0 else 0
+    record: Any
+    for i, msg in enumerate(msgs):
+        record = spare[i] if i < reusable else None
+        if type(record) is not cls or getrefcount(record) > unshared:  # held elsewhere (or none): a new one
+            record = new(cls)
+        record.message = msg
+        record.topic, record.partition, record.offset, record.attempt = msg.topic(), msg.partition(), msg.offset(), 1
+        record.key, record.value = msg.key(), msg.value()
+        append(record)
+    return records
+
+
 @dataclass(slots=True)
 class Output:
     """A record for a handler to produce inside its transaction.

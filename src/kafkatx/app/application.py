@@ -395,9 +395,10 @@ class App(BatchListeners):
     def _traced(self, spec: ListenerSpec, worker: int) -> ListenerSpec:
         """``spec`` as the containers run it: with tracing on, a copy whose handler is traced (kafkatx.tracing)."""
         tracing = self._app_tracing()
-        if tracing is None or spec.kind == "batch":  # record spans wrap record handlers; a batch's are left out
+        if tracing is None or (spec.kind == "batch" and not spec.records_handler):  # a Spark job is not traced
             return spec
-        handler = tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
+        wrap = tracing.wrap_batch if spec.records_handler else tracing.wrap  # a batch listener: a span per call
+        handler = wrap(spec, spec.group_id or self.client_config.group_id, worker)
         return replace(
             spec,
             handler=handler,

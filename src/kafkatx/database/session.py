@@ -163,19 +163,23 @@ class DatabaseSession:
         self._logs: dict[str, LogIdentity] = {}  # per input topic: the Kafka log this container reads
         self._spoiled: str | None = None  # why the open transaction must not commit (see _undo)
 
-    def attributing(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def attributing(self, handler: Callable[[Any], Any], *, batch: bool = False) -> Callable[[Any], Any]:
         """``handler``, noting each record's partition first, so that the outputs it causes are stored under it;
         run in a savepoint of its own while a unit's transaction is open, so that its failure undoes only its
         record's database work (the records before it in the unit keep theirs); and checking after it that it
         left the transaction able to commit (see Backend.unusable).
 
         Per call: one savepoint and one release (a rollback to the savepoint if the handler raises). A handler
-        that returns a generator has its body run here, inside the savepoint."""
+        that returns a generator has its body run here, inside the savepoint. With ``batch``, the handler takes
+        a list of records (a batch listener's) and a call's outputs are stored under its first record's
+        partition: if only the database commits, that partition's replay produces them all, and the others'
+        replays commit their offsets (docs/DATABASE.md)."""
         backend = self.backend
         unusable, savepoint, release = backend.unusable, backend.savepoint, backend.release
 
         def handle(record: Any) -> Any:
-            self.source = (record.topic, record.partition)
+            first = record[0] if batch else record
+            self.source = (first.topic, first.partition)
             if not self._open:
                 return handler(record)
             conn, txn = self._conn, self._txn
@@ -201,6 +205,25 @@ class DatabaseSession:
         handle.__wrapped__ = handler  # type: ignore[attr-defined]
         handle.__qualname__ = getattr(handler, "__qualname__", "handler")
         return handle
+
+    def savepoint(self) -> Any:
+        """Mark the open transaction's work so far (None outside a unit): a batch's isolation probe runs after one,
+        its work undone by :meth:`roll_back_to` unless its result is the one kept."""
+        return self.backend.savepoint(self._conn) if self._open else None
+
+    def roll_back_to(self, point: Any) -> None:
+        """Undo the work done since ``point`` (from :meth:`savepoint`) and forget it; the transaction goes on."""
+        if self._open:
+            self._undo(self._conn, point)
+
+    def release(self, point: Any) -> None:
+        """Keep the work done since ``point`` (from :meth:`savepoint`) and forget it."""
+        if self._open:
+            try:
+                self.backend.release(self._conn, point)
+            except Exception as exc:
+                self._spoil(self._conn, exc, "release an isolation run's savepoint")
+                raise
 
     def _undo(self, conn: Any, point: Any) -> None:
         """Roll a failed record's database work back to its savepoint; quietly, the record's failure goes on."""

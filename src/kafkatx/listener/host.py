@@ -407,8 +407,9 @@ class UnitRecords(Protocol):
     def with_messages(self, messages: list[ConsumedMessage]) -> Unit:
         """The same container and producer, over ``messages``."""
 
-    def records(self, messages: Sequence[ConsumedMessage] | None = None) -> list[Record]:
-        """The unit's messages as Records, each with its true next ``attempt``."""
+    def records(self, messages: Sequence[ConsumedMessage] | None = None, spare: Sequence[Record] = ()) -> list[Record]:
+        """The unit's messages as Records, each with its true next ``attempt`` (``spare``: records to refill that
+        nothing else holds, given up by the caller)."""
 
     def next_offsets(self, messages: Sequence[ConsumedMessage] | None = None) -> dict[TP, int]:
         """The offsets to commit once ``messages`` (default: the whole unit) are done."""
@@ -535,7 +536,8 @@ class RecordUnit(Unit, UnitProducer, Protocol):
         """The same container and producer, over ``messages``."""
 
 
-#: What a listener's runner is: called once per transaction unit.
-Runner = Callable[[Unit], None]
+#: What a listener's runner is: called once per transaction unit (a unit and its producer; a runner written on the
+#: unit alone, as the Spark runner is, is one too).
+Runner = Callable[[RecordUnit], None]
 #: What builds a container's runner (``ListenerSpec.runner``): called once per container as it starts.
 RunnerFactory = Callable[[ContainerHost], Runner]

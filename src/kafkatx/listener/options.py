@@ -91,6 +91,8 @@ class BatchListenerOptions(_SharedOptions, total=False):
     """Keyword options of ``@app.batch_listener``: the listener's that apply to a batch, plus ``max_bisect_jobs``
     (the budget of poison isolation, named as for Spark listeners)."""
 
+    count_crashes: bool
+    database: Any
     outages: Iterable[type[BaseException]]
     max_outage: float | None
     value_type: Any

@@ -117,6 +117,8 @@ class ListenerSpec:
     ordering: Ordering = "key"
     #: The handler is an ``async def``: awaited on the container's event loop.
     is_async: bool = False
+    #: The handler takes a list of Records (a batch listener's; not a Spark job's DataFrame).
+    records_handler: bool = False
     #: ``value_type=``, ``deserializer=``...: how records are decoded before ``handler`` (which then wraps the
     #: user's handler: kafkatx.serde.typed_handler); None for bytes.
     decoding: TypedDecoding | None = None
@@ -164,7 +166,7 @@ def build_spec(
     fencing, retry, idle, serializer, max_batch_ms = _check_modes_and_limits(opts, f"{where} {name!r} ({on_topics})")
     policy, processor, dlq_topic = _failure_handling(opts, options, topics, retry)
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner, records_handler)
-    database = _database_of(opts.get("database"), kind, runner, retry)
+    database = _database_of(opts.get("database"), kind, runner, retry, records_handler)
     if retry == "topics":
         _check_retry_topics(opts, options, kind, runner, in_flight, is_async, f"{where} {name!r} ({on_topics})")
     decoding = _decoding_of(opts, kind, runner, records_handler)
@@ -198,7 +200,7 @@ def build_spec(
         producer_config=dict(opts["producer_config"] or {}),
         max_abortable_retries=_positive_int(opts["max_abortable_retries"], "max_abortable_retries", 0),
         idle_event_interval=idle,
-        count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and kind == "record",
+        count_crashes=_flag(opts.get("count_crashes", True), "count_crashes") and (kind == "record" or records_handler),
         runner=runner,
         database=database,
         outages=_exception_types(opts.get("outages", (ConnectionError,)), "outages"),
@@ -206,6 +208,7 @@ def build_spec(
         in_flight=in_flight,
         ordering=ordering,
         is_async=is_async,
+        records_handler=records_handler,
         decoding=decoding,
         overlap_commit=_overlap_commit(options, database is not None, kind, runner, in_flight, is_async),
     )
@@ -407,12 +410,16 @@ def _check_retry_topics(
         raise InvalidConfigurationError(f"{listener}: {why}")
 
 
-def _database_of(database: Any, kind: str, runner: RunnerFactory | None, retry: str) -> Backend | None:
-    """The backend of ``database=``: record listeners only, and not with in-place retries."""
+def _database_of(
+    database: Any, kind: str, runner: RunnerFactory | None, retry: str, records_handler: bool = False
+) -> Backend | None:
+    """The backend of ``database=``: record and batch listeners (not Spark's), and not with in-place retries."""
     if database is None:
         return None
-    if kind != "record" or runner is not None:
-        raise InvalidConfigurationError("database= is available on record listeners (@app.listener) only")
+    if (kind != "record" or runner is not None) and not records_handler:
+        raise InvalidConfigurationError(
+            "database= is available on record and batch listeners (@app.listener, @app.batch_listener) only"
+        )
     if retry == "in_place":
         raise InvalidConfigurationError(
             'database= cannot be combined with retry="in_place" (deprecated): it would wait out each back-off '

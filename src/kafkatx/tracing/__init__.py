@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event, RecordRecovered, TransactionAborted, TransactionCommitted
 from kafkatx.record import Record
-from kafkatx.tracing._handler import TracedListener, wrap_async_handler, wrap_handler
+from kafkatx.tracing._handler import TracedListener, wrap_async_handler, wrap_batch_handler, wrap_handler
 from kafkatx.tracing._headers import (
     TRACE_HEADERS,
     HeaderGetter,
@@ -140,11 +140,21 @@ class Tracing:
     # -- record attempts ----------------------------------------------------------------------
     def wrap(self, spec: TracedListener, group_id: str, worker: int = 0) -> Callable[[Record], Any]:
         """``spec``'s handler as its container ``worker`` runs it, each call in a ``process`` span."""
+        spans = self._spans(spec, group_id, worker)
+        return wrap_async_handler(spec, spans) if spec.is_async else wrap_handler(spec, spans)
+
+    def wrap_batch(self, spec: TracedListener, group_id: str, worker: int = 0) -> Callable[[list[Record]], Any]:
+        """A batch listener's handler as its container ``worker`` runs it: each call in one ``process`` span,
+        linked to the traces its records carry; its outputs carry the call's trace."""
+        return wrap_batch_handler(spec, self._spans(spec, group_id, worker))
+
+    def _spans(self, spec: TracedListener, group_id: str, worker: int) -> RecordSpans:
+        """The spans of ``spec``'s container ``worker``, kept under the container's name, as its events give it:
+        its transactions link the spans of its handler's calls."""
         self._groups[spec.name] = group_id
         spans = RecordSpans(self.tracer, self.attempts, spec.name, group_id)
-        # The container's name, as its events give it: its transactions link the spans of its records.
         self._containers[_container_name(spec, worker)] = spans
-        return wrap_async_handler(spec, spans) if spec.is_async else wrap_handler(spec, spans)
+        return spans
 
     def defer_spans(self, spec: TracedListener, worker: int = 0) -> Callable[[], None] | None:
         """Make the SDK spans of the sampled root records of ``spec``'s container ``worker`` after their handler

@@ -17,7 +17,7 @@ from kafkatx.record import Output, Record
 from kafkatx.tracing._records import RecordSpans, Sink, traced_outputs
 from kafkatx.tracing._sampling import ALWAYS_SAMPLED, RootCountdown, root_gap
 
-__all__ = ["TracedListener", "wrap_async_handler", "wrap_handler"]
+__all__ = ["TracedListener", "wrap_async_handler", "wrap_batch_handler", "wrap_handler"]
 
 
 #: What a plain handler returns when it is an ``async def`` in disguise: handed on as it is, for the runner to refuse.
@@ -180,3 +180,42 @@ def wrap_async_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[Re
         return outputs
 
     return traced_async
+
+
+def wrap_batch_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[list[Record]], Any]:
+    """A batch listener's handler in one span per call (a plain or an ``async def`` one: the batch runner awaits
+    what it returns), linked to the traces of the call's records; what it returns and sends carries the call's
+    trace."""
+    handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
+
+    def traced_batch(records: list[Record]) -> Any:
+        span, token, context = spans.start_batch(records)
+        sink = Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            collect_outputs(handler(records), output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = spans.finish_batch(span, token, context, sink, error)
+        return outputs
+
+    async def traced_async_batch(records: list[Record]) -> Any:
+        span, token, context = spans.start_batch(records)
+        sink = Sink(serializer)
+        error: BaseException | None = None
+        previous = bind_sink(sink)
+        try:
+            collect_outputs(await handler(records), output, serializer, listener, sink)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            bind_sink(previous)
+            outputs = spans.finish_batch(span, token, context, sink, error)
+        return outputs
+
+    return traced_async_batch if spec.is_async else traced_batch

@@ -220,6 +220,56 @@ class RecordSpans:
             self._detach(token)
             span.end()
 
+    # -- batch listeners: a span per call ---------------------------------------------------------
+    def start_batch(self, records: list[Record]) -> tuple[Any, Any, Context]:
+        """Begin a batch call's span, linked to the traces its records carry (at most MAX_TRANSACTION_LINKS: a
+        batch has no one parent), and make it the current one; return it, the token and its context."""
+        from opentelemetry.trace import get_current_span
+
+        links = []
+        for record in records:
+            headers = record.headers
+            if headers and carries_trace(headers):
+                linked = get_current_span(extract_context(headers)).get_span_context()
+                if linked.is_valid:
+                    links.append(self._link(linked))
+                    if len(links) >= MAX_TRANSACTION_LINKS:
+                        break
+        first = records[0]
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.consumer.group.name": self.group_id,
+            "kafkatx.listener": self.listener,
+            "messaging.destination.name": first.topic,
+            "messaging.batch.message_count": len(records),
+            "messaging.kafka.offset": first.offset,
+            "kafkatx.attempt": max(r.attempt for r in records),
+        }
+        span = self.tracer.start_span(
+            f"process {first.topic}", context=self._empty, kind=self._consumer, links=links, attributes=attributes
+        )
+        if self._unpin is not None:
+            self._unpin()
+        context = self._in_context(span, self._empty)
+        return span, self._attach(context), context
+
+    def finish_batch(self, span: Any, token: Any, context: Context, sink: Sink, error: BaseException | None) -> Any:
+        """End a batch call's span; the call's outputs with its trace (None if it has none, or failed)."""
+        if len(self._recent) < MAX_TRANSACTION_LINKS:
+            with self._recent_lock:
+                self._recent.append(span.get_span_context())
+        try:
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(self._status(self._error, f"{type(error).__name__}: {error}"))
+                return None
+            return traced_outputs(sink, trace_headers(context)) if sink else None
+        finally:
+            self._detach(token)
+            span.end()
+
 
 def _always_traced(headers: Headers | None) -> None:
     """No sampling decision of kafkatx's own: the SDK decides (a sampler kafkatx does not know)."""

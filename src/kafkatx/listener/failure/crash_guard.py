@@ -19,7 +19,8 @@ This module is the container's side of it:
   (dead-lettered) without calling the handler;
 - a clean stop ends the search: the next run starts in full batches.
 
-Record listeners only: a Spark job cannot be run one record at a time.
+Record and batch listeners (a part is handed to the batch runner as a unit): a Spark job cannot be run one
+record at a time.
 """
 
 from __future__ import annotations

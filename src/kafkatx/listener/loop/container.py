@@ -102,7 +102,8 @@ class ListenerContainer:
         self._hold = OutageHold(self, self.reactions.consumer_error)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
-        if self.database is not None:  # outputs are stored per input partition: the handler says whose they are
+        if self.database is not None and spec.kind == "record":  # outputs are stored per input partition: the
+            # handler says whose they are (a batch runner wraps its handler itself: BatchRunner)
             spec = self.spec = replace(spec, handler=self.database.attributing(spec.handler))
         self.failure: BaseException | None = None
         self.stop_reason = "normal"

@@ -12,7 +12,7 @@ from kafkatx.listener.failure.poison_isolation import DEFAULT_MAX_BISECT_JOBS
 from kafkatx.listener.host import ContainerHost
 from kafkatx.listener.options import BatchListenerOptions, check_option_names
 from kafkatx.listener.runners.batch_runner import BatchRunner
-from kafkatx.listener.spec import ListenerSpec, build_spec
+from kafkatx.listener.spec import ListenerSpec, build_spec, is_async_handler
 
 __all__ = ["NOT_FOR_BATCH", "batch_listener_spec"]
 
@@ -20,9 +20,6 @@ __all__ = ["NOT_FOR_BATCH", "batch_listener_spec"]
 NOT_FOR_BATCH = {
     "after_rollback": "a batch listener settles failures itself (a named record alone, poison isolated by halves)",
     "retry": "a batch listener retries a failed call in its transaction or after the back-off; there is no in_place",
-    "count_crashes": "the crash search is for record listeners (a batch listener does not count crashes yet)",
-    "database": "database= is not available on batch listeners yet (one unit of work per batch is planned); "
-    "write from the handler with your own transaction, or use @app.listener(..., database=...)",
     "in_flight": "a batch listener gets the whole batch in one call (in_flight= is for record listeners)",
     "ordering": "a batch listener gets the whole batch in one call, in order (ordering= is for record listeners)",
     "overlap_commit": "a batch listener's call runs inside its transaction (overlap_commit= is for record listeners)",
@@ -42,6 +39,11 @@ def batch_listener_spec(handler: Callable[..., Any], topics: Iterable[str], opti
     max_bisect_jobs = opts.pop("max_bisect_jobs", DEFAULT_MAX_BISECT_JOBS)
     if not is_int(max_bisect_jobs, 0):
         raise InvalidConfigurationError(f"max_bisect_jobs must be an integer >= 0, got {max_bisect_jobs!r}")
+    if opts.get("database") is not None and is_async_handler(handler):
+        raise InvalidConfigurationError(
+            "batch_listener: database= needs a def handler (the database transaction is the container thread's, "
+            "and db() is bound to that thread): make the handler a plain def"
+        )
     if not callable(handler):
         raise InvalidConfigurationError(
             f"a batch listener handler must be callable (list[Record] -> iterable of outputs or None), got {handler!r}"

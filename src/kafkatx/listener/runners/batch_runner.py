@@ -38,10 +38,11 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kafkatx.client.offsets import TP
 from kafkatx.context import bind_sink
 from kafkatx.errors import RecordFailedError
 from kafkatx.events import TransactionCommitted
@@ -53,29 +54,28 @@ from kafkatx.listener.failure.failed_record import (
     settle_failure,
 )
 from kafkatx.listener.failure.poison_isolation import IsolationStopped, RunFailed, isolate
-from kafkatx.listener.host import ContainerLiveness, Unit
-from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
+from kafkatx.listener.host import (
+    ContainerIdentity,
+    ContainerLiveness,
+    ContainerTransactions,
+    HandlerFailure,
+    RecordUnit,
+    Unit,
+)
+from kafkatx.listener.runners.batch_outputs import CallOutputs, SendBuffer, bytes_values, produce_call_outputs
+from kafkatx.outputs import collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.rollback.classifier import exception_name
 from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action
 
 if TYPE_CHECKING:
+    from kafkatx.database.session import DatabaseSession
     from kafkatx.listener.spec import ListenerSpec
 
-__all__ = ["BatchRunner", "failed_index"]
+__all__ = ["BatchHost", "BatchRunner", "failed_index"]
 
 log = logging.getLogger("kafkatx.container")
-
-
-class _SendBuffer(list[PendingOutput]):
-    """``kafkatx.send()``'s target during one call: kept only if the call returns."""
-
-    def __init__(self, serializer: Any) -> None:
-        super().__init__()
-        self.serializer = serializer
-
-    add = list.append
 
 
 @dataclass(slots=True)
@@ -93,6 +93,8 @@ class _Cut:
 
 #: A record settled once the calls are done: (index, error or None for a recovery to retry, already counted).
 _Later = tuple[int, BaseException | None, bool]
+#: What comes next in a transaction: ("call", the records' indices, None) or ("settle", [index], its error).
+_Step = tuple[str, Sequence[int], BaseException | None]
 
 
 class _Outage(Exception):
@@ -124,6 +126,34 @@ def failed_index(exc: RecordFailedError, records: Sequence[Record]) -> int | Non
     return None
 
 
+def _pick(records: list[Record], indices: Sequence[int]) -> list[Record]:
+    """The records at ``indices`` in a new list (the handler may change it): a slice when they are consecutive (as
+    a batch's first call's are: all of them)."""
+    if type(indices) is range and indices.step == 1:
+        return records[indices.start : indices.stop]
+    return [records[i] for i in indices]
+
+
+def _next_offsets(records: Sequence[Record]) -> dict[TP, int]:
+    """The offset after each partition's last record, read once per run of one partition's records (messages come
+    in such runs) instead of once per record."""
+    offsets: dict[TP, int] = {}
+    topic, partition, last = "", -1, -1
+    for record in records:
+        if record.partition != partition or record.topic != topic:
+            _end_run(offsets, topic, partition, last)
+            topic, partition = record.topic, record.partition
+        last = record.offset
+    _end_run(offsets, topic, partition, last)
+    return offsets
+
+
+def _end_run(offsets: dict[TP, int], topic: str, partition: int, last: int) -> None:
+    """A run of one partition's records ended at ``last`` (none yet: ``partition`` -1)."""
+    if partition >= 0 and last + 1 > offsets.get((topic, partition), -1):
+        offsets[(topic, partition)] = last + 1
+
+
 def _coords(record: Record) -> tuple[str, int, int]:
     return (record.topic, record.partition, record.offset)
 
@@ -133,16 +163,64 @@ def _cause(exc: RecordFailedError) -> BaseException:
     return exc.__cause__ if exc.__cause__ is not None else exc
 
 
+class BatchHost(ContainerIdentity, ContainerLiveness, ContainerTransactions, Protocol):
+    """What the batch runner uses of its container: its handler as it runs it (traced, with tracing on), the last
+    poll's time and the time budget, the database."""
+
+
+class _Probe:
+    """An isolation run with ``database=``: each in a savepoint of its own, the work of the run that passed before
+    it undone first, so that only the work of the run whose result is kept (the last that passed) commits.
+
+    Savepoints share one name (the record savepoint's), so they are ended strictly in the reverse order of their
+    making: the handler's inside each run, then the run's."""
+
+    def __init__(self, call: Callable[[list[Record]], CallOutputs], database: DatabaseSession | None) -> None:
+        self._call, self._database = call, database
+        self._passed: list[Any] = []  # the savepoint of the last run, if it passed (still open)
+
+    def __call__(self, records: list[Record]) -> CallOutputs:
+        database = self._database
+        if database is None:
+            return self._call(records)
+        self.undo()
+        point = database.savepoint()
+        try:
+            outputs = self._call(records)
+        except RunFailed:
+            database.roll_back_to(point)
+            raise
+        self._passed.append(point)
+        return outputs
+
+    def undo(self) -> None:
+        """Undo the database work of the last run, if it passed."""
+        if self._database is not None and self._passed:
+            self._database.roll_back_to(self._passed.pop())
+
+    def keep(self) -> None:
+        """Keep the database work of the last run (it passed: its result commits)."""
+        if self._database is not None and self._passed:
+            self._database.release(self._passed.pop())
+
+
 class BatchRunner:
     """``runner(unit)`` for batch listeners (``@app.batch_listener``): see the module."""
 
-    def __init__(self, spec: ListenerSpec, container: ContainerLiveness, max_bisect_jobs: int) -> None:
+    def __init__(self, spec: ListenerSpec, container: BatchHost, max_bisect_jobs: int) -> None:
         self.spec = spec
         self._c = container
+        #: ``database=``: one unit of work per transaction, each call's work in a savepoint of its own (undone
+        #: with the call if it fails), its outputs stored under its first record's partition.
+        self._database = container.database
+        handler = container.spec.handler  # the declared one, or tracing's wrapper of it (App._traced)
+        self._handler = handler if self._database is None else self._database.attributing(handler, batch=True)
         self.max_bisect_jobs = max_bisect_jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Records held after a named failure (RecordFailedError): called alone when they come back.
         self._held: set[tuple[str, int, int]] = set()
+        #: The last clean transaction's records, refilled by the next one where the handler did not keep them.
+        self._spare: list[Record] = []
         #: Handler calls so far (first calls, retries, isolation probes), for logs and tests.
         self.calls = 0
 
@@ -153,19 +231,23 @@ class BatchRunner:
             self._loop = None
 
     # -- the unit ----------------------------------------------------------------------
-    def __call__(self, unit: Unit) -> None:
+    def __call__(self, unit: RecordUnit) -> None:
         msgs = unit.messages
+        refused: BaseException | None = None
         while msgs:
             current = unit.with_messages(msgs)
             started = time.perf_counter()
             cut: list[_Cut | None] = [None]
 
-            def work(current: Unit = current, msgs: list[ConsumedMessage] = msgs) -> None:
-                cut[0] = self._handle(current, msgs)
+            def work(current: RecordUnit = current, msgs: list[ConsumedMessage] = msgs, failed: Any = refused) -> None:
+                cut[0] = self._handle(current, msgs, failed)
 
             try:
                 if not current.transact(work, what="batch's transaction"):
                     return  # the producer was replaced and the unit rewound to the committed offsets
+            except HandlerFailure as failure:  # the broker refused an output of this one-record unit (the crash
+                refused = failure.exc  # guard ran its batch one record per transaction to find it): settle it
+                continue
             except _Outage as outage:  # nothing counted: the unit waits for the listener's outage to end
                 current.rewind()
                 current.outage.report(current.worker, outage.exc, outage.record)
@@ -176,7 +258,7 @@ class BatchRunner:
                 if aborted.hold.delay > 0:
                     current.pause((record.topic, record.partition), aborted.hold.delay)
                 return
-            msgs = self._committed(current, msgs, cut[0], started)
+            msgs, refused = self._committed(current, msgs, cut[0], started), None
 
     def _committed(self, unit: Unit, msgs: list[ConsumedMessage], cut: _Cut | None, started: float) -> list[Any]:
         """The transaction committed ``msgs`` (or those before ``cut``): the messages to run next, from memory."""
@@ -210,15 +292,21 @@ class BatchRunner:
         return rest
 
     # -- one transaction -----------------------------------------------------------------
-    def _handle(self, unit: Unit, msgs: list[ConsumedMessage]) -> _Cut | None:
+    def _handle(self, unit: RecordUnit, msgs: list[ConsumedMessage], refused: BaseException | None) -> _Cut | None:
         """Handle ``msgs`` in the open transaction: outputs produced, failures settled, offsets sent. Returns where
-        the transaction ends before the last message, if it does."""
-        records = unit.records(msgs)
+        the transaction ends before the last message, if it does. ``refused``: the broker refused an output of
+        this one-record unit before: its record is settled with that error, not called."""
+        spare, self._spare = self._spare, []
+        records = unit.records(msgs, spare)
+        del spare
+        calls = self.calls
         later: list[_Later] = []  # settled once the calls are done, if before the cut
-        todo: deque[tuple[str, list[int], BaseException | None]] = deque()
-        candidates = self._callable(unit, records, later)
+        todo: deque[_Step] = deque()
+        candidates = self._callable(unit, records, later) if refused is None else ()
         cut: _Cut | None = None
         todo.extend(("call", part, None) for part in self._split_at_held(records, candidates))
+        if refused is not None:
+            todo.append(("settle", range(1), refused))
         while todo and cut is None:
             step, indices, failure = todo.popleft()
             if not indices:
@@ -227,25 +315,26 @@ class BatchRunner:
                 cut = self._settle(unit, records, indices[0], failure, todo)
                 continue
             try:
-                outputs = self._call([records[i] for i in indices])
+                outputs = self._call(_pick(records, indices))
             except RunFailed as failed:
                 cut = self._call_failed(unit, records, indices, failed.exc, todo, later)
                 continue
-            for out in outputs:
-                unit.produce(out)
+            produce_call_outputs(unit, outputs, self.spec.output)
             if len(indices) == 1:
                 self._held.discard(_coords(records[indices[0]]))
         end = len(msgs) if cut is None else cut.index
         self._settle_later(unit, records, [item for item in later if item[0] < end])
-        offsets = unit.next_offsets(msgs[:end])
+        offsets = _next_offsets(records) if end == len(msgs) else unit.next_offsets(msgs[:end])
         if cut is not None and cut.hold is not None:  # the held record's own offset commits, with its count
             record = cut.hold.record
             offsets[(record.topic, record.partition)] = record.offset
         if offsets:
             unit.send_offsets(offsets)
+        if cut is None and not later and self.calls == calls + 1:  # nothing failed: no error holds these records
+            self._spare = records
         return cut
 
-    def _split_at_held(self, records: list[Record], candidates: list[int]) -> list[list[int]]:
+    def _split_at_held(self, records: list[Record], candidates: Sequence[int]) -> list[Sequence[int]]:
         """The calls to make: ``candidates`` in order, each record held after a named failure in a call of its own
         (its retry is its own; the records after it wait for it, so that they are called once)."""
         if not self._held:
@@ -258,13 +347,16 @@ class BatchRunner:
                 parts[-1].append(i)
         return [part for part in parts if part]
 
-    def _callable(self, unit: Unit, records: list[Record], later: list[_Later]) -> list[int]:
+    def _callable(self, unit: Unit, records: list[Record], later: list[_Later]) -> Sequence[int]:
         """The records the handler gets (decoded, with typed payloads); the others go to ``later``: a recovery to
         retry, or a record that cannot be decoded (an outage of the decoder's service raises :class:`_Outage`)."""
         tracker, decoding = unit.tracker, self.spec.decoding
+        failing = tracker.failing
+        if decoding is None and not failing:  # the clean path: every record, nothing to look at per record
+            return range(len(records))
         candidates: list[int] = []
         for i, record in enumerate(records):
-            state = tracker.state(record) if tracker else None
+            state = tracker.state(record) if (record.topic, record.partition) in failing else None
             if state is not None and state.pending_recovery:  # its recoverer failed before: recover, not call
                 later.append((i, None, False))
                 continue
@@ -282,22 +374,31 @@ class BatchRunner:
             candidates.append(i)
         return candidates
 
-    def _call(self, records: list[Record]) -> list[PendingOutput]:
-        """Call the handler with ``records``; its outputs (sent, then returned), or :class:`RunFailed`."""
+    def _call(self, records: list[Record]) -> CallOutputs:
+        """Call the handler with ``records``; its outputs, or :class:`RunFailed`."""
         spec = self.spec
         self.calls += 1
-        sent = _SendBuffer(spec.serializer)
+        sent = SendBuffer(spec.serializer)
         previous = bind_sink(sent)
         try:
-            result = spec.handler(records)
+            result = self._handler(records)
             if spec.is_async:
                 result = self._event_loop().run_until_complete(result)
-            collect_outputs(result, spec.output, spec.serializer, spec.name, sent)
+            values = bytes_values(result) if spec.output is not None else None
+            if values is None:
+                collect_outputs(result, spec.output, spec.serializer, spec.name, sent)
         except Exception as exc:  # whatever the call raised fails it, and only it: nothing of it was produced
             raise RunFailed(exc) from None
         finally:
             bind_sink(previous)
-        return list(sent)
+        return list(sent), values or []
+
+    def _raise_lost_connection(self, failure: BaseException | None) -> None:
+        """With ``database=``: a connection that died under the handler is an outage, no record's failure (the
+        unit is fetched again once the database answers)."""
+        unavailable = self._database.lost_connection(failure) if self._database and failure else None
+        if unavailable is not None:
+            raise unavailable
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -307,17 +408,18 @@ class BatchRunner:
     # -- failures --------------------------------------------------------------------------
     def _call_failed(
         self,
-        unit: Unit,
+        unit: RecordUnit,
         records: list[Record],
-        indices: list[int],
+        indices: Sequence[int],
         exc: BaseException,
-        todo: deque[tuple[str, list[int], BaseException | None]],
+        todo: deque[_Step],
         later: list[_Later],
     ) -> _Cut | None:
         """A call over ``indices`` raised ``exc``: split it at a named record, or retry it, or isolate its poison."""
         stop = unproducible_stop(unit.listener, exc)
         if stop is not None:  # a programming error, no record's: the container stops, nothing dead-lettered
             raise stop
+        self._raise_lost_connection(exc)
         if isinstance(exc, RecordFailedError):
             k = failed_index(exc, [records[i] for i in indices])
             if k is not None:
@@ -366,9 +468,9 @@ class BatchRunner:
 
     def _isolate(
         self,
-        unit: Unit,
+        unit: RecordUnit,
         records: list[Record],
-        indices: list[int],
+        indices: Sequence[int],
         exc: BaseException,
         attempts: int,
         later: list[_Later],
@@ -376,9 +478,10 @@ class BatchRunner:
         """The call over ``indices`` failed its attempts: find its poison records (the Spark runner's search), produce
         the outputs of one call over all the others, and leave the poison to be recovered."""
         started, calls = time.perf_counter(), self.calls
+        probe = _Probe(self._call, self._database)
         try:
             found = isolate(
-                lambda part: self._call([records[indices[j]] for j in part]),
+                lambda part: probe([records[indices[j]] for j in part]),
                 list(range(len(indices))),
                 exc,
                 max_runs=self.max_bisect_jobs,
@@ -386,7 +489,13 @@ class BatchRunner:
                 label=f"listener {unit.listener}",
             )
         except IsolationStopped:
+            probe.undo()
             return _Cut(indices[0], rewind=True)
+        if found.result is None:  # every record poison: no run's work is kept
+            probe.undo()
+        else:
+            probe.keep()
+        self._raise_lost_connection(found.last_failure)
         poison = [indices[j] for j in found.poison]
         log.warning(
             "listener %s: %d poison record(s) out of %d isolated in %d call(s) (%.2fs): %s",
@@ -397,8 +506,8 @@ class BatchRunner:
             time.perf_counter() - started,
             ", ".join(records[i].coordinates for i in poison[:10]) + (" ..." if len(poison) > 10 else ""),
         )
-        for out in found.result or []:
-            unit.produce(out)
+        if found.result is not None:
+            produce_call_outputs(unit, found.result, self.spec.output)
         for j, error in found.poison.items():
             i = indices[j]
             records[i] = replace(records[i], attempt=attempts)
@@ -411,7 +520,7 @@ class BatchRunner:
         records: list[Record],
         i: int,
         exc: BaseException | None,
-        todo: deque[tuple[str, list[int], BaseException | None]],
+        todo: deque[_Step],
     ) -> _Cut | None:
         """Record ``i`` failed alone with ``exc``: the failed-record procedure decides, in the open transaction."""
         assert exc is not None

@@ -52,7 +52,7 @@ from kafkatx.listener.transaction.database_steps import DatabaseSteps
 from kafkatx.listener.transaction.positions import rewind
 from kafkatx.listener.transaction.refused import blame_refused_output
 from kafkatx.outputs import PendingOutput
-from kafkatx.record import ConsumedMessage, Record, to_record
+from kafkatx.record import ConsumedMessage, Record, message_records
 
 if TYPE_CHECKING:
     import threading
@@ -170,11 +170,18 @@ class TransactionUnit(DatabaseSteps):
         """Publish ``event`` to the App's subscribers."""
         self._c.publish(event)
 
-    def records(self, messages: Sequence[ConsumedMessage] | None = None) -> list[Record]:
-        """The unit's messages as :class:`~kafkatx.Record`\\ s, each with its true next ``attempt``."""
-        attempt = self.tracker.attempt
-        msgs = self.messages if messages is None else messages
-        return [to_record(m, attempt(m.topic(), m.partition(), m.offset())) for m in msgs]
+    def records(self, messages: Sequence[ConsumedMessage] | None = None, spare: Sequence[Record] = ()) -> list[Record]:
+        """The unit's messages as :class:`~kafkatx.Record`\\ s, each with its true next ``attempt`` (looked up only on
+        the partitions that have a failing record: the others are at 1). ``spare``: an earlier batch's records,
+        given up by the caller, refilled where nothing else holds them (:func:`~kafkatx.record.message_records`)."""
+        records = message_records(self.messages if messages is None else messages, spare)
+        failing = self.tracker.failing
+        if failing:
+            attempt = self.tracker.attempt
+            for record in records:
+                if (record.topic, record.partition) in failing:
+                    record.attempt = attempt(record.topic, record.partition, record.offset)
+        return records
 
     def next_offsets(self, messages: Sequence[ConsumedMessage] | None = None) -> dict[TP, int]:
         """The offsets to commit once ``messages`` (default: the whole unit) are done."""
