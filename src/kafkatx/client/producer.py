@@ -129,7 +129,8 @@ class TransactionalProducer:
         self._caller.close()
         if producer is not None and self._caller.abandoned:
             # A call on it never returned: its helper thread still uses it. The new producer's
-            # init_transactions fences it; it is freed once that call returns.
+            # init_transactions fences it (not on the embedded broker after a restart, so a commit job also
+            # stops itself, see _commit_with_offsets); it is freed once that call returns.
             log.warning("abandoning producer %s, stuck in a client call", self.transactional_id)
         elif producer is not None:
             try:
