@@ -5,8 +5,8 @@ first ignores its timeout, kafkatx abandons the producer, starts a new one with 
 the batch from the committed offsets. The abandoned job must not go on to ``commit_transaction`` once its stuck call
 returns: on Apache Kafka the new producer has fenced the old one and that commit fails, but a broker that gave the
 new producer another producer id (the embedded broker after a restart, docs/BROKERS.md) would let the old producer
-commit the batch the new one redoes, and its stale offsets with it. Measured on the embedded broker: the abandoned
-producer's commit_transaction came 45 s after kafkatx had given it up.
+commit the batch the new one redoes, and its stale offsets with it. Seen on the embedded broker: the abandoned
+producer's commit_transaction under way more than 30 s after kafkatx had given it up.
 """
 
 from __future__ import annotations
