@@ -10,9 +10,9 @@ At the end: how many output records read_committed returns, distinct and in all.
 App, librdkafka's eos,protocol,broker debug log of its producers included (its lines are stamped when the client
 hands them over, which for a producer kafkatx has abandoned can be long after).
 
-Measured 2026-11-28 (4 runs of 5 rounds): 5 rounds of 20 ended with the output's LSO below its high watermark, in
-3 runs of 4, before and after kafkatx stopped abandoned commits alike; each was released by the next restart
-(docs/BROKERS.md, "A transaction open across a broker restart can hang").
+Measured 2026-11-28: the output's LSO stayed below its high watermark after 3 rounds of 15 (3 runs) before kafkatx
+stopped abandoned commits and after 2 of 8 (2 runs) since, each released by the next restart (docs/BROKERS.md,
+"A transaction open across a broker restart can hang").
 """
 
 from __future__ import annotations
