@@ -19,7 +19,9 @@ nothing extra, each record in its input partition and in its input order
 a clean stop must exit 0 within the shutdown timeout, no copier may die on its
 own, a copier killed and restarted under its id must take its partitions back
 without a rebalance (no other copier's assignment changes: their logs) and
-commit on them again, the dead-letter topic stays empty, and
+commit on them again, the dead-letter topic stays empty, no transaction is left open once every copier has
+stopped (no partition of the output or the dead-letter topic with its last stable offset below its high watermark:
+issue 42's hanging transactions), and
 there are variants where copiers come back under new ids, and where the
 broker restarts while copiers are bounced.
 
