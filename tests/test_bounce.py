@@ -19,7 +19,9 @@ nothing extra, each record in its input partition and in its input order
 a clean stop must exit 0 within the shutdown timeout, no copier may die on its
 own, a copier killed and restarted under its id must take its partitions back
 without a rebalance (no other copier's assignment changes: their logs) and
-commit on them again, the dead-letter topic stays empty, and
+commit on them again, the dead-letter topic stays empty, no transaction is left open once every copier has
+stopped (no partition of the output or the dead-letter topic with its last stable offset below its high watermark:
+issue 42's hanging transactions), and
 there are variants where copiers come back under new ids, and where the
 broker restarts while copiers are bounced.
 
@@ -54,8 +56,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from kafkatx.health.stable_offsets import KafkaWatermarks
 from kafkatx.local import LocalBroker
 from kafkatx.testing import KafkaTestKit, unique_name
 
@@ -111,6 +114,11 @@ class MissingRecords(BounceFailure):
 
 class DuplicateRecords(BounceFailure):
     pass
+
+
+class HangingTransaction(BounceFailure):
+    """With every copier stopped, a transaction is still open: read_committed readers stop at a partition's last
+    stable offset, below its high watermark (issue 42, item 13)."""
 
 
 class LiveViewDuplicates(BounceFailure):
@@ -490,6 +498,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         for b in bounces:
             b.recovered_s, b.all_recovered_s = progress.recovery(b, every=False), progress.recovery(b, every=True)
         stats["bounces"] = [asdict(b) | {"committed": None} for b in bounces]
+        check_nothing_open(broker.bootstrap_servers, [out, src + "-dlt"])
         check_copy(kafka, src, out, s.partitions)
         live.finish(kafka.end_offsets(out))
         stats["live"] = check_live_view(
@@ -525,6 +534,27 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         if progress is not None:
             progress.close()
         broker.stop()
+
+
+def check_nothing_open(bootstrap: str, topics: list[str], within: float = 15.0) -> None:
+    """Every copier has stopped (a clean stop ends its transaction; a killed one's was aborted by its successor's
+    init_transactions): no partition of ``topics`` may keep its last stable offset below its high watermark."""
+    source = KafkaWatermarks({"bootstrap.servers": bootstrap})
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            open_ = {tp: m for tp, m in source.watermarks(topics).items() if m[0] < m[1]}
+            if not open_:
+                return
+            if time.monotonic() > deadline:
+                raise HangingTransaction(
+                    f"with every copier stopped, {len(open_)} partition(s) keep a transaction open, read_committed "
+                    f"readers stopping below the end: "
+                    + ", ".join(f"{t}[{p}] at {lso} of {hw}" for (t, p), (lso, hw) in sorted(open_.items()))
+                )
+            time.sleep(0.5)
+    finally:
+        source.close()
 
 
 def check_copy(kafka: KafkaTestKit, src: str, out: str, partitions: int) -> None:
@@ -595,6 +625,23 @@ def check_live_view(
     if complete and missing:
         raise LiveViewIncomplete(f"the live read_committed consumer missed {missing} committed records ({result})")
     return result
+
+
+def test_the_harness_reports_a_transaction_left_open(kafka: KafkaTestKit) -> None:
+    """check_nothing_open fails while a transaction holds a partition's last stable offset, and passes once it ends."""
+    topic = kafka.topic()
+    hanging = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("open")})
+    try:
+        hanging.init_transactions(10)
+        hanging.begin_transaction()
+        hanging.produce(topic, b"never committed")
+        assert hanging.flush(10) == 0
+        with pytest.raises(HangingTransaction, match=rf"{topic}\[0\] at 0 of 1"):
+            check_nothing_open(kafka.bootstrap_servers, [topic], within=1.0)
+        hanging.abort_transaction(10)
+        check_nothing_open(kafka.bootstrap_servers, [topic])
+    finally:
+        hanging.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,11 +6,16 @@ If one of these fails, kafkatx's other tests cannot be trusted on that broker.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafkatx.testing import KafkaTestKit, unique_name
+
+if TYPE_CHECKING:
+    from kafkatx.local import LocalBroker
 
 
 def _txn_producer(bootstrap: str, txn_id: str) -> Producer:
@@ -571,3 +576,122 @@ def test_a_committed_transaction_survives_a_broker_kill(tmp_path: object) -> Non
 test_a_committed_transaction_survives_a_broker_kill = pytest.mark.xfail(
     strict=True, reason="noida-db 0.2.3: a SIGKILL loses the commits of its last 1-2 s (in-memory, snapshotted)"
 )(test_a_committed_transaction_survives_a_broker_kill)
+
+
+def _stable_and_high(bootstrap: str, topic: str) -> tuple[int, int]:
+    """The partition's last stable offset (what a read_committed ListOffsets answers) and its high watermark."""
+    found = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lso", "isolation.level": isolation, "log_level": 0})
+        try:
+            found.append(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1])
+        finally:
+            c.close()
+    return found[0], found[1]
+
+
+def _lso_reaches_hw(bootstrap: str, topic: str, within: float = 5.0) -> tuple[int, int]:
+    """Waits up to ``within`` seconds for nothing to be left open (LSO == HW); returns the last (LSO, HW) seen."""
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        lso, hw = _stable_and_high(bootstrap, topic)
+        if lso == hw or time.monotonic() > deadline:
+            return lso, hw
+        time.sleep(0.2)
+
+
+def _open_across_a_restart(broker: "LocalBroker", topic: str, txn_id: str) -> Producer:
+    """A producer that opens a transaction, writes a record, sees the broker restart (cleanly) and writes another
+    record in the same transaction (nothing tells a client that the broker restarted: it reconnects and goes on).
+    Raises RuntimeError (not AssertionError: the canaries' expected failure) if the open transaction does not
+    show as a last stable offset below the high watermark before the restart (the measurement itself is broken)."""
+    p = _txn_producer(broker.bootstrap_servers, txn_id)
+    p.begin_transaction()
+    p.produce(topic, b"before the restart")
+    if p.flush(10) != 0 or _stable_and_high(broker.bootstrap_servers, topic) != (0, 1):
+        _close(p)
+        raise RuntimeError("an open transaction holds the last stable offset at its first record")
+    broker.restart()
+    p.produce(topic, b"after the restart")
+    if p.flush(30) != 0:
+        _close(p)
+        raise RuntimeError("the record written after the restart was not acknowledged")
+    return p
+
+
+@pytest.mark.local_broker_only
+def test_a_transaction_committed_after_a_broker_restart_leaves_nothing_open(tmp_path: Path) -> None:
+    """A transaction open while the broker restarts, written to again and committed: once commit_transaction has
+    returned (whatever it returned), nothing of it may stay open, or every read_committed reader of the partition
+    stops there for good.
+
+    Apache Kafka keeps the transaction in its transaction log across the restart and writes the COMMIT markers.
+    noida-db 0.2.3 keeps no transaction state across a restart: on start it ends (ABORT marker) the transaction
+    the records in its log left open, then accepts the producer's next records under the same producer id and
+    epoch, answers its EndTxn with NO_ERROR and writes no marker: the records written after the restart stay open
+    (last stable offset below the high watermark) until the broker restarts again. This is issue 42's hanging
+    transaction after broker bounces (docs/BROKERS.md, 'A transaction open across a broker restart')."""
+    from kafkatx.local import LocalBroker
+
+    broker = LocalBroker(data_dir=tmp_path / "b").start()
+    p: Producer | None = None
+    try:
+        topic = KafkaTestKit(broker.bootstrap_servers).topic()
+        p = _open_across_a_restart(broker, topic, unique_name("txn"))
+        try:
+            p.commit_transaction(30)
+        except KafkaException as exc:  # a failed commit is a fair answer too, if what it leaves open is aborted
+            if exc.args[0].txn_requires_abort():
+                p.abort_transaction(30)
+        lso, hw = _lso_reaches_hw(broker.bootstrap_servers, topic)
+        assert lso == hw, f"the transaction's commit returned, yet it is open from offset {lso} (high watermark {hw})"
+    finally:
+        if p is not None:
+            _close(p)
+        broker.stop()
+
+
+test_a_transaction_committed_after_a_broker_restart_leaves_nothing_open = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="noida-db 0.2.3: a transaction open across a restart, written to again, stays open after its commit",
+)(test_a_transaction_committed_after_a_broker_restart_leaves_nothing_open)
+
+
+@pytest.mark.local_broker_only
+def test_reinitialising_a_transactional_id_after_a_broker_restart_aborts_what_it_left_open(tmp_path: Path) -> None:
+    """The transaction of test_a_transaction_committed_after_a_broker_restart_leaves_nothing_open, never ended:
+    a new producer with the same transactional.id (what `kafkatx transactions abort` and a restarted kafkatx
+    worker do) must abort it and fence the old producer.
+
+    Apache Kafka finds the id's producer id in its transaction log, bumps its epoch and aborts the transaction.
+    noida-db 0.2.3 forgets which producer id a transactional.id had when it restarts: InitProducerId hands out a
+    new producer id, so the old producer is neither fenced nor its transaction aborted, and the records it wrote
+    after the restart hold the last stable offset until the broker restarts again."""
+    from kafkatx.local import LocalBroker
+
+    broker = LocalBroker(data_dir=tmp_path / "b").start()
+    old: Producer | None = None
+    new: Producer | None = None
+    try:
+        topic = KafkaTestKit(broker.bootstrap_servers).topic()
+        txn_id = unique_name("txn")
+        old = _open_across_a_restart(broker, topic, txn_id)
+        new = _txn_producer(broker.bootstrap_servers, txn_id)  # aborts what the id left open
+        lso, hw = _lso_reaches_hw(broker.bootstrap_servers, topic)
+        assert lso == hw, f"the id was initialised again, yet its transaction is open from offset {lso} (hw {hw})"
+    finally:
+        for p in (old, new):
+            if p is not None:
+                _close(p)
+        broker.stop()
+
+
+test_reinitialising_a_transactional_id_after_a_broker_restart_aborts_what_it_left_open = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="noida-db 0.2.3: after a restart, InitProducerId of a known transactional.id gives a new producer id "
+    "and does not abort that id's open transaction",
+)(test_reinitialising_a_transactional_id_after_a_broker_restart_aborts_what_it_left_open)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_bounce import (  # noqa: E402  (the harness lives beside the tests it serves)
     BounceFailure,
     DuplicateRecords,
+    HangingTransaction,
     LiveViewDuplicates,
     MissingRecords,
     Scenario,
@@ -44,7 +45,9 @@ from test_bounce import (  # noqa: E402  (the harness lives beside the tests it 
 _CANARY = "tests/test_broker_conformance.py::"
 LOSES_OPEN_TRANSACTIONS = (
     "noida-db 0.2.3 loses a transaction open across its restart yet reports the commit as successful "
-    f"({_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails)"
+    f"({_CANARY}test_a_transaction_open_across_a_clean_broker_restart_commits_or_fails), and leaves what the "
+    f"transaction writes after the restart open ({_CANARY}test_a_transaction_committed_after_a_broker_restart_"
+    "leaves_nothing_open)"
 )
 LOSES_RECENT_COMMITS = (
     "noida-db 0.2.3 loses the commits of its last 1-2 s when it is killed "
@@ -96,8 +99,8 @@ def variants() -> list[Variant]:
         ),
     ]
     broker_gaps: dict[Literal["clean", "hard"], tuple[str, tuple[type[BounceFailure], ...]]] = {
-        "clean": (LOSES_OPEN_TRANSACTIONS, (MissingRecords, LiveViewDuplicates)),
-        "hard": (LOSES_RECENT_COMMITS, (MissingRecords, DuplicateRecords, LiveViewDuplicates)),
+        "clean": (LOSES_OPEN_TRANSACTIONS, (MissingRecords, LiveViewDuplicates, HangingTransaction)),
+        "hard": (LOSES_RECENT_COMMITS, (MissingRecords, DuplicateRecords, LiveViewDuplicates, HangingTransaction)),
     }
     for fencing in ("group", "partition"):
         for broker, (gap, explained) in broker_gaps.items():

@@ -120,3 +120,24 @@ def test_the_written_topics_are_the_outputs_send_targets_and_dead_letter_topics(
         "in-dlt": ("a",),
         "parked": ("b",),
     }
+
+
+@pytest.mark.parametrize(
+    ("cluster_id", "hinted"),
+    [("kafkatx-local-Vhc9bnYESYGWZh4QTqGWFw", True), ("MkU3OEVBNTctOEUyRi00", True), ("prod-kafka-1", False)],
+)
+def test_on_the_embedded_broker_the_warning_says_that_restarting_it_ends_what_its_restart_left_open(
+    caplog: pytest.LogCaptureFixture, cluster_id: str, hinted: bool
+) -> None:
+    """Issue 42, item 13: after a restart of the embedded broker neither way out of the warning works (docs/BROKERS.md,
+    'A transaction open across a broker restart can hang'); the cluster id the check reads says which broker it is."""
+    watch, _, _ = _watch(threshold=10.0)
+    source = FakeWatermarks()
+    source.cluster_id = cluster_id  # type: ignore[attr-defined]  # what KafkaWatermarks reads from the metadata
+    source.marks = {("out", 0): (5, 9)}
+    with caplog.at_level(logging.WARNING, logger="kafkatx.health"):
+        watch.check(source, now=100.0)
+        watch.check(source, now=111.0)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "kafkatx transactions abort module:app" in warning, "the usual ways out are still named"
+    assert ("restart the embedded broker once more" in warning) is hinted, warning

@@ -11,8 +11,12 @@ event) and gives up at the deadline with :class:`~kafkatx.StuckCallError`,
 an application-recoverable error: the container abandons the client, starts
 a new one with the same transactional.id (which fences the stuck one, so
 whatever it does when it wakes up cannot commit), and rewinds to the
-committed offsets. The abandoned helper thread is left to finish on its own;
-the client it uses is never touched again from kafkatx's side.
+committed offsets. The abandoned helper thread is left to finish the stuck
+call on its own; the job it runs checks :attr:`BoundedCaller.abandoned`
+before its next client call and stops there (a commit job does not commit:
+the embedded broker, after a restart, gives the new producer another
+producer id, so it does not fence the stuck one; docs/BROKERS.md). The
+client is never touched again from kafkatx's side.
 
 Every caller also says what it is blocked in (:attr:`BoundedCaller.current`),
 so a stop that does not finish within ``shutdown_timeout`` can name the call.

@@ -21,6 +21,7 @@ from kafkatx.errors import (
     KafkaClientError,
     OutputRefusedError,
     RecordRejectedError,
+    StuckCallError,
     TransactionAbortableError,
     UnknownTopicError,
 )
@@ -34,6 +35,10 @@ log = logging.getLogger("kafkatx.producer")
 
 #: Delivery errors of records librdkafka purged: the consequence of a transaction's failure, never its cause.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+#: Beyond the two calls' own timeouts, how long the offsets-then-commit job may run before it is abandoned.
+COMMIT_DEADLINE_MARGIN_S = 5.0
 
 
 class TransactionalProducer:
@@ -124,7 +129,8 @@ class TransactionalProducer:
         self._caller.close()
         if producer is not None and self._caller.abandoned:
             # A call on it never returned: its helper thread still uses it. The new producer's
-            # init_transactions fences it; it is freed once that call returns.
+            # init_transactions fences it (not on the embedded broker after a restart, so a commit job also
+            # stops itself, see _commit_with_offsets); it is freed once that call returns.
             log.warning("abandoning producer %s, stuck in a client call", self.transactional_id)
         elif producer is not None:
             try:
@@ -261,6 +267,17 @@ class TransactionalProducer:
                 offsets, group_metadata = pending[0]
                 producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
                 pending.pop(0)
+                if caller.abandoned:
+                    # Given up while the call was stuck: a new producer redoes the batch from the committed offsets.
+                    # Committing this one too relies on the broker having fenced it, which a broker that hands the
+                    # new producer another producer id (the embedded one after a restart, docs/BROKERS.md) has not.
+                    log.warning(
+                        "the abandoned send_offsets_to_transaction of %s returned; its transaction is not committed",
+                        self.transactional_id,
+                    )
+                    raise StuckCallError(
+                        "abandoned: its batch is redone by a new producer", operation="send_offsets_to_transaction"
+                    )
             job = caller.current
             if job is not None:
                 job.operation = "commit_transaction"  # what a stuck call or a stop names from here on
@@ -268,7 +285,9 @@ class TransactionalProducer:
 
         failure: KafkaException | None = None
         try:
-            caller.call("send_offsets_to_transaction", offsets_then_commit, 2 * timeout + 5.0, meanwhile)
+            caller.call(
+                "send_offsets_to_transaction", offsets_then_commit, 2 * timeout + COMMIT_DEADLINE_MARGIN_S, meanwhile
+            )
             return
         except KafkaException as exc:
             failure = exc

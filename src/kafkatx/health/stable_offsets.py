@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
+from kafkatx.client.brokers import is_embedded_broker
 from kafkatx.client.offsets import TP
 from kafkatx.dlq.publisher import DeadLetterPublishingRecoverer
 from kafkatx.events import Event, LastStableOffsetReleased, LastStableOffsetStuck
@@ -209,6 +210,8 @@ class KafkaWatermarks:
 
         self._timeout = timeout
         self._admin: Any = AdminClient({**config, "log_level": 3})
+        #: The cluster's id, from the last check's metadata (None before one answered).
+        self.cluster_id: str | None = None
 
     def watermarks(self, topics: Sequence[str]) -> dict[TP, tuple[int, int]]:
         """``(last stable offset, high watermark)`` of each partition of ``topics`` that answered in time."""
@@ -218,7 +221,9 @@ class KafkaWatermarks:
         admin = self._admin
         if admin is None:
             return {}
-        metadata = admin.list_topics(timeout=self._timeout).topics
+        cluster = admin.list_topics(timeout=self._timeout)
+        self.cluster_id = cluster.cluster_id
+        metadata = cluster.topics
         tps = [
             TopicPartition(t, p)
             for t in topics
@@ -255,8 +260,11 @@ def _offset(future: Any) -> int | None:
     return offset if offset >= 0 else None
 
 
-def stuck_message(t: Transition, listeners: Sequence[str], threshold: float, bootstrap_servers: str) -> str:
-    """The WARNING of a partition that became stuck: where, for how long, and the ways out."""
+def stuck_message(
+    t: Transition, listeners: Sequence[str], threshold: float, bootstrap_servers: str, *, embedded: bool = False
+) -> str:
+    """The WARNING of a partition that became stuck: where, for how long, and the ways out (``embedded``: the
+    cluster is the embedded broker, where a restart of it can leave a transaction that neither way ends)."""
     where = f"--topic {t.topic} --partition {t.partition}"
     servers = bootstrap_servers or "HOST:PORT"
     return (
@@ -270,6 +278,14 @@ def stuck_message(t: Transition, listeners: Sequence[str], threshold: float, boo
         f"it with Kafka's tool: `kafka-transactions.sh --bootstrap-server {servers} find-hanging {where}` "
         f"then `kafka-transactions.sh --bootstrap-server {servers} abort {where} --start-offset "
         f"{t.last_stable_offset}` (docs/OPERATIONS.md, 'A hanging transaction')"
+        + (
+            ". On the embedded broker, if it restarted since that transaction began, neither way ends it (it "
+            "forgets open transactions across a restart and gives a re-initialised transactional id a new "
+            "producer id): restart the embedded broker once more, which aborts every transaction left open as it "
+            "starts (docs/BROKERS.md, 'A transaction open across a broker restart can hang')"
+            if embedded
+            else ""
+        )
     )
 
 
@@ -325,6 +341,7 @@ class StableOffsetWatch:
         self._rule = StuckRule(threshold if threshold is not None else STUCK_MARGIN_S)
         self._seen: set[TP] = set()
         self._bootstrap = ""
+        self._cluster_id: str | None = None  # from the source, when it knows it (KafkaWatermarks does)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: Checks completed since the last start.
@@ -397,6 +414,7 @@ class StableOffsetWatch:
         with self._lock:
             topics = dict(self._topics)
         marks = source.watermarks(sorted(topics))
+        self._cluster_id = getattr(source, "cluster_id", None) or self._cluster_id
         now = self._clock() if now is None else now
         transitions: list[Transition] = []
         values: list[tuple[str, str, int, float]] = []
@@ -419,7 +437,8 @@ class StableOffsetWatch:
     def _report(self, t: Transition, listeners: tuple[str, ...], threshold: float) -> None:
         label = ",".join(listeners)
         if t.kind == "stuck":
-            log.warning("%s", stuck_message(t, listeners, threshold, self._bootstrap))
+            embedded = is_embedded_broker(self._bootstrap, self._cluster_id)
+            log.warning("%s", stuck_message(t, listeners, threshold, self._bootstrap, embedded=embedded))
             event: Event = LastStableOffsetStuck(
                 label, 0, t.topic, t.partition, t.last_stable_offset, t.high_watermark, t.seconds
             )
