@@ -398,10 +398,9 @@ class App(BatchListeners):
         if tracing is None or (spec.kind == "batch" and not spec.records_handler):  # a Spark job is not traced
             return spec
         wrap = tracing.wrap_batch if spec.records_handler else tracing.wrap  # a batch listener: a span per call
-        handler = wrap(spec, spec.group_id or self.client_config.group_id, worker)
         return replace(
             spec,
-            handler=handler,
+            handler=wrap(spec, spec.group_id or self.client_config.group_id, worker),
             while_committing=tracing.defer_spans(spec, worker),
             untraced_roots=tracing.untraced_roots(spec, worker),
         )
