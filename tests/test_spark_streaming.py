@@ -6,6 +6,11 @@ the input holds, writes it, and stops, so a test can read the output back under 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -84,3 +89,87 @@ def test_the_source_reads_only_committed_records(spark_session: Any, kafka: Kafk
     producer.commit_transaction(30)
     _query(spark_session, kafka, src, dst, tmp_path / "chk")
     assert kafka.values(dst) == [b"COMMITTED"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failures in a process of its own (tests/spark_stream_child.py): a driver SIGKILLed, a Python worker dying.
+
+_CHILD = Path(__file__).with_name("spark_stream_child.py")
+
+
+def _child(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(streaming.__file__).parents[2]), str(_CHILD.parent)])}
+    command = [sys.executable, str(_CHILD), "--bootstrap", kit.bootstrap_servers, "--src", src, "--dst", dst]
+    return subprocess.Popen(
+        [*command, "--checkpoint", str(checkpoint), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: the JVM and Python workers are killed with it
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the query did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
+    assert proc.returncode == 0 and "done" in out, out[-3000:]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the query ended before {path.name} appeared:\n{proc.communicate()[0][-3000:]}")
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _done_batches(checkpoint: Path) -> set[int]:
+    return {int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_record_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """The worst moment: batch 1's transaction is committed, Spark's checkpoint does not know it yet."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(120)]
+    kafka.produce(src, [(f"k{i % 5}".encode(), v) for i, v in enumerate(values)])
+    checkpoint, stopped = tmp_path / "chk", tmp_path / "stopped"
+    hang = ("--max-per-trigger", "40", "--hang-after-batch", "1", "--signal", str(stopped))
+    proc = _child(kafka, src, dst, checkpoint, *hang)
+    try:
+        _wait_for(stopped, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert 1 not in _done_batches(checkpoint), "killed before Spark recorded batch 1 as done"
+    written = Counter(kafka.values(dst))
+    assert 0 < sum(written.values()) < len(values), f"killed mid-stream: {sum(written.values())} written"
+    _finish(_child(kafka, src, dst, checkpoint, "--max-per-trigger", "40"))
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values), "each input record once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """local[2,3]: the UDF's worker exits mid-task once; the sink's task saw a truncated input, the retry all of it."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(200)]
+    kafka.produce(src, values, partition=0)
+    kafka.produce(src, [f"w{i}".encode() for i in range(200)], partition=1)
+    died = tmp_path / "died"
+    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--die-on", "v120", "--marker", str(died))
+    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra))
+    assert died.exists(), "the worker died once"
+    expected = Counter(v.upper() for v in values) + Counter(f"W{i}".encode() for i in range(200))
+    assert Counter(kafka.values(dst)) == expected, "each input record once"
