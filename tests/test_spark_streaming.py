@@ -20,10 +20,12 @@ import pytest
 pytest.importorskip("pyspark")
 
 from kafkatx.spark import streaming  # noqa: E402
-from kafkatx.spark.testing import spark_session  # noqa: E402,F401
+from kafkatx.spark.testing import ship_module_by_value, spark_session  # noqa: E402,F401
 from kafkatx.testing import KafkaTestKit  # noqa: E402
 
 pytestmark = pytest.mark.spark
+
+ship_module_by_value(sys.modules[__name__])  # map_records' handlers run on Spark's Python workers
 
 
 def _query(spark: Any, kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, **source: str) -> None:
@@ -89,6 +91,73 @@ def test_the_source_reads_only_committed_records(spark_session: Any, kafka: Kafk
     producer.commit_transaction(30)
     _query(spark_session, kafka, src, dst, tmp_path / "chk")
     assert kafka.values(dst) == [b"COMMITTED"]
+
+
+class _Poison(Exception):
+    """Not retryable in the map_records test: dead-lettered at its first failure."""
+
+
+def test_map_records_writes_outputs_once_retries_in_place_and_dead_letters_what_still_fails(
+    spark_session: Any, kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    from kafkatx import Output, Record
+    from kafkatx.dlq.headers import parse_dead_letter_headers
+
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
+    records = [(f"k{i}".encode(), f"{kind}{i}".encode()) for i, kind in enumerate(["ok", "flaky", "bad", "fatal"] * 15)]
+    kafka.produce(src, [{"key": k, "value": v, "headers": [("h", b"1")]} for k, v in records])
+
+    def handle(record: Record) -> Any:
+        value = bytes(record.value or b"")
+        if value.startswith(b"flaky") and record.attempt < 3:
+            raise TimeoutError(f"{value!r} not yet (attempt {record.attempt})")
+        if value.startswith(b"bad"):
+            raise RuntimeError(f"{value!r} always fails")
+        if value.startswith(b"fatal"):
+            raise _Poison(f"{value!r} is poison")
+        return [value.upper() + f"@{record.attempt}".encode(), Output(b"extra", key=record.key, headers={"x": "y"})]
+
+    streaming.register(spark_session)
+    df = (
+        spark_session.readStream.format("kafkatx")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", src)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", "40")
+        .load()
+    )
+    mapped = streaming.map_records(df, handle, output=dst, max_attempts=3, backoff=0.01, not_retryable=[_Poison])
+    query = (
+        mapped.writeStream.format("kafkatx")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("markerTopic", dst)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+
+    out = Counter(kafka.values(dst))
+    ok = [v for _, v in records if v.startswith(b"ok")]
+    flaky = [v for _, v in records if v.startswith(b"flaky")]
+    expected = Counter([v.upper() + b"@1" for v in ok] + [v.upper() + b"@3" for v in flaky] + [b"extra"] * 30)
+    assert out == expected, "each output once; a flaky record succeeded on its third attempt"
+    letters = kafka.read(dlt)
+    by_value = {r.value: r for r in letters}
+    assert len(letters) == len(by_value) == 30, "each failing record dead-lettered once"
+    inputs = dict((v, k) for k, v in records)
+    for value, letter in by_value.items():
+        info = parse_dead_letter_headers(letter.headers)
+        assert letter.key == inputs[value] and letter.header("h") == b"1", "the input's key, value and headers"
+        assert info.original_topic == src and info.original_offset is not None
+        if value.startswith(b"bad"):
+            assert (info.attempts, info.exception_fqcn) == (3, "builtins.RuntimeError"), info
+        else:
+            assert value.startswith(b"fatal") and info.attempts == 1, f"not retryable: dead-lettered at once: {info}"
+            assert info.exception_fqcn is not None and info.exception_fqcn.endswith("_Poison"), info
 
 
 # ---------------------------------------------------------------------------------------------------------------

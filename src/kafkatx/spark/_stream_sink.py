@@ -71,17 +71,20 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._options = options_of(options)
-        self._topic = self._options.get("topic")
         kafka_config(self._options)  # refuses a missing kafka.bootstrap.servers now, not in a task
-        if not self._topic:
+        #: As in Spark's sink, the topic option overrides the rows' topic column; without it each row names its own.
+        self._topic = self._options.get("topic") or None
+        self._marker_topic = self._topic or self._options.get("markertopic")
+        if not self._marker_topic:
             raise InvalidConfigurationError(
-                'the "kafkatx" sink needs .option("topic", ...): its partition 0 also keeps the last committed '
-                "batch id (a per-row topic column alone is not enough)"
+                'the "kafkatx" sink needs .option("topic", ...), or, to write each row to its topic column (as '
+                'map_records gives), .option("markerTopic", ...): an existing topic whose partition 0 keeps the '
+                "query's last committed batch id (the main output topic will do)"
             )
         identity = self._options.get("transactionalid")
         if not identity:
-            where = self._options.get("checkpointlocation") or self._options.get("path") or self._topic
-            identity = f"kafkatx-sink-{hashlib.sha256(str(where).encode()).hexdigest()[:16]}-{self._topic}"
+            where = self._options.get("checkpointlocation") or self._options.get("path") or self._marker_topic
+            identity = f"kafkatx-sink-{hashlib.sha256(str(where).encode()).hexdigest()[:16]}-{self._marker_topic}"
         self.transactional_id = identity
 
     # -- executors ------------------------------------------------------------
@@ -92,10 +95,15 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
             fields = row.asDict() if hasattr(row, "asDict") else dict(row)
             if "value" not in fields:
                 raise InvalidConfigurationError('the "kafkatx" sink needs a "value" column (binary or string)')
+            topic = self._topic or fields.get("topic")
+            if not topic:
+                raise InvalidConfigurationError(
+                    'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
+                )
             headers = fields.get("headers")
             rows.append(
                 (
-                    str(self._topic),  # as in Spark's sink, the topic option overrides a topic column
+                    str(topic),
                     _bytes(fields.get("key"), "key"),
                     _bytes(fields.get("value"), "value"),
                     fields.get("partition"),
@@ -112,10 +120,10 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
         producer.init_transactions(60)  # fences an older driver of this query, aborts what it left open
         group = Consumer({**config, "group.id": self.transactional_id, "enable.auto.commit": False})
         try:
-            marker = batch_marker(str(self._topic))
+            marker = batch_marker(str(self._marker_topic))
             done = group.committed([marker], timeout=30)[0].offset
             if done > batchId:
-                log.warning("kafkatx sink %s: batch %d is already committed; skipped", self._topic, batchId)
+                log.warning("kafkatx sink %s: batch %d is already committed; skipped", self.transactional_id, batchId)
                 return
             producer.begin_transaction()
             count = 0
@@ -132,7 +140,7 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
                 [TopicPartition(marker.topic, marker.partition, batchId + 1)], group.consumer_group_metadata(), 60
             )
             producer.commit_transaction(120)
-            log.info("kafkatx sink %s: batch %d committed, %d row(s)", self._topic, batchId, count)
+            log.info("kafkatx sink %s: batch %d committed, %d row(s)", self.transactional_id, batchId, count)
         except KafkaException:
             try:
                 producer.abort_transaction(30)
