@@ -6,6 +6,7 @@ the input holds, writes it, and stops, so a test can read the output back under 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -91,6 +92,25 @@ def test_the_source_reads_only_committed_records(spark_session: Any, kafka: Kafk
     producer.commit_transaction(30)
     _query(spark_session, kafka, src, dst, tmp_path / "chk")
     assert kafka.values(dst) == [b"COMMITTED"]
+
+
+def test_the_sink_commits_a_batch_once_and_logs_its_rows_and_dead_letters(
+    kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's side of the sink without Spark: what Spark's commit calls do, and what they log per batch."""
+    from kafkatx.dlq.headers import EXCEPTION_FQCN
+    from kafkatx.spark._stream_sink import KafkaTxStreamWriter
+
+    out, dlt = kafka.topic(), kafka.topic()
+    writer = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "markerTopic": out})
+    rows = [{"topic": out, "value": b"a"}, {"topic": dlt, "value": b"b", "headers": [(EXCEPTION_FQCN, b"E")]}]
+    caplog.set_level(logging.INFO, logger="kafkatx.spark")
+    writer.commit([writer.write(iter(rows)), None], 0)  # None: a task that failed (Spark passes its slot empty)
+    writer.commit([writer.write(iter(rows))], 0)
+    writer.commit([writer.write(iter(rows[:1]))], 1)
+    assert (kafka.values(out), kafka.values(dlt)) == ([b"a", b"a"], [b"b"]), "batch 0 once, then batch 1"
+    logged = [(r.batch, r.rows, r.dead_letters, r.transactions) for r in caplog.records if hasattr(r, "batch")]
+    assert logged == [(0, 2, 1, 1), (0, 0, 0, 0), (1, 1, 0, 1)], logged
 
 
 class _Poison(Exception):

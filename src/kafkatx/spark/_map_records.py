@@ -13,7 +13,6 @@ record's failure: it fails the query (as it stops a listener's container).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,14 +26,13 @@ from kafkatx.dlq.publisher import DEFAULT_SUFFIX
 from kafkatx.events import Event
 from kafkatx.outputs import PendingOutput, Serializer, collect_outputs, unproducible_stop
 from kafkatx.record import Record
+from kafkatx.recoverers import Recoverer
 from kafkatx.rollback.classifier import ExceptionClassifier
 from kafkatx.rollback.decision import decide_failure
 from kafkatx.rollback.policy import Action, FailurePolicy
 from kafkatx.rollback.tracker import FailureTracker
 
-__all__ = ["OUTPUT_SCHEMA", "RecordMapper", "map_records"]
-
-log = logging.getLogger("kafkatx.spark")
+__all__ = ["OUTPUT_SCHEMA", "DeadLetterRows", "RecordMapper", "map_records"]
 
 #: The rows map_records gives: the "kafkatx" sink's columns (each row names its topic).
 OUTPUT_SCHEMA = "topic string, key binary, value binary, headers array<struct<key:string,value:binary>>, partition int"
@@ -71,6 +69,33 @@ class _Books:
         """Events have no subscriber on an executor; decide_failure's log lines are the record of it."""
 
 
+class DeadLetterRows(Recoverer):
+    """The recoverer of map_records: a failed record becomes a row for the sink, not a produce of its own.
+
+    Its topic is ``dlq`` (a name) or ``<topic>-dlt``; its key, value and headers the input's, plus Spring's
+    dead-letter headers.
+    """
+
+    def __init__(self, dlq: str | bool, group_id: str | None) -> None:
+        self.topic = dlq if isinstance(dlq, str) else None
+        self.group_id = group_id
+        self.rows: list[PendingOutput] = []
+
+    @property
+    def name(self) -> str:
+        return f"a dead-letter row to {self.topic or '<topic>' + DEFAULT_SUFFIX}"
+
+    def recover(self, record: Record, exception: BaseException) -> None:
+        headers = dead_letter_headers(record, exception, group_id=self.group_id, attempts=record.attempt)
+        topic = self.topic or record.topic + DEFAULT_SUFFIX
+        self.rows.append((topic, record.raw_value, record.raw_key, list(headers), None))
+
+    def take(self) -> list[PendingOutput]:
+        """The rows recovered since the last call."""
+        rows, self.rows = self.rows, []
+        return rows
+
+
 @dataclass
 class RecordMapper:
     """The per-task function of :func:`map_records` (pickled to the executors; the policy is built there)."""
@@ -87,7 +112,8 @@ class RecordMapper:
 
     def policy(self) -> FailurePolicy:
         classifier = ExceptionClassifier(self.not_retryable)
-        return FailurePolicy(max_attempts=self.max_attempts, backoff=self.backoff, classifier=classifier)
+        recoverer = DeadLetterRows(self.dlq, self.group_id) if self.dlq is not False else None
+        return FailurePolicy(recoverer, max_attempts=self.max_attempts, backoff=self.backoff, classifier=classifier)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         books = _Books(self.name, self.policy())
@@ -110,20 +136,12 @@ class RecordMapper:
                     raise stop from exc
                 verdict = decide_failure(books, record, exc, counted=True)
                 if verdict.action is not Action.RETRY:
-                    return self.dead_letter(record, exc)
+                    recoverer = books.policy.recoverer
+                    recoverer.recover(record, exc)  # dlq=False: the listener's LoggingRecoverer logs and drops it
+                    return recoverer.take() if isinstance(recoverer, DeadLetterRows) else []
                 if verdict.delay:
                     time.sleep(verdict.delay)  # the back-off between two calls, as the listener's in-place retry
                 record.attempt += 1
-
-    def dead_letter(self, record: Record, exc: BaseException) -> list[PendingOutput]:
-        if self.dlq is False:
-            log.error(
-                "%s dropped after %d attempt(s): no dead-letter topic (dlq=False)", record.coordinates, record.attempt
-            )
-            return []
-        topic = self.dlq if isinstance(self.dlq, str) else record.topic + DEFAULT_SUFFIX
-        headers = dead_letter_headers(record, exc, group_id=self.group_id, attempts=record.attempt)
-        return [(topic, record.raw_value, record.raw_key, list(headers), None)]
 
 
 def _records(batch: pa.RecordBatch) -> Iterator[Record]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
+from kafkatx.dlq.headers import EXCEPTION_FQCN
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.spark._stream_source import kafka_config, options_of
 
@@ -59,6 +61,26 @@ class _Rows(WriterCommitMessage):
     """What one task collected, handed to the driver."""
 
     rows: list[SinkRow] = field(default_factory=list)
+
+
+def _produce(producer: Producer, messages: list[Any]) -> tuple[int, int]:
+    """Produce the tasks' rows into the open transaction; (rows, dead letters among them)."""
+    rows = letters = 0
+    for message in messages:
+        for topic, key, value, partition, headers in message.rows if message is not None else ():
+            kwargs: dict[str, Any] = {"key": key, "headers": headers}
+            if partition is not None:
+                kwargs["partition"] = int(partition)
+            while True:
+                try:
+                    producer.produce(topic, value, **kwargs)
+                    break
+                except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
+                    producer.poll(0.1)
+            rows += 1
+            if headers and any(name == EXCEPTION_FQCN for name, _ in headers):
+                letters += 1
+    return rows, letters
 
 
 def batch_marker(topic: str) -> TopicPartition:
@@ -123,24 +145,31 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
             marker = batch_marker(str(self._marker_topic))
             done = group.committed([marker], timeout=30)[0].offset
             if done > batchId:
-                log.warning("kafkatx sink %s: batch %d is already committed; skipped", self.transactional_id, batchId)
+                log.warning(
+                    "kafkatx sink %s: batch %d is already committed; skipped (Spark ran it again)",
+                    self.transactional_id,
+                    batchId,
+                    extra={"batch": batchId, "rows": 0, "dead_letters": 0, "transactions": 0},
+                )
                 return
+            started = time.monotonic()
             producer.begin_transaction()
-            count = 0
-            for message in messages:
-                for topic, key, value, partition, headers in message.rows if message is not None else ():
-                    kwargs: dict[str, Any] = {"key": key, "headers": headers}
-                    if partition is not None:
-                        kwargs["partition"] = int(partition)
-                    producer.produce(topic, value, **kwargs)
-                    count += 1
-                    if count % 10_000 == 0:
-                        producer.poll(0)
+            rows, letters = _produce(producer, messages)
             producer.send_offsets_to_transaction(
                 [TopicPartition(marker.topic, marker.partition, batchId + 1)], group.consumer_group_metadata(), 60
             )
             producer.commit_transaction(120)
-            log.info("kafkatx sink %s: batch %d committed, %d row(s)", self.transactional_id, batchId, count)
+            took = time.monotonic() - started
+            log.log(
+                logging.WARNING if letters else logging.INFO,
+                "kafkatx sink %s: batch %d committed in one transaction (%.2f s): %d row(s), %d of them dead letters",
+                self.transactional_id,
+                batchId,
+                took,
+                rows,
+                letters,
+                extra={"batch": batchId, "rows": rows, "dead_letters": letters, "transactions": 1},
+            )
         except KafkaException:
             try:
                 producer.abort_transaction(30)
