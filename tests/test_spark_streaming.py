@@ -145,7 +145,6 @@ def test_map_records_writes_outputs_once_retries_in_place_and_dead_letters_what_
         .option("subscribe", src)
         .option("startingOffsets", "earliest")
         .option("includeHeaders", "true")
-        .option("maxOffsetsPerTrigger", "40")
         .load()
     )
     mapped = streaming.map_records(df, handle, output=dst, max_attempts=3, backoff=0.01, not_retryable=[_Poison])

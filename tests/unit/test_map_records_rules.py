@@ -120,3 +120,18 @@ def test_the_sink_writes_rows_to_their_topic_column_without_a_topic_option_and_n
     assert [r[0] for r in overridden] == ["t", "t"], "as in Spark's sink, the topic option overrides the column"
     with pytest.raises(InvalidConfigurationError, match="without a topic"):
         KafkaTxStreamWriter({**servers, "markerTopic": "a"}).write(iter([{"value": b"1"}]))
+
+
+def test_map_records_names_the_source_columns_a_dataframe_lacks_before_any_task_runs() -> None:
+    from kafkatx.spark._map_records import map_records
+
+    class Frame:
+        columns = ["value", "topic"]
+
+        def mapInArrow(self, *args: Any) -> None:  # noqa: N802  (pyspark's name)
+            raise AssertionError("not reached")
+
+    with pytest.raises(InvalidConfigurationError, match="key, partition, offset missing"):
+        map_records(Frame(), lambda record: None, output="out")
+    with pytest.raises(ValueError, match="max_attempts"):
+        map_records(Frame(), lambda record: None, max_attempts=0)

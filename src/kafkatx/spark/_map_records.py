@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from kafkatx.dlq.headers import dead_letter_headers
 from kafkatx.dlq.publisher import DEFAULT_SUFFIX
+from kafkatx.errors import InvalidConfigurationError
 from kafkatx.events import Event
 from kafkatx.outputs import PendingOutput, Serializer, collect_outputs, unproducible_stop
 from kafkatx.record import Record
@@ -46,6 +47,9 @@ _ARROW_SCHEMA = pa.schema(
         ("partition", pa.int32()),
     ]
 )
+
+#: The columns a record needs (Spark's Kafka source and the "kafkatx" source have them; timestamps optional).
+_REQUIRED_COLUMNS = ("key", "value", "topic", "partition", "offset")
 
 #: Spark's Kafka source timestampType column: 0 create time, 1 log-append time.
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
@@ -220,4 +224,10 @@ def map_records(
     mapper.policy()  # a bad max_attempts, back-off or exception list fails here, not in a task
     if isinstance(dlq, str) and not dlq:
         raise ValueError("dlq must be True, False or a topic name, got an empty string")
+    missing = [c for c in _REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise InvalidConfigurationError(
+            f"map_records needs the Kafka source's columns ({', '.join(_REQUIRED_COLUMNS)}; headers optional): "
+            f"{', '.join(missing)} missing from {df.columns}"
+        )
     return df.mapInArrow(mapper, OUTPUT_SCHEMA)
