@@ -8,6 +8,8 @@ output. Options:
   the test SIGKILLs the process group there, the worst moment for a driver to die.
 - ``--die-on VALUE --marker FILE``: a Python UDF upstream of the sink exits its worker (``os._exit``) at the
   record VALUE, once (FILE says it happened): the task is retried under ``local[N,F]``.
+- ``--map-records``: the middle of the query is map_records (values starting ``bad`` are dead-lettered to
+  ``<src>-dlt``), whose handler is the one that dies.
 """
 
 from __future__ import annotations
@@ -57,6 +59,29 @@ def _upper(die_on: str | None, marker: str | None) -> Any:
     return udf(upper, "string")
 
 
+def _handler(die_on: str | None, marker: str | None) -> Any:
+    """A map_records handler: the value upper-cased, ``bad...`` values fail; its worker exits at ``die_on`` once."""
+
+    def handle(record: Any) -> bytes:
+        text = bytes(record.value or b"").decode()
+        if die_on is not None and marker is not None and text == die_on and not os.path.exists(marker):
+            Path(marker).touch()
+            os._exit(1)
+        if text.startswith("bad"):
+            raise RuntimeError(f"{text} always fails")
+        return text.upper().encode()
+
+    return handle
+
+
+def _stage(df: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """The query's middle: a UDF, or map_records (its rows name their topics: the sink keeps the marker on dst)."""
+    if args.map_records:
+        mapped = streaming.map_records(df, _handler(args.die_on, args.marker), output=args.dst, backoff=0.01)
+        return mapped, "markerTopic"
+    return df.select("key", _upper(args.die_on, args.marker)("value").alias("value")), "topic"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("--bootstrap", "--src", "--dst", "--checkpoint"):
@@ -67,6 +92,7 @@ def main() -> None:
     parser.add_argument("--signal")
     parser.add_argument("--die-on")
     parser.add_argument("--marker")
+    parser.add_argument("--map-records", action="store_true")
     args = parser.parse_args()
 
     spark = create_test_session(args.master)
@@ -82,12 +108,11 @@ def main() -> None:
         .option("maxOffsetsPerTrigger", args.max_per_trigger)
         .load()
     )
-    upper = _upper(args.die_on, args.marker)
+    staged, topic_option = _stage(df, args)
     query = (
-        df.select("key", upper("value").alias("value"))
-        .writeStream.format("kafkatx")
+        staged.writeStream.format("kafkatx")
         .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("topic", args.dst)
+        .option(topic_option, args.dst)
         .option("checkpointLocation", args.checkpoint)
         .trigger(availableNow=True)
         .start()

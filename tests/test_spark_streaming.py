@@ -261,3 +261,21 @@ def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_o
     assert died.exists(), "the worker died once"
     expected = Counter(v.upper() for v in values) + Counter(f"W{i}".encode() for i in range(200))
     assert Counter(kafka.values(dst)) == expected, "each input record once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """local[2,3]: the handler's worker exits mid-task once; the retried task runs the handler again from the start."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
+    values = [(b"bad" if i % 50 == 7 else b"v") + str(i).encode() for i in range(300)]
+    kafka.produce(src, values)
+    died = tmp_path / "died"
+    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
+    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, "--marker", str(died)))
+    assert died.exists(), "the worker died once"
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
+    assert Counter(kafka.values(dlt)) == Counter(v for v in values if v.startswith(b"bad")), "dead letters once"
