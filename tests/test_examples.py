@@ -220,3 +220,20 @@ def test_the_spark_wordcount_example_runs_under_local() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_spark_streaming_example_commits_invoices_once_and_dead_letters_the_bad_orders() -> None:
+    """examples/spark_streaming.py: a whole Structured Streaming pipeline through kafkatx, checking itself."""
+    pytest.importorskip("pyspark")
+    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    env.pop("KAFKATX_BOOTSTRAP_SERVERS", None)
+    result = subprocess.run(
+        [sys.executable, "examples/spark_streaming.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "979 invoices, 21 dead-lettered records" in result.stdout, result.stdout
+    assert "exactly-once check: OK" in result.stdout, result.stdout

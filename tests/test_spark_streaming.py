@@ -6,6 +6,12 @@ the input holds, writes it, and stops, so a test can read the output back under 
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,10 +21,12 @@ import pytest
 pytest.importorskip("pyspark")
 
 from kafkatx.spark import streaming  # noqa: E402
-from kafkatx.spark.testing import spark_session  # noqa: E402,F401
+from kafkatx.spark.testing import ship_module_by_value, spark_session  # noqa: E402,F401
 from kafkatx.testing import KafkaTestKit  # noqa: E402
 
 pytestmark = pytest.mark.spark
+
+ship_module_by_value(sys.modules[__name__])  # map_records' handlers run on Spark's Python workers
 
 
 def _query(spark: Any, kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, **source: str) -> None:
@@ -84,3 +92,190 @@ def test_the_source_reads_only_committed_records(spark_session: Any, kafka: Kafk
     producer.commit_transaction(30)
     _query(spark_session, kafka, src, dst, tmp_path / "chk")
     assert kafka.values(dst) == [b"COMMITTED"]
+
+
+def test_the_sink_commits_a_batch_once_and_logs_its_rows_and_dead_letters(
+    kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's side of the sink without Spark: what Spark's commit calls do, and what they log per batch."""
+    from kafkatx.dlq.headers import EXCEPTION_FQCN
+    from kafkatx.spark._stream_sink import KafkaTxStreamWriter
+
+    out, dlt = kafka.topic(), kafka.topic()
+    writer = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "markerTopic": out})
+    rows = [{"topic": out, "value": b"a"}, {"topic": dlt, "value": b"b", "headers": [(EXCEPTION_FQCN, b"E")]}]
+    caplog.set_level(logging.INFO, logger="kafkatx.spark")
+    writer.commit([writer.write(iter(rows)), None], 0)  # None: a task that failed (Spark passes its slot empty)
+    writer.commit([writer.write(iter(rows))], 0)
+    writer.commit([writer.write(iter(rows[:1]))], 1)
+    assert (kafka.values(out), kafka.values(dlt)) == ([b"a", b"a"], [b"b"]), "batch 0 once, then batch 1"
+    logged = [(r.batch, r.rows, r.dead_letters, r.transactions) for r in caplog.records if hasattr(r, "batch")]
+    assert logged == [(0, 2, 1, 1), (0, 0, 0, 0), (1, 1, 0, 1)], logged
+
+
+class _Poison(Exception):
+    """Not retryable in the map_records test: dead-lettered at its first failure."""
+
+
+def test_map_records_writes_outputs_once_retries_in_place_and_dead_letters_what_still_fails(
+    spark_session: Any, kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    from kafkatx import Output, Record
+    from kafkatx.dlq.headers import parse_dead_letter_headers
+
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
+    records = [(f"k{i}".encode(), f"{kind}{i}".encode()) for i, kind in enumerate(["ok", "flaky", "bad", "fatal"] * 15)]
+    kafka.produce(src, [{"key": k, "value": v, "headers": [("h", b"1")]} for k, v in records])
+
+    def handle(record: Record) -> Any:
+        value = bytes(record.value or b"")
+        if value.startswith(b"flaky") and record.attempt < 3:
+            raise TimeoutError(f"{value!r} not yet (attempt {record.attempt})")
+        if value.startswith(b"bad"):
+            raise RuntimeError(f"{value!r} always fails")
+        if value.startswith(b"fatal"):
+            raise _Poison(f"{value!r} is poison")
+        return [value.upper() + f"@{record.attempt}".encode(), Output(b"extra", key=record.key, headers={"x": "y"})]
+
+    streaming.register(spark_session)
+    df = (
+        spark_session.readStream.format("kafkatx")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", src)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    mapped = streaming.map_records(df, handle, output=dst, max_attempts=3, backoff=0.01, not_retryable=[_Poison])
+    query = (
+        mapped.writeStream.format("kafkatx")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("markerTopic", dst)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+
+    out = Counter(kafka.values(dst))
+    ok = [v for _, v in records if v.startswith(b"ok")]
+    flaky = [v for _, v in records if v.startswith(b"flaky")]
+    expected = Counter([v.upper() + b"@1" for v in ok] + [v.upper() + b"@3" for v in flaky] + [b"extra"] * 30)
+    assert out == expected, "each output once; a flaky record succeeded on its third attempt"
+    letters = kafka.read(dlt)
+    by_value = {r.value: r for r in letters}
+    assert len(letters) == len(by_value) == 30, "each failing record dead-lettered once"
+    inputs = dict((v, k) for k, v in records)
+    for value, letter in by_value.items():
+        info = parse_dead_letter_headers(letter.headers)
+        assert letter.key == inputs[value] and letter.header("h") == b"1", "the input's key, value and headers"
+        assert info.original_topic == src and info.original_offset is not None
+        if value.startswith(b"bad"):
+            assert (info.attempts, info.exception_fqcn) == (3, "builtins.RuntimeError"), info
+        else:
+            assert value.startswith(b"fatal") and info.attempts == 1, f"not retryable: dead-lettered at once: {info}"
+            assert info.exception_fqcn is not None and info.exception_fqcn.endswith("_Poison"), info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failures in a process of its own (tests/spark_stream_child.py): a driver SIGKILLed, a Python worker dying.
+
+_CHILD = Path(__file__).with_name("spark_stream_child.py")
+
+
+def _child(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(streaming.__file__).parents[2]), str(_CHILD.parent)])}
+    command = [sys.executable, str(_CHILD), "--bootstrap", kit.bootstrap_servers, "--src", src, "--dst", dst]
+    return subprocess.Popen(
+        [*command, "--checkpoint", str(checkpoint), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: the JVM and Python workers are killed with it
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the query did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
+    assert proc.returncode == 0 and "done" in out, out[-3000:]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the query ended before {path.name} appeared:\n{proc.communicate()[0][-3000:]}")
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _done_batches(checkpoint: Path) -> set[int]:
+    return {int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_record_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """The worst moment: batch 1's transaction is committed, Spark's checkpoint does not know it yet."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(120)]
+    kafka.produce(src, [(f"k{i % 5}".encode(), v) for i, v in enumerate(values)])
+    checkpoint, stopped = tmp_path / "chk", tmp_path / "stopped"
+    hang = ("--max-per-trigger", "40", "--hang-after-batch", "1", "--signal", str(stopped))
+    proc = _child(kafka, src, dst, checkpoint, *hang)
+    try:
+        _wait_for(stopped, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert 1 not in _done_batches(checkpoint), "killed before Spark recorded batch 1 as done"
+    written = Counter(kafka.values(dst))
+    assert 0 < sum(written.values()) < len(values), f"killed mid-stream: {sum(written.values())} written"
+    _finish(_child(kafka, src, dst, checkpoint, "--max-per-trigger", "40"))
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values), "each input record once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """local[2,3]: the UDF's worker exits mid-task once; the sink's task saw a truncated input, the retry all of it."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(200)]
+    kafka.produce(src, values, partition=0)
+    kafka.produce(src, [f"w{i}".encode() for i in range(200)], partition=1)
+    died = tmp_path / "died"
+    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--die-on", "v120", "--marker", str(died))
+    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra))
+    assert died.exists(), "the worker died once"
+    expected = Counter(v.upper() for v in values) + Counter(f"W{i}".encode() for i in range(200))
+    assert Counter(kafka.values(dst)) == expected, "each input record once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """local[2,3]: the handler's worker exits mid-task once; the retried task runs the handler again from the start."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
+    values = [(b"bad" if i % 50 == 7 else b"v") + str(i).encode() for i in range(300)]
+    kafka.produce(src, values)
+    died = tmp_path / "died"
+    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
+    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, "--marker", str(died)))
+    assert died.exists(), "the worker died once"
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
+    assert Counter(kafka.values(dlt)) == Counter(v for v in values if v.startswith(b"bad")), "dead letters once"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
+from kafkatx.dlq.headers import EXCEPTION_FQCN
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.spark._stream_source import kafka_config, options_of
 
@@ -61,6 +63,26 @@ class _Rows(WriterCommitMessage):
     rows: list[SinkRow] = field(default_factory=list)
 
 
+def _produce(producer: Producer, messages: list[Any]) -> tuple[int, int]:
+    """Produce the tasks' rows into the open transaction; (rows, dead letters among them)."""
+    rows = letters = 0
+    for message in messages:
+        for topic, key, value, partition, headers in message.rows if message is not None else ():
+            kwargs: dict[str, Any] = {"key": key, "headers": headers}
+            if partition is not None:
+                kwargs["partition"] = int(partition)
+            while True:
+                try:
+                    producer.produce(topic, value, **kwargs)
+                    break
+                except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
+                    producer.poll(0.1)
+            rows += 1
+            if headers and any(name == EXCEPTION_FQCN for name, _ in headers):
+                letters += 1
+    return rows, letters
+
+
 def batch_marker(topic: str) -> TopicPartition:
     """The partition whose committed offset (in the query's own group) is the last committed batch id + 1."""
     return TopicPartition(topic, 0)
@@ -71,17 +93,20 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._options = options_of(options)
-        self._topic = self._options.get("topic")
         kafka_config(self._options)  # refuses a missing kafka.bootstrap.servers now, not in a task
-        if not self._topic:
+        #: As in Spark's sink, the topic option overrides the rows' topic column; without it each row names its own.
+        self._topic = self._options.get("topic") or None
+        self._marker_topic = self._topic or self._options.get("markertopic")
+        if not self._marker_topic:
             raise InvalidConfigurationError(
-                'the "kafkatx" sink needs .option("topic", ...): its partition 0 also keeps the last committed '
-                "batch id (a per-row topic column alone is not enough)"
+                'the "kafkatx" sink needs .option("topic", ...), or, to write each row to its topic column (as '
+                'map_records gives), .option("markerTopic", ...): an existing topic whose partition 0 keeps the '
+                "query's last committed batch id (the main output topic will do)"
             )
         identity = self._options.get("transactionalid")
         if not identity:
-            where = self._options.get("checkpointlocation") or self._options.get("path") or self._topic
-            identity = f"kafkatx-sink-{hashlib.sha256(str(where).encode()).hexdigest()[:16]}-{self._topic}"
+            where = self._options.get("checkpointlocation") or self._options.get("path") or self._marker_topic
+            identity = f"kafkatx-sink-{hashlib.sha256(str(where).encode()).hexdigest()[:16]}-{self._marker_topic}"
         self.transactional_id = identity
 
     # -- executors ------------------------------------------------------------
@@ -92,10 +117,15 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
             fields = row.asDict() if hasattr(row, "asDict") else dict(row)
             if "value" not in fields:
                 raise InvalidConfigurationError('the "kafkatx" sink needs a "value" column (binary or string)')
+            topic = self._topic or fields.get("topic")
+            if not topic:
+                raise InvalidConfigurationError(
+                    'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
+                )
             headers = fields.get("headers")
             rows.append(
                 (
-                    str(self._topic),  # as in Spark's sink, the topic option overrides a topic column
+                    str(topic),
                     _bytes(fields.get("key"), "key"),
                     _bytes(fields.get("value"), "value"),
                     fields.get("partition"),
@@ -112,27 +142,34 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
         producer.init_transactions(60)  # fences an older driver of this query, aborts what it left open
         group = Consumer({**config, "group.id": self.transactional_id, "enable.auto.commit": False})
         try:
-            marker = batch_marker(str(self._topic))
+            marker = batch_marker(str(self._marker_topic))
             done = group.committed([marker], timeout=30)[0].offset
             if done > batchId:
-                log.warning("kafkatx sink %s: batch %d is already committed; skipped", self._topic, batchId)
+                log.warning(
+                    "kafkatx sink %s: batch %d is already committed; skipped (Spark ran it again)",
+                    self.transactional_id,
+                    batchId,
+                    extra={"batch": batchId, "rows": 0, "dead_letters": 0, "transactions": 0},
+                )
                 return
+            started = time.monotonic()
             producer.begin_transaction()
-            count = 0
-            for message in messages:
-                for topic, key, value, partition, headers in message.rows if message is not None else ():
-                    kwargs: dict[str, Any] = {"key": key, "headers": headers}
-                    if partition is not None:
-                        kwargs["partition"] = int(partition)
-                    producer.produce(topic, value, **kwargs)
-                    count += 1
-                    if count % 10_000 == 0:
-                        producer.poll(0)
+            rows, letters = _produce(producer, messages)
             producer.send_offsets_to_transaction(
                 [TopicPartition(marker.topic, marker.partition, batchId + 1)], group.consumer_group_metadata(), 60
             )
             producer.commit_transaction(120)
-            log.info("kafkatx sink %s: batch %d committed, %d row(s)", self._topic, batchId, count)
+            took = time.monotonic() - started
+            log.log(
+                logging.WARNING if letters else logging.INFO,
+                "kafkatx sink %s: batch %d committed in one transaction (%.2f s): %d row(s), %d of them dead letters",
+                self.transactional_id,
+                batchId,
+                took,
+                rows,
+                letters,
+                extra={"batch": batchId, "rows": rows, "dead_letters": letters, "transactions": 1},
+            )
         except KafkaException:
             try:
                 producer.abort_transaction(30)

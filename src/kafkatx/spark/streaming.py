@@ -13,6 +13,9 @@ changing the format name. The difference is the sink: Spark's writes each task's
 once); this one makes a micro-batch's rows visible to read_committed readers exactly once (see
 :mod:`kafkatx.spark._stream_sink`). The source (:mod:`kafkatx.spark._stream_source`) reads on the executors,
 one Spark partition per Kafka partition range, read_committed, with its offsets in the query's checkpoint.
+
+:func:`map_records` runs a kafkatx record handler between the two, on the executors, with retries in place and
+dead-letter rows the sink commits in the same transaction as the outputs (:mod:`kafkatx.spark._map_records`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
+from kafkatx.spark._map_records import OUTPUT_SCHEMA, map_records
 from kafkatx.spark._stream_sink import KafkaTxStreamWriter
 from kafkatx.spark._stream_source import KafkaTxStreamReader, source_schema
 
-__all__ = ["FORMAT", "KafkaTxDataSource", "register"]
+__all__ = ["FORMAT", "OUTPUT_SCHEMA", "KafkaTxDataSource", "map_records", "register"]
 
 #: The short name queries use: ``.format("kafkatx")``.
 FORMAT = "kafkatx"
