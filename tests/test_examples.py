@@ -224,6 +224,7 @@ def test_the_spark_wordcount_example_runs_under_local() -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(420)
 def test_the_spark_streaming_example_commits_invoices_once_and_dead_letters_the_bad_orders() -> None:
     """examples/spark_streaming.py: a whole Structured Streaming pipeline through kafkatx, checking itself."""

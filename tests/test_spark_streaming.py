@@ -222,6 +222,7 @@ def _done_batches(checkpoint: Path) -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
@@ -246,6 +247,7 @@ def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_re
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
@@ -264,6 +266,7 @@ def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_o
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
     kafka: KafkaTestKit, tmp_path: Path
