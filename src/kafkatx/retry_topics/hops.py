@@ -16,8 +16,9 @@ procedure (:func:`~kafkatx.listener.failure.failed_record.settle_failure`):
 It does no I/O: the output goes to the open transaction through the unit, so
 the hop and the offset of the record it replaces commit together.
 
-With ``ordering="key"`` it holds the listener's :class:`~kafkatx.retry_topics.keys.RetryKeys`
-(``keys``): :meth:`RetryHops.viewing` is then also the gate of key order: a
+It holds the container's records in retry (``book``, a :class:`~kafkatx.retry_topics.keys.RetryKeys`, kept
+as the transactions commit: the count and earliest due time the metrics publish, and the retries handled).
+With ``ordering="key"`` the book is also ``keys``, and :meth:`RetryHops.viewing` is then the gate of key order: a
 record whose key has an earlier record in retry is not handed to the handler;
 it follows that record (:meth:`RetryHops.follow`, sent like a ``send()`` of the
 handler, so it commits with the record's offset), its attempt unchanged.
@@ -26,13 +27,13 @@ handler, so it commits with the record's offset), its attempt unchanged.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import send
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.events import Event, RecordFollowed, RecordsInRetry
+from kafkatx.events import Event, RecordFollowed, RecordsInRetry, RetryHandled
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record
 from kafkatx.retry_topics.headers import hop_headers, parse_hop
@@ -61,7 +62,7 @@ class _Declaration(Protocol):
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "keys", "written", "_origin", "_clock", "_publish", "_listener")
+    __slots__ = ("plan", "inputs", "group_id", "book", "keys", "written", "_origin", "_clock", "_publish", "_listener")
 
     def __init__(
         self,
@@ -81,8 +82,10 @@ class RetryHops:
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
         self._publish, self._listener = publish, listener
-        #: ``ordering="key"``: the keys in retry; None lets records pass each other (``ordering="none"``).
-        self.keys = RetryKeys(self._origin, self._in_retry if publish is not None else None) if key_order else None
+        #: The records in retry, as committed (both orderings).
+        self.book = RetryKeys(self._origin, self._in_retry if publish is not None else None, key_order=key_order)
+        #: ``ordering="key"``: the book, as the gate of key order; None lets records pass each other ("none").
+        self.keys = self.book if key_order else None
         #: The retry partitions hops were written to since the feed last looked (it fetches them again).
         self.written: set[TP] = set()
 
@@ -99,28 +102,47 @@ class RetryHops:
             RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=key_order, publish=publish, listener=spec.name
         )
 
-    def _in_retry(self, records: int) -> None:
+    def _in_retry(self, records: int, oldest_due_ms: int | None) -> None:
         if self._publish is not None:
-            self._publish(RecordsInRetry(self._listener, 0, records))
+            due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
+            self._publish(RecordsInRetry(self._listener, 0, records, due))
+
+    def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage]) -> None:
+        """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
+        committed as handled is told (:class:`~kafkatx.events.RetryHandled`)."""
+        handled = self.book.committed(txn, offsets, consumed, self.hop_of)
+        if handled and self._publish is not None:
+            for view in handled:
+                self._publish(RetryHandled(self._listener, 0, view))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
-        view, keys, origin = self.view, self.keys, self._origin
+        view, keys, origin, handled = self.view, self.keys, self._origin, self.book.handled
         if keys is None:
 
             def handle(record: Record) -> Any:
-                return handler(view(record))
+                if record.topic not in origin:
+                    return handler(record)
+                seen = view(record)
+                result = handler(seen)
+                if seen is not record:
+                    handled(seen)
+                return result
 
             return handle
         ahead, consumed, follow = keys.ahead, keys.consumed, self.follow
 
         def in_key_order(record: Record) -> Any:
             seen = view(record)
-            if record.topic in origin and seen is not record:
+            retried = record.topic in origin and seen is not record
+            if retried:
                 consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
             place = ahead(seen)
             if place is None:
-                return handler(seen)
+                result = handler(seen)
+                if retried:
+                    handled(seen)
+                return result
             follow(seen, place)
             return None
 
@@ -159,8 +181,7 @@ class RetryHops:
         due_ms = self.now_ms() + round(delay * 1000)
         headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
         topic = view.topic + level.suffix
-        if self.keys is not None:
-            self.keys.wrote(view, Place(topic, due_ms))
+        self.book.wrote(view, Place(topic, due_ms))
         self.written.add((topic, view.partition))
         return (topic, view.raw_value, view.raw_key, headers, view.partition)
 
@@ -172,8 +193,7 @@ class RetryHops:
         )
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         self.written.add((place.topic, view.partition))
-        if self.keys is not None:
-            self.keys.wrote(view, place)
+        self.book.wrote(view, place)
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, 0, view, place.topic))
 
