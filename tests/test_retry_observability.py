@@ -1,12 +1,15 @@
 """``retry="topics"`` seen from outside (issue 40): the records in retry and the oldest due time with
-``ordering="none"`` too (rebuilt at assignment from the retry topics, never from memory), the retries handled."""
+``ordering="none"`` too (rebuilt at assignment from the retry topics, never from memory), the retries handled, and
+/readyz while records wait in retry."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from helpers import make_app
+from test_health import get
 
 from kafkatx import App, Record
 from kafkatx.events import Event, RecordsInRetry, RetryHandled
@@ -83,3 +86,35 @@ def test_records_in_retry_without_key_order_are_rebuilt_at_a_restart_with_their_
 
 def _counts(events: list[Event]) -> list[tuple[int, float | None]]:
     return [(e.records, e.oldest_due) for e in events if isinstance(e, RecordsInRetry)]
+
+
+def test_a_listener_with_records_waiting_in_retry_stays_ready(kafka: KafkaTestKit) -> None:
+    """Records due in 60 s wait in retry (their partition paused until due) for three times ``not_ready_after``:
+    every /readyz answer meanwhile is 200, and a record produced meanwhile is handled: the listener processes."""
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    kafka.produce(src, [{"value": b"fails-%d" % p, "partition": p} for p in (0, 1)])
+    app = make_app(kafka, name="retry-ready", health_port=0, not_ready_after=1.0)
+    told: list[RecordsInRetry] = []
+    app.on(RecordsInRetry)(told.append)
+
+    @app.listener(src, name="orders", output=out, max_attempts=2, backoff=60.0, dlq=True, **TOPICS)
+    def handle(record: Record) -> bytes:
+        value = record.value or b""
+        if value.startswith(b"fails"):
+            raise Transient("later")
+        return b"out-" + value
+
+    with running(app):
+        assert app.health_server is not None
+        url = app.health_server.url + "/readyz"
+        wait_for(lambda: told and told[-1].records == 2, 30, message="two records in retry")
+        until = time.monotonic() + 3 * app.not_ready_after
+        answers = []
+        while time.monotonic() < until:
+            answers.append(get(url))
+        kafka.produce(src, [{"value": b"meanwhile", "partition": 0}])
+        wait_for(lambda: [r.value for r in kafka.read(out)] == [b"out-meanwhile"], 30, message="handled meanwhile")
+        status, body = get(url)
+        assert told[-1].records == 2, "still waiting: due in a minute"
+    assert answers and {a[0] for a in answers} == {200}, [a for a in answers if a[0] != 200][:1]
+    assert status == 200 and body["listeners"][0].get("reasons", []) == [], body
