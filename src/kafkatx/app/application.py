@@ -397,12 +397,12 @@ class App(BatchListeners):
         tracing = self._app_tracing()
         if tracing is None or spec.kind == "batch":  # record spans wrap record handlers; a batch's are left out
             return spec
-        handler = tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker)
-        return replace(
+        return replace(  # wrap() first: the others read what it registered
             spec,
-            handler=handler,
+            handler=tracing.wrap(spec, spec.group_id or self.client_config.group_id, worker),
             while_committing=tracing.defer_spans(spec, worker),
             untraced_roots=tracing.untraced_roots(spec, worker),
+            hop_trace=tracing.hop_links,  # retry="topics": a hop carries its failed attempts' spans
         )
 
     def pause(self, listener: str) -> None:

@@ -35,13 +35,21 @@ from kafkatx.context import send
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import Event, RecordFollowed, RecordsInRetry, RetryHandled
 from kafkatx.outputs import PendingOutput
-from kafkatx.record import ConsumedMessage, Record
-from kafkatx.retry_topics.headers import hop_headers, parse_hop
+from kafkatx.record import ConsumedMessage, Headers, Record
+from kafkatx.retry_topics.headers import ATTEMPT_SPANS, attempt_spans_of, hop_headers, parse_hop
 from kafkatx.retry_topics.keys import Place, RetryKeys
 from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
 
-__all__ = ["RetryHops"]
+__all__ = ["HopTrace", "RetryHops"]
+
+
+class HopTrace(Protocol):
+    """Tracing's side of a hop (kafkatx.tracing's ``HopLinks``): the failed attempts' span contexts a hop
+    carries, and what a record read back brings of them."""
+
+    def carried(self, group_id: str, record: Record) -> bytes | None: ...
+    def arrived(self, group_id: str, record: Record, value: bytes) -> None: ...
 
 
 class _Declaration(Protocol):
@@ -57,12 +65,26 @@ class _Declaration(Protocol):
     def ordering(self) -> str: ...
     @property
     def name(self) -> str: ...
+    @property
+    def hop_trace(self) -> HopTrace | None: ...
 
 
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "book", "keys", "written", "_origin", "_clock", "_publish", "_listener")
+    __slots__ = (
+        "plan",
+        "inputs",
+        "group_id",
+        "book",
+        "keys",
+        "written",
+        "trace",
+        "_origin",
+        "_clock",
+        "_publish",
+        "_listener",
+    )
 
     def __init__(
         self,
@@ -74,6 +96,7 @@ class RetryHops:
         key_order: bool = False,
         publish: Callable[[Event], None] | None = None,
         listener: str = "",
+        trace: HopTrace | None = None,
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -88,6 +111,8 @@ class RetryHops:
         self.keys = self.book if key_order else None
         #: The retry partitions hops were written to since the feed last looked (it fetches them again).
         self.written: set[TP] = set()
+        #: With tracing on: the failed attempts' span contexts each hop carries (kafkatx.tracing._hops).
+        self.trace = trace
 
     @classmethod
     def of(
@@ -99,7 +124,13 @@ class RetryHops:
             return None
         key_order = spec.ordering == "key"
         return cls(
-            RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=key_order, publish=publish, listener=spec.name
+            RetryTopicPlan(spec.policy),
+            spec.topics,
+            group_id,
+            key_order=key_order,
+            publish=publish,
+            listener=spec.name,
+            trace=spec.hop_trace,
         )
 
     def _in_retry(self, records: int, oldest_due_ms: int | None) -> None:
@@ -118,6 +149,8 @@ class RetryHops:
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
         view, keys, origin, handled = self.view, self.keys, self._origin, self.book.handled
+        if self.trace is not None:
+            view = self._traced_view
         if keys is None:
 
             def handle(record: Record) -> Any:
@@ -169,6 +202,24 @@ class RetryHops:
             return record
         return hop.record
 
+    def _traced_view(self, record: Record) -> Record:
+        """:meth:`view`, telling tracing the failed attempts' span contexts a hop read back carries."""
+        seen = self.view(record)
+        trace = self.trace
+        if seen is not record and trace is not None and self.group_id is not None:
+            spans = attempt_spans_of(record.headers)
+            if spans is not None:
+                trace.arrived(self.group_id, seen, spans)
+        return seen
+
+    def _with_spans(self, view: Record, headers: Headers) -> None:
+        """With tracing on, ``headers`` (a hop of ``view``) also carry its failed attempts' span contexts."""
+        trace = self.trace
+        if trace is not None and self.group_id is not None:
+            spans = trace.carried(self.group_id, view)
+            if spans is not None:
+                headers.append((ATTEMPT_SPANS, spans))
+
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
@@ -180,6 +231,7 @@ class RetryHops:
             return None
         due_ms = self.now_ms() + round(delay * 1000)
         headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
+        self._with_spans(view, headers)
         topic = view.topic + level.suffix
         self.book.wrote(view, Place(topic, due_ms))
         self.written.add((topic, view.partition))
@@ -191,6 +243,7 @@ class RetryHops:
         headers = hop_headers(
             view, None, group_id=self.group_id, next_attempt=max(view.attempt, 1), due_ms=place.due_ms
         )
+        self._with_spans(view, headers)
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         self.written.add((place.topic, view.partition))
         self.book.wrote(view, place)
