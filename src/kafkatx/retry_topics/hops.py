@@ -119,7 +119,8 @@ class RetryHops:
         cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
     ) -> RetryHops | None:
         """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
-        where :class:`~kafkatx.events.RecordFollowed` and :class:`~kafkatx.events.RecordsInRetry` go."""
+        where :class:`~kafkatx.events.RecordFollowed`, :class:`~kafkatx.events.RecordsInRetry` and
+        :class:`~kafkatx.events.RetryHandled` go."""
         if spec.retry != "topics":
             return None
         key_order = spec.ordering == "key"
