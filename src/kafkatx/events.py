@@ -30,6 +30,7 @@ __all__ = [
     "RecordRetryScheduled",
     "RecordFollowed",
     "RecordsInRetry",
+    "RetryHandled",
     "RecordRecovered",
     "RecoveryFailed",
     "ProducerRecreated",
@@ -121,10 +122,20 @@ class RecordFollowed(Event):
 
 @dataclass(frozen=True, slots=True)
 class RecordsInRetry(Event):
-    """``retry="topics"`` with key order: how many records of the container's partitions are in retry (written
-    to a retry topic and not consumed from it, as committed) changed: after a commit, an assignment, a revocation."""
+    """``retry="topics"``: how many records of the container's partitions are in retry (written to a retry topic
+    and not consumed from it, as committed), or when the one due first is due, changed: after a commit, an
+    assignment, a revocation. ``oldest_due``: that due time, epoch seconds; None when none is in retry."""
 
     records: int = 0
+    oldest_due: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryHandled(Event):
+    """``retry="topics"``: ``record`` (the input record; ``attempt`` the one that worked), read back from a retry
+    topic, was handled and its transaction committed."""
+
+    record: Record | None = None
 
 
 @dataclass(frozen=True, slots=True)

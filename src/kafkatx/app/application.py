@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
 
 from kafkatx.app.batch_listeners import BatchListeners
-from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig
+from kafkatx.app.config import DEFAULT_TRANSACTION_TIMEOUT_MS, ClientConfig, ClientSetting
 from kafkatx.app.heap import StartupFreeze
 from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, watch_for_stale_members
 from kafkatx.app.signals import StopRequests
@@ -58,26 +58,6 @@ log = logging.getLogger("kafkatx.app")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 E = TypeVar("E", bound=Event)
-
-
-class _ClientSetting(Generic[T]):
-    """An App attribute kept in its :class:`ClientConfig` (``app.bootstrap_servers = ...`` sets it there)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, app: None, owner: type) -> _ClientSetting[T]: ...
-    @overload
-    def __get__(self, app: App, owner: type) -> T: ...
-    def __get__(self, app: App | None, owner: type) -> T | _ClientSetting[T]:
-        if app is None:
-            return self
-        value: T = getattr(app.client_config, self._name)
-        return value
-
-    def __set__(self, app: App, value: T) -> None:
-        setattr(app.client_config, self._name, value)
 
 
 class App(BatchListeners):
@@ -298,18 +278,18 @@ class App(BatchListeners):
         return decorator
 
     # -- identity and client configuration (the containers' runtime), kept in self.client_config --
-    name = _ClientSetting[str]()
-    bootstrap_servers = _ClientSetting[str | None]()
-    group_id = _ClientSetting[str]()
-    transactional_id_prefix = _ClientSetting[str]()
-    instance_id = _ClientSetting[str]()
-    config = _ClientSetting[dict[str, Any]]()
-    consumer_config_overrides = _ClientSetting[dict[str, Any]]()
-    producer_config_overrides = _ClientSetting[dict[str, Any]]()
-    transaction_timeout_ms = _ClientSetting[int]()
-    max_producer_recreations = _ClientSetting[int]()
-    static_membership = _ClientSetting[bool]()
-    rebalance = _ClientSetting[Literal["eager", "cooperative"]]()
+    name = ClientSetting[str]()
+    bootstrap_servers = ClientSetting[str | None]()
+    group_id = ClientSetting[str]()
+    transactional_id_prefix = ClientSetting[str]()
+    instance_id = ClientSetting[str]()
+    config = ClientSetting[dict[str, Any]]()
+    consumer_config_overrides = ClientSetting[dict[str, Any]]()
+    producer_config_overrides = ClientSetting[dict[str, Any]]()
+    transaction_timeout_ms = ClientSetting[int]()
+    max_producer_recreations = ClientSetting[int]()
+    static_membership = ClientSetting[bool]()
+    rebalance = ClientSetting[Literal["eager", "cooperative"]]()
 
     def resolved_bootstrap_servers(self) -> str:
         """The bootstrap servers: the App's, its config's, or $KAFKATX_BOOTSTRAP_SERVERS; a clear error if none."""
@@ -398,11 +378,12 @@ class App(BatchListeners):
         if tracing is None or (spec.kind == "batch" and not spec.records_handler):  # a Spark job is not traced
             return spec
         wrap = tracing.wrap_batch if spec.records_handler else tracing.wrap  # a batch listener: a span per call
-        return replace(
+        return replace(  # wrap() first: the others read what it registered
             spec,
             handler=wrap(spec, spec.group_id or self.client_config.group_id, worker),
             while_committing=tracing.defer_spans(spec, worker),
             untraced_roots=tracing.untraced_roots(spec, worker),
+            hop_trace=tracing.hop_links,  # retry="topics": a hop carries its failed attempts' spans
         )
 
     def pause(self, listener: str) -> None:

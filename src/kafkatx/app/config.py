@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
 from kafkatx._validate import is_int
 from kafkatx.client.brokers import ENV_BOOTSTRAP, bootstrap_from_env
@@ -202,3 +202,32 @@ class ClientConfig:
             raise InvalidConfigurationError(
                 f"isolation.level must be read_committed: {_FORBIDDEN_CONSUMER['isolation.level']}"
             )
+
+
+T = TypeVar("T")
+
+
+class HasClientConfig(Protocol):
+    """What a :class:`ClientSetting` lives on: the App, whose client settings are kept in one place."""
+
+    client_config: ClientConfig
+
+
+class ClientSetting(Generic[T]):
+    """An App attribute kept in its :class:`ClientConfig` (``app.bootstrap_servers = ...`` sets it there)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, app: None, owner: type) -> ClientSetting[T]: ...
+    @overload
+    def __get__(self, app: HasClientConfig, owner: type) -> T: ...
+    def __get__(self, app: HasClientConfig | None, owner: type) -> T | ClientSetting[T]:
+        if app is None:
+            return self
+        value: T = getattr(app.client_config, self._name)
+        return value
+
+    def __set__(self, app: HasClientConfig, value: T) -> None:
+        setattr(app.client_config, self._name, value)

@@ -35,6 +35,7 @@ from kafkatx.serde import (
 
 if TYPE_CHECKING:
     from kafkatx.listener.host import RunnerFactory, UntracedRoots
+    from kafkatx.retry_topics.hops import HopTrace
 
 __all__ = ["ListenerSpec", "build_spec", "is_async_handler", "validate_topic"]
 
@@ -130,6 +131,9 @@ class ListenerSpec:
     #: Tracing's root records sampled out, which the record runner runs with the untraced handler
     #: (listener.host.UntracedRoots). Set by the App, not declared.
     untraced_roots: UntracedRoots | None = None
+    #: ``retry="topics"`` with tracing on: the failed attempts' span contexts a hop carries
+    #: (kafkatx.tracing._hops). Set by the App, not declared.
+    hop_trace: HopTrace | None = None
 
     @property
     def recoverer(self) -> Recoverer:

@@ -42,6 +42,7 @@ from kafkatx.events import (
     RecordRetryScheduled,
     RecordsInRetry,
     RecoveryFailed,
+    RetryHandled,
     TransactionAborted,
     TransactionCommitted,
 )
@@ -109,8 +110,15 @@ class _Families:
         )
         self.in_retry = gauge(
             "kafkatx_records_in_retry",
-            'Records in retry topics, not consumed back yet, of the partitions assigned (retry="topics", '
-            'ordering="key")',
+            'Records in retry topics, not consumed back yet, of the partitions assigned (retry="topics")',
+        )
+        self.oldest_due = gauge(
+            "kafkatx_retry_oldest_due_timestamp_seconds",
+            "Unix time at which the listener's record in retry due first is due; no sample when none is in retry "
+            "(alert on time() minus it: how long a due record has waited)",
+        )
+        self.retries_handled = counter(
+            "kafkatx_retries_handled", "Records read back from a retry topic and handled, their transaction committed"
         )
         self.recovered = counter(
             "kafkatx_records_recovered", "Records handed to the recoverer (e.g. sent to the DLQ)", ("recoverer",)
@@ -175,7 +183,7 @@ class Metrics:
         self._app_name = app.name
         self._lag = lag
         self._assigned: dict[tuple[str, int], int] = {}
-        self._in_retry: dict[tuple[str, int], int] = {}
+        self._in_retry: dict[tuple[str, int], tuple[int, float | None]] = {}
         self._running: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         on = app.events.subscribe
@@ -185,6 +193,7 @@ class Metrics:
         on(RecordRetryScheduled, self._simple(families.retries))
         on(RecordFollowed, self._simple(families.followed))
         on(RecordsInRetry, self._records_in_retry)
+        on(RetryHandled, self._simple(families.retries_handled))
         on(RecordRecovered, self._recovered)
         on(RecoveryFailed, self._simple(families.recovery_failures))
         on(ProducerRecreated, self._simple(families.recreations))
@@ -266,12 +275,22 @@ class Metrics:
         self._set_assigned(event.listener, event.worker, current + delta)
 
     def _records_in_retry(self, event: RecordsInRetry) -> None:
-        """Per container, summed per listener, as the assigned partitions are."""
+        """Per container, summed per listener as the assigned partitions are; the oldest due time is the
+        earliest of the listener's containers'."""
         listener = listener_label(event.listener, event.worker)
         with self._lock:
-            self._in_retry[(event.listener, event.worker)] = event.records
-            total = sum(n for (c, w), n in self._in_retry.items() if listener_label(c, w) == listener)
+            self._in_retry[(event.listener, event.worker)] = (event.records, event.oldest_due)
+            mine = [v for (c, w), v in self._in_retry.items() if listener_label(c, w) == listener]
+        total = sum(n for n, _ in mine)
+        dues = [due for _, due in mine if due is not None]
         self._f.in_retry.labels(self._app_name, listener).set(total)
+        if dues:
+            self._f.oldest_due.labels(self._app_name, listener).set(min(dues))
+        else:
+            try:
+                self._f.oldest_due.remove(self._app_name, listener)
+            except KeyError:
+                pass
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""

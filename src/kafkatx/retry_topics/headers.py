@@ -9,6 +9,10 @@ retry-topic headers:
 - ``retry_topic-backoff-timestamp``: when it is due, epoch milliseconds;
 - ``retry_topic-original-timestamp``: the input record's timestamp, epoch milliseconds.
 
+and, with tracing on, kafkatx's ``kafkatx_retry-attempt-spans``: the span contexts of the record's failed
+attempts (W3C ``traceparent`` values, comma-separated), so that its next attempt links to them wherever it
+runs (:mod:`kafkatx.tracing._hops`).
+
 Spring writes the two timestamps as Java's ``BigInteger.toByteArray()`` (big-endian two's complement, as
 few bytes as the value needs); so does kafkatx, and it reads any length. The handler never sees these
 headers: :func:`parse_hop` gives back the input record's own.
@@ -27,6 +31,7 @@ __all__ = [
     "ATTEMPTS",
     "BACKOFF_TIMESTAMP",
     "ORIGINAL_TIMESTAMP",
+    "ATTEMPT_SPANS",
     "RetryHop",
     "due_ms_of",
     "hop_headers",
@@ -36,8 +41,9 @@ __all__ = [
 ATTEMPTS = "retry_topic-attempts"
 BACKOFF_TIMESTAMP = "retry_topic-backoff-timestamp"
 ORIGINAL_TIMESTAMP = "retry_topic-original-timestamp"
+ATTEMPT_SPANS = "kafkatx_retry-attempt-spans"
 
-_RETRY_PREFIX = "retry_topic-"
+_RETRY_PREFIXES = ("retry_topic-", "kafkatx_retry-")
 _DLT_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-")
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
@@ -103,7 +109,7 @@ def parse_hop(record: Record) -> RetryHop | None:
     info = parse_dead_letter_headers(headers)
     if attempt_raw is None or info.original_topic is None or info.original_partition is None:
         return None
-    own = [(k, v) for k, v in headers if not k.startswith(_RETRY_PREFIX) and not k.startswith(_DLT_PREFIXES)]
+    own = [(k, v) for k, v in headers if not k.startswith(_RETRY_PREFIXES) and not k.startswith(_DLT_PREFIXES)]
     timestamp = _number(last.get(ORIGINAL_TIMESTAMP))
     original = Record(
         info.original_topic,
@@ -119,6 +125,15 @@ def parse_hop(record: Record) -> RetryHop | None:
         raw_value=record.raw_value,
     )
     return RetryHop(original, _number(last.get(BACKOFF_TIMESTAMP)) or 0)
+
+
+def attempt_spans_of(headers: Headers | None) -> bytes | None:
+    """The span contexts of the failed attempts a hop with ``headers`` carries (its last such header); None."""
+    found = None
+    for key, value in headers or ():
+        if key == ATTEMPT_SPANS and value:
+            found = value
+    return found
 
 
 def due_ms_of(headers: Headers | None) -> int:

@@ -16,8 +16,9 @@ procedure (:func:`~kafkatx.listener.failure.failed_record.settle_failure`):
 It does no I/O: the output goes to the open transaction through the unit, so
 the hop and the offset of the record it replaces commit together.
 
-With ``ordering="key"`` it holds the listener's :class:`~kafkatx.retry_topics.keys.RetryKeys`
-(``keys``): :meth:`RetryHops.viewing` is then also the gate of key order: a
+It holds the container's records in retry (``book``, a :class:`~kafkatx.retry_topics.keys.RetryKeys`, kept
+as the transactions commit: the count and earliest due time the metrics publish, and the retries handled).
+With ``ordering="key"`` the book is also ``keys``, and :meth:`RetryHops.viewing` is then the gate of key order: a
 record whose key has an earlier record in retry is not handed to the handler;
 it follows that record (:meth:`RetryHops.follow`, sent like a ``send()`` of the
 handler, so it commits with the record's offset), its attempt unchanged.
@@ -26,21 +27,29 @@ handler, so it commits with the record's offset), its attempt unchanged.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import send
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.events import Event, RecordFollowed, RecordsInRetry
+from kafkatx.events import Event, RecordFollowed, RecordsInRetry, RetryHandled
 from kafkatx.outputs import PendingOutput
-from kafkatx.record import ConsumedMessage, Record
-from kafkatx.retry_topics.headers import hop_headers, parse_hop
+from kafkatx.record import ConsumedMessage, Headers, Record
+from kafkatx.retry_topics.headers import ATTEMPT_SPANS, attempt_spans_of, hop_headers, parse_hop
 from kafkatx.retry_topics.keys import Place, RetryKeys
 from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
 
-__all__ = ["RetryHops"]
+__all__ = ["HopTrace", "RetryHops"]
+
+
+class HopTrace(Protocol):
+    """Tracing's side of a hop (kafkatx.tracing's ``HopLinks``): the failed attempts' span contexts a hop
+    carries, and what a record read back brings of them."""
+
+    def carried(self, group_id: str, record: Record) -> bytes | None: ...
+    def arrived(self, group_id: str, record: Record, value: bytes) -> None: ...
 
 
 class _Declaration(Protocol):
@@ -56,12 +65,26 @@ class _Declaration(Protocol):
     def ordering(self) -> str: ...
     @property
     def name(self) -> str: ...
+    @property
+    def hop_trace(self) -> HopTrace | None: ...
 
 
 class RetryHops:
     """The retry topics of one listener (``plan`` over its ``inputs``), as the failure procedure uses them."""
 
-    __slots__ = ("plan", "inputs", "group_id", "keys", "written", "_origin", "_clock", "_publish", "_listener")
+    __slots__ = (
+        "plan",
+        "inputs",
+        "group_id",
+        "book",
+        "keys",
+        "written",
+        "trace",
+        "_origin",
+        "_clock",
+        "_publish",
+        "_listener",
+    )
 
     def __init__(
         self,
@@ -73,6 +96,7 @@ class RetryHops:
         key_order: bool = False,
         publish: Callable[[Event], None] | None = None,
         listener: str = "",
+        trace: HopTrace | None = None,
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -81,46 +105,78 @@ class RetryHops:
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
         self._publish, self._listener = publish, listener
-        #: ``ordering="key"``: the keys in retry; None lets records pass each other (``ordering="none"``).
-        self.keys = RetryKeys(self._origin, self._in_retry if publish is not None else None) if key_order else None
+        #: The records in retry, as committed (both orderings).
+        self.book = RetryKeys(self._origin, self._in_retry if publish is not None else None, key_order=key_order)
+        #: ``ordering="key"``: the book, as the gate of key order; None lets records pass each other ("none").
+        self.keys = self.book if key_order else None
         #: The retry partitions hops were written to since the feed last looked (it fetches them again).
         self.written: set[TP] = set()
+        #: With tracing on: the failed attempts' span contexts each hop carries (kafkatx.tracing._hops).
+        self.trace = trace
 
     @classmethod
     def of(
         cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
     ) -> RetryHops | None:
         """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
-        where :class:`~kafkatx.events.RecordFollowed` and :class:`~kafkatx.events.RecordsInRetry` go."""
+        where :class:`~kafkatx.events.RecordFollowed`, :class:`~kafkatx.events.RecordsInRetry` and
+        :class:`~kafkatx.events.RetryHandled` go."""
         if spec.retry != "topics":
             return None
         key_order = spec.ordering == "key"
         return cls(
-            RetryTopicPlan(spec.policy), spec.topics, group_id, key_order=key_order, publish=publish, listener=spec.name
+            RetryTopicPlan(spec.policy),
+            spec.topics,
+            group_id,
+            key_order=key_order,
+            publish=publish,
+            listener=spec.name,
+            trace=spec.hop_trace,
         )
 
-    def _in_retry(self, records: int) -> None:
+    def _in_retry(self, records: int, oldest_due_ms: int | None) -> None:
         if self._publish is not None:
-            self._publish(RecordsInRetry(self._listener, 0, records))
+            due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
+            self._publish(RecordsInRetry(self._listener, 0, records, due))
+
+    def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage]) -> None:
+        """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
+        committed as handled is told (:class:`~kafkatx.events.RetryHandled`)."""
+        handled = self.book.committed(txn, offsets, consumed, self.hop_of)
+        if handled and self._publish is not None:
+            for view in handled:
+                self._publish(RetryHandled(self._listener, 0, view))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
-        view, keys, origin = self.view, self.keys, self._origin
+        view, keys, origin, handled = self.view, self.keys, self._origin, self.book.handled
+        if self.trace is not None:
+            view = self._traced_view
         if keys is None:
 
             def handle(record: Record) -> Any:
-                return handler(view(record))
+                if record.topic not in origin:
+                    return handler(record)
+                seen = view(record)
+                result = handler(seen)
+                if seen is not record:
+                    handled(seen)
+                return result
 
             return handle
         ahead, consumed, follow = keys.ahead, keys.consumed, self.follow
 
         def in_key_order(record: Record) -> Any:
             seen = view(record)
-            if record.topic in origin and seen is not record:
+            retried = record.topic in origin and seen is not record
+            if retried:
                 consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
             place = ahead(seen)
             if place is None:
-                return handler(seen)
+                result = handler(seen)
+                if retried:
+                    handled(seen)
+                return result
             follow(seen, place)
             return None
 
@@ -147,6 +203,24 @@ class RetryHops:
             return record
         return hop.record
 
+    def _traced_view(self, record: Record) -> Record:
+        """:meth:`view`, telling tracing the failed attempts' span contexts a hop read back carries."""
+        seen = self.view(record)
+        trace = self.trace
+        if seen is not record and trace is not None and self.group_id is not None:
+            spans = attempt_spans_of(record.headers)
+            if spans is not None:
+                trace.arrived(self.group_id, seen, spans)
+        return seen
+
+    def _with_spans(self, view: Record, headers: Headers) -> None:
+        """With tracing on, ``headers`` (a hop of ``view``) also carry its failed attempts' span contexts."""
+        trace = self.trace
+        if trace is not None and self.group_id is not None:
+            spans = trace.carried(self.group_id, view)
+            if spans is not None:
+                headers.append((ATTEMPT_SPANS, spans))
+
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
@@ -158,9 +232,9 @@ class RetryHops:
             return None
         due_ms = self.now_ms() + round(delay * 1000)
         headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
+        self._with_spans(view, headers)
         topic = view.topic + level.suffix
-        if self.keys is not None:
-            self.keys.wrote(view, Place(topic, due_ms))
+        self.book.wrote(view, Place(topic, due_ms))
         self.written.add((topic, view.partition))
         return (topic, view.raw_value, view.raw_key, headers, view.partition)
 
@@ -170,10 +244,10 @@ class RetryHops:
         headers = hop_headers(
             view, None, group_id=self.group_id, next_attempt=max(view.attempt, 1), due_ms=place.due_ms
         )
+        self._with_spans(view, headers)
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         self.written.add((place.topic, view.partition))
-        if self.keys is not None:
-            self.keys.wrote(view, place)
+        self.book.wrote(view, place)
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, 0, view, place.topic))
 

@@ -1,4 +1,4 @@
-"""``ordering="key"`` with retry topics: which keys have a record in retry, and where a record of theirs follows.
+"""The records in retry of a container's partitions and, with ``ordering="key"``, where a record of their key follows.
 
 A record whose key (on its input partition) has an earlier record in retry
 does not run: it **follows**, written behind that key's first record in retry
@@ -26,6 +26,11 @@ of them:
   retry partitions from their committed offsets to the end (at assignment:
   never from memory), :meth:`RetryKeys.forget` drops them at revocation.
 
+With ``ordering="none"`` the same book is kept without the key gate: it counts
+the records in retry and their earliest due time (what the metrics publish),
+and notes the retry records whose handler returned (:meth:`RetryKeys.handled`),
+told once their transaction committed.
+
 Pure: no I/O, one container's thread.
 """
 
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 
 from kafkatx.client.offsets import TP
 from kafkatx.record import ConsumedMessage, Record
+from kafkatx.retry_topics.due import DueTimes
 
 __all__ = ["Place", "RetryKeys"]
 
@@ -56,29 +62,41 @@ class Place:
 class _Journal:
     """One open transaction's changes: the hops it wrote, and its own view of the keys it touched."""
 
-    __slots__ = ("wrote", "overlay")
+    __slots__ = ("wrote", "overlay", "handled")
 
     def __init__(self) -> None:
         self.wrote: list[tuple[TP, bytes | None, int, Place]] = []
         #: (input TP, key) -> its entries as this transaction sees them (copied on first change).
         self.overlay: dict[tuple[TP, bytes], Entries] = {}
+        #: (input TP, input offset) -> the input view of a retry record whose handler returned in it.
+        self.handled: dict[tuple[TP, int], Record] = {}
 
 
 class RetryKeys:
     """The keys in retry of the input partitions a container owns (see the module)."""
 
-    __slots__ = ("_keys", "_journals", "_current", "_origin", "_count", "_told", "_on_count")
+    __slots__ = ("_keys", "_journals", "_current", "_origin", "_count", "_told", "_on_count", "_due", "key_order")
 
-    def __init__(self, origin: Mapping[str, str], on_count: Callable[[int], None] | None = None) -> None:
-        """``origin``: retry topic -> its input topic; ``on_count`` is told how many records are in retry whenever
-        that changes (committed, rebuilt, forgotten)."""
+    def __init__(
+        self,
+        origin: Mapping[str, str],
+        on_count: Callable[[int, int | None], None] | None = None,
+        *,
+        key_order: bool = True,
+    ) -> None:
+        """``origin``: retry topic -> its input topic; ``on_count`` is told how many records are in retry and the
+        earliest due time among them (epoch ms, None when none) whenever either changes (committed, rebuilt,
+        forgotten). ``key_order`` False: counted only, no record follows (:meth:`ahead` is not asked)."""
         #: input TP -> key -> its records in retry; keyless records under None (counted, never followed).
         self._keys: dict[TP, dict[bytes | None, Entries]] = {}
         self._journals: dict[int, _Journal] = {}
         self._current: _Journal | None = None
         self._origin = dict(origin)
-        self._count = self._told = 0
+        self._count = 0
+        self._told: tuple[int, int | None] = (0, None)
         self._on_count = on_count
+        self._due = DueTimes()
+        self.key_order = key_order
 
     # -- what a record does --------------------------------------------------------------
     def ahead(self, view: Record) -> Place | None:
@@ -100,8 +118,15 @@ class RetryKeys:
             return
         tp = (view.topic, view.partition)
         journal.wrote.append((tp, key, view.offset, place))
-        if key is not None:  # a keyless record is counted, never followed
+        journal.handled.pop((tp, view.offset), None)  # it failed after its handler returned (its outputs did)
+        if key is not None and self.key_order:  # a keyless record is counted, never followed
             self._own(journal, tp, key)[view.offset] = place
+
+    def handled(self, view: Record) -> None:
+        """``view``, read from a retry topic, was handled (its handler returned) in the open transaction."""
+        journal = self._current
+        if journal is not None:
+            journal.handled[((view.topic, view.partition), view.offset)] = view
 
     def consumed(self, view: Record) -> None:
         """``view``, read from a retry topic, is being handled in the open transaction: it is no longer in retry
@@ -119,25 +144,36 @@ class RetryKeys:
 
     def committed(
         self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage], hop_of: HopOf
-    ) -> None:
+    ) -> list[Record]:
         """Producer ``txn`` committed ``offsets``: the retry records of ``consumed`` below them leave (read from
-        their hop headers by ``hop_of``), then the hops it wrote join."""
+        their hop headers by ``hop_of``), then the hops it wrote join. Returns the input views of the retry
+        records it committed whose handler returned (and that did not hop again): the retries handled."""
         journal = self._journals.pop(id(txn), None)
         if self._current is journal:
             self._current = None
         origin = self._origin
+        handled: list[Record] = []
         for msg in consumed:
             topic = msg.topic()
             if topic in origin and msg.offset() < offsets.get((topic, msg.partition()), -1):
                 found = hop_of(msg)
                 if found is not None:
                     self._drop(*found)
+                    view = journal.handled.get((found[0], found[2])) if journal is not None else None
+                    if view is not None:
+                        handled.append(view)
         if journal is not None:
             for tp, key, offset, place in journal.wrote:
                 entries = self._keys.setdefault(tp, {}).setdefault(key, {})
-                self._count += offset not in entries
+                old = entries.get(offset)
+                if old is None:
+                    self._count += 1
+                else:
+                    self._due.remove(old.due_ms)
                 entries[offset] = place
+                self._due.add(place.due_ms)
         self._tell()
+        return handled
 
     def rebuilt(self, tp: TP, in_retry: Iterable[tuple[bytes | None, int, Place]]) -> None:
         """Input partition ``tp``'s keys, from its retry partitions read from the committed offsets to the end:
@@ -145,19 +181,19 @@ class RetryKeys:
         keys: dict[bytes | None, Entries] = {}
         for key, offset, place in in_retry:
             keys.setdefault(key, {})[offset] = place
-        self._count -= self.in_retry(tp)
+        self._leave(tp)
         if keys:
             self._keys[tp] = keys
-        else:
-            self._keys.pop(tp, None)
+            for entries in keys.values():
+                for place in entries.values():
+                    self._due.add(place.due_ms)
         self._count += self.in_retry(tp)
         self._tell()
 
     def forget(self, tps: Iterable[TP]) -> None:
         """Input partitions revoked or lost: their keys go (their next owner rebuilds them)."""
         for tp in tps:
-            self._count -= self.in_retry(tp)
-            self._keys.pop(tp, None)
+            self._leave(tp)
         self._tell()
 
     # -- what it holds ---------------------------------------------------------------------
@@ -167,15 +203,27 @@ class RetryKeys:
             return self._count
         return sum(len(entries) for entries in self._keys.get(tp, {}).values())
 
+    def oldest_due_ms(self) -> int | None:
+        """When the record in retry due first is due (committed, epoch ms); None when none is in retry."""
+        return self._due.earliest()
+
     def keys_in_retry(self, tp: TP) -> dict[bytes | None, list[int]]:
         """``tp``'s keys in retry (committed), each with its records' input offsets in order."""
         return {key: sorted(entries) for key, entries in self._keys.get(tp, {}).items()}
 
     # -- inside -----------------------------------------------------------------------------
     def _tell(self) -> None:
-        if self._count != self._told and self._on_count is not None:
-            self._told = self._count
-            self._on_count(self._count)
+        now = (self._count, self._due.earliest())
+        if now != self._told and self._on_count is not None:
+            self._told = now
+            self._on_count(*now)
+
+    def _leave(self, tp: TP) -> None:
+        """``tp``'s records leave the book (revoked, or about to be rebuilt)."""
+        for entries in self._keys.pop(tp, {}).values():
+            self._count -= len(entries)
+            for place in entries.values():
+                self._due.remove(place.due_ms)
 
     def _overlay_used(self) -> bool:
         journal = self._current
@@ -202,8 +250,10 @@ class RetryKeys:
         entries = keys.get(key)
         if entries is None:
             return
-        if entries.pop(offset, None) is not None:
+        place = entries.pop(offset, None)
+        if place is not None:
             self._count -= 1
+            self._due.remove(place.due_ms)
         if not entries:
             del keys[key]
             if not keys:

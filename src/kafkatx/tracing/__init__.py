@@ -13,7 +13,8 @@ The wrapper, per record attempt:
 - links the span to the spans of the record's earlier attempts (kept in
   memory per record by :class:`AttemptLinks` until the record succeeds or is
   recovered: across a restart the links are lost, the trace is not, as its
-  parent comes from the record's header);
+  parent comes from the record's header; with ``retry="topics"`` a hop
+  carries them, ``_hops.py``, so they survive a restart there);
 - collects what the handler returns and ``send()``\\ s and writes the span's
   context into each output's headers, so outputs carry the record's trace.
 
@@ -39,7 +40,7 @@ each see their own record's span.
 
 The package, one concept a module, each private (this module is the public
 API): ``_headers.py`` (W3C context in Kafka headers), ``_links.py`` (failed
-attempts' span links), ``_sampling.py`` (kafkatx's own sampling decision),
+attempts' span links), ``_hops.py`` (those links carried through retry topics), ``_sampling.py`` (kafkatx's own sampling decision),
 ``_records.py`` (a listener's record spans), ``_handler.py`` (the handler
 wrappers), ``_deferred.py`` (SDK spans made while a transaction commits),
 ``_sdk.py`` (the one adapter to the SDK's internals, with its version gate:
@@ -67,6 +68,7 @@ from kafkatx.tracing._headers import (
 )
 from kafkatx.tracing._headers import Headers as Headers
 from kafkatx.tracing._headers import carries_trace as carries_trace
+from kafkatx.tracing._hops import HopLinks
 from kafkatx.tracing._links import AttemptLinks
 from kafkatx.tracing._records import MAX_TRANSACTION_LINKS as MAX_TRANSACTION_LINKS
 from kafkatx.tracing._records import RecordSpans
@@ -129,6 +131,8 @@ class Tracing:
 
         self.tracer: Tracer = trace.get_tracer("kafkatx", __version__, tracer_provider=provider)
         self.attempts = AttemptLinks()
+        #: The attempts' contexts as retry hops carry them (``retry="topics"``: a hop's header, read back).
+        self.hop_links = HopLinks(self.attempts)
         #: (listener, worker) whose last after-rollback transaction recovered a record: its commit is "recovered".
         self._recovered: set[tuple[str, int]] = set()
         #: The consumer group of each traced listener, by name (to end a recovered record's links).

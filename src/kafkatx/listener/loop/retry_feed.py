@@ -23,14 +23,17 @@ poll brings, each retry partition's records up to the first one not yet due
 are handed on; that partition is sought back to that record and paused until
 it is due (a pause, never a sleep, and never with a transaction open).
 
-**The keys in retry** (``ordering="key"``, :mod:`kafkatx.retry_topics.keys`) are rebuilt
+**The records in retry** (:mod:`kafkatx.retry_topics.keys`: with ``ordering="key"`` the
+keys in retry, with either ordering their count and earliest due time) are rebuilt
 when input partitions are assigned, never carried in memory from an earlier
 owner: their retry partitions are read from the committed offsets (fetched
 with the input partitions', read_committed, so a previous owner's pending
 commit is waited for) to their end, on a third consumer of the same group
 that never commits, and every hop found is a record in retry. Until it is
 read to the end the assignment callback does not return, so nothing of the
-partition is handled before its keys are known.
+partition is handled before its keys are known. A count from the committed
+offsets and the ends would not do: a transaction's commit marker takes an
+offset too, and a committed offset can stay below one.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ log = logging.getLogger("kafkatx.container")
 #: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
 #: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
 _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
-#: How long rebuilding the keys in retry of an assignment may go without progress (reading retry partitions to
+#: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
 
@@ -103,8 +106,7 @@ class RetryFeed:
         if self.hops is None:
             return
         self.consumer = Consumer(self._config)
-        if self.hops.keys is not None:
-            self._scanner = Consumer({**self._config, "enable.partition.eof": True})
+        self._scanner = Consumer({**self._config, "enable.partition.eof": True})
         log.info(
             "listener %s: retry topics %s, fed by a consumer of their own", self.name, ", ".join(self._origin) or "none"
         )
@@ -167,14 +169,13 @@ class RetryFeed:
         except Exception:
             log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
         log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
-        if self.hops.keys is not None:
-            self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
+        self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         return mirrored
 
     def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> None:
-        """Key order: the keys in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end."""
+        """The records in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end."""
         consumer, scanner, hops = self.consumer, self._scanner, self.hops
-        assert consumer is not None and scanner is not None and hops is not None and hops.keys is not None
+        assert consumer is not None and scanner is not None and hops is not None
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
         starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
@@ -185,9 +186,9 @@ class RetryFeed:
                 tp, key, offset = hop
                 found.setdefault(tp, []).append((key, offset, Place(msg.topic(), due_ms_of(msg.headers()))))
         for tp, in_retry in found.items():
-            hops.keys.rebuilt(tp, in_retry)
+            hops.book.rebuilt(tp, in_retry)
         log.info(
-            "listener %s: %d record(s) in retry on %s, keys rebuilt from the retry topics",
+            "listener %s: %d record(s) in retry on %s, rebuilt from the retry topics",
             self.name,
             sum(len(f) for f in found.values()),
             _fmt(inputs),
@@ -199,8 +200,8 @@ class RetryFeed:
         mirrored = [tp for tp in self.hops.mirrored(inputs) if tp in self.assigned] if self.hops is not None else []
         if not mirrored:
             return []
-        if self.hops is not None and self.hops.keys is not None:
-            self.hops.keys.forget(inputs)  # their next owner rebuilds them from the retry topics
+        if self.hops is not None:
+            self.hops.book.forget(inputs)  # their next owner rebuilds them from the retry topics
         self.assigned.difference_update(mirrored)
         self._drained.forget(mirrored)
         consumer = self.consumer
@@ -254,8 +255,8 @@ def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> l
             if time.monotonic() > deadline:
                 raise KafkaTxError(
                     f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
-                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the keys in retry (ordering='key') cannot be rebuilt; "
-                    "the container stops rather than let a record pass one of its key in retry"
+                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the records in retry cannot be rebuilt; the container "
+                    "stops rather than let a record pass one of its key in retry (ordering='key') or miscount them"
                 )
             msgs = scanner.consume(500, 0.2)
             for msg in msgs:

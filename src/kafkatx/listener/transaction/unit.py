@@ -315,8 +315,8 @@ class TransactionUnit(DatabaseSteps):
         self._stored = None
         self._producer.begin()
         hops = self._c.retry_hops
-        if hops is not None and hops.keys is not None:  # key order: a journal of what this transaction moves
-            hops.keys.began(self._producer)
+        if hops is not None:  # a journal of what this transaction moves in and out of retry
+            hops.book.began(self._producer)
         database = self._c.database
         if database is not None and self.messages:
             self._stored = database.begin(self._producer, self.messages)
@@ -399,8 +399,8 @@ class TransactionUnit(DatabaseSteps):
                 raise
         self._c.committed(self._offsets)
         hops = self._c.retry_hops
-        if hops is not None and hops.keys is not None:  # the records it took out of retry and put in, as committed
-            hops.keys.committed(self._producer, self._offsets, self.messages, hops.hop_of)
+        if hops is not None:  # the records it took out of retry and put in, as committed
+            hops.committed(self._producer, self._offsets, self.messages)
         if self.messages:
             outage = self._c.outage
             if outage.active:  # records went through: the outage may be over

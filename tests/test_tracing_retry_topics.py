@@ -1,0 +1,85 @@
+"""Tracing with ``retry="topics"`` (issue 40): an attempt handled from a retry topic links to the spans of the
+record's earlier, failed attempts, also when they ran in another process (the hop carries their span contexts in
+a header of kafkatx's, which the handler never sees)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from helpers import make_app
+
+from kafkatx import App, Record
+from kafkatx.retry_topics.headers import ATTEMPT_SPANS
+from kafkatx.testing import KafkaTestKit, running, wait_for
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class Transient(Exception):
+    """A failure worth retrying."""
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _attempts(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    spans = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get("messaging.operation.type")]
+    return sorted(spans, key=lambda s: (s.attributes or {})["kafkatx.attempt"])
+
+
+@pytest.mark.parametrize("ordering", ["none", "key"])
+def test_an_attempt_from_a_retry_topic_links_to_the_failed_attempts_also_those_of_another_process(
+    kafka: KafkaTestKit, ordering: str
+) -> None:
+    """Attempt 1 fails in a first App, which stops with the record in retry; a second App (another tracer, nothing
+    in memory) runs attempt 2, which fails, and attempt 3, which works: 2 links to 1, 3 to 1 and 2; one trace."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [{"key": b"k", "value": b"flaky", "headers": [("traceparent", TRACEPARENT)]}])
+    options: dict[str, Any] = {"retry": "topics", "ordering": ordering, "max_attempts": 3, "backoff": 0.2}
+    seen: list[Record] = []
+    lock = threading.Lock()
+
+    def handle(record: Record) -> bytes:
+        with lock:
+            seen.append(record)
+        if record.attempt < 3:
+            raise Transient("not yet")
+        return b"done"
+
+    first_provider, first_exporter = _provider()
+    first = make_app(kafka, name="retry-trace", tracing=first_provider)
+    first.listener(src, output=out, dlq=True, **options)(handle)
+    with running(first):
+        wait_for(lambda: kafka.caught_up(first.group_id, src), 30, message="the hop committed")
+    [hop] = kafka.read(src + "-retry")
+    [one] = _attempts(first_exporter)
+    carried = dict(hop.headers)[ATTEMPT_SPANS]
+    assert carried == b"00-%032x-%016x-01" % (one.context.trace_id, one.context.span_id)
+
+    provider, exporter = _provider()
+    second = App(first.name, bootstrap_servers=kafka.bootstrap_servers, group_id=first.group_id, tracing=provider)
+    second.listener(src, output=out, dlq=True, **options)(handle)
+    with running(second):
+        wait_for(lambda: [r.value for r in kafka.read(out)] == [b"done"], 30, message="the third attempt's output")
+    two, three = _attempts(exporter)
+    assert [(s.attributes or {})["kafkatx.attempt"] for s in (one, two, three)] == [1, 2, 3]
+    assert [link.context.span_id for link in two.links] == [one.context.span_id]
+    assert [link.context.span_id for link in three.links] == [one.context.span_id, two.context.span_id]
+    assert {s.context.trace_id for s in (one, two, three)} == {TRACE_ID}, "the record's own trace, every attempt"
+    assert [(r.topic, r.offset, r.attempt) for r in seen] == [(src, 0, 1), (src, 0, 2), (src, 0, 3)]
+    assert all(not name.startswith(("kafkatx_", "retry_topic-")) for r in seen for name, _ in r.headers), (
+        "the handler never sees the hop's headers"
+    )
