@@ -180,7 +180,19 @@ class RetryFeed:
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
         starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
-        for msg in read_to_end(scanner, starts, self.name):
+        try:
+            read = read_to_end(scanner, starts, self.name)
+        except KafkaTxError as stalled:
+            if hops.keys is not None:  # key order depends on it
+                raise KafkaTxError(
+                    f"{stalled}; the container stops rather than let a record pass one of its key in retry"
+                ) from stalled
+            # ordering="none": only the count of records in retry depends on it; the records flow without it
+            log.warning(
+                "listener %s: %s; records in retry are not counted until the next assignment", self.name, stalled
+            )
+            return
+        for msg in read:
             hop = hops.hop_of(msg)
             if hop is not None:
                 tp, key, offset = hop
@@ -255,8 +267,7 @@ def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> l
             if time.monotonic() > deadline:
                 raise KafkaTxError(
                     f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
-                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the records in retry cannot be rebuilt; the container "
-                    "stops rather than let a record pass one of its key in retry (ordering='key') or miscount them"
+                    f"progress for {REBUILD_TIMEOUT_S:g}s, so the records in retry cannot be rebuilt"
                 )
             msgs = scanner.consume(500, 0.2)
             for msg in msgs:
