@@ -67,4 +67,6 @@ def test_a_freeze_of_the_applications_own_is_left_alone() -> None:
     freeze = StartupFreeze(FreezeHolders())
     assert not freeze.hold()
     freeze.release()
-    assert gc.get_freeze_count() == own, "not kafkatx's to unfreeze"
+    # Still frozen (an unfreeze would make it 0); a thread of an earlier test that lets go of frozen objects
+    # meanwhile takes them out of the count, so it may be lower, never higher.
+    assert 0 < gc.get_freeze_count() <= own, "not kafkatx's to unfreeze"
