@@ -253,3 +253,46 @@ def test_a_record_from_a_retry_topic_that_kills_the_process_is_dead_lettered_nam
         topics.close()
     crashes = [int(n) for n in re.findall(r"-retry\[1\] died while handling offset 0 \((\d+) failed", log)]
     assert crashes == [3], f"the third crash of the record alone was counted before it was dead-lettered: {crashes}"
+
+
+def test_two_groups_reading_one_topic_share_its_retry_topics_and_each_handles_only_its_own_hops(
+    kafka: KafkaTestKit,
+) -> None:
+    """Two services (consumer groups) on one input topic, both with retry topics: the retry topics are named after
+    the input topic, so both read every hop; each handles its own group's and lets the other's pass."""
+    src = kafka.topic(partitions=2)
+    outs = {"a": kafka.topic(partitions=2), "b": kafka.topic(partitions=2)}
+    values = [b"flaky-%d" % i if i % 4 == 0 else b"ok-%d" % i for i in range(24)]
+    kafka.produce(src, [{"value": v, "key": b"k%d" % i, "partition": i % 2} for i, v in enumerate(values)])
+    apps = {}
+    for service, out in outs.items():
+        app = App(unique_name(f"svc-{service}"), bootstrap_servers=kafka.bootstrap_servers, instance_id=service)
+
+        @app.listener(src, output=out, retry="topics", max_attempts=3, backoff=0.3, dlq=True)
+        def handle(record: Record) -> bytes:
+            if (record.value or b"").startswith(b"flaky") and record.attempt < 2:
+                raise Transient("the first attempt fails")
+            return b"out-" + (record.value or b"")
+
+        apps[service] = app
+    with running(apps["a"]), running(apps["b"]):
+        for service, out in outs.items():
+            wait_for(lambda out=out: len(kafka.read(out)) >= len(values), 60, message=f"every output of {service}")
+        for service, app in apps.items():
+            wait_for(lambda app=app: _own_hops_committed(kafka, app.group_id, src), 30, message=f"{service}'s hops")
+    for service, out in outs.items():
+        assert Counter(kafka.values(out)) == Counter(b"out-" + v for v in values), f"{service}: each output once"
+    assert kafka.read(src + "-dlt") == []
+
+
+def _own_hops_committed(kafka: KafkaTestKit, group: str, topic: str) -> bool:
+    """Every hop ``group`` wrote to ``topic``'s retry topic consumed and committed by it (and so every hop of another
+    group before them read too; one after its own last hop may wait unread: nothing of this group wakes it)."""
+    from kafkatx.dlq.headers import parse_dead_letter_headers
+
+    last: dict[int, int] = {}
+    for hop in kafka.read(topic + "-retry"):
+        if parse_dead_letter_headers(hop.headers).consumer_group == group:
+            last[hop.partition] = hop.offset
+    committed = kafka.committed(group, topic + "-retry")
+    return bool(last) and all(committed.get(p, 0) > offset for p, offset in last.items())

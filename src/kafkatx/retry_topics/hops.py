@@ -149,7 +149,7 @@ class RetryHops:
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
-        view, keys, origin, handled = self.view, self.keys, self._origin, self.book.handled
+        view, keys, origin, handled, foreign = self.view, self.keys, self._origin, self.book.handled, self.foreign
         if self.trace is not None:
             view = self._traced_view
         if keys is None:
@@ -157,6 +157,8 @@ class RetryHops:
             def handle(record: Record) -> Any:
                 if record.topic not in origin:
                     return handler(record)
+                if foreign(record.headers):
+                    return None
                 seen = view(record)
                 result = handler(seen)
                 if seen is not record:
@@ -167,6 +169,8 @@ class RetryHops:
         ahead, consumed, follow = keys.ahead, keys.consumed, self.follow
 
         def in_key_order(record: Record) -> Any:
+            if record.topic in origin and foreign(record.headers):
+                return None
             seen = view(record)
             retried = record.topic in origin and seen is not record
             if retried:
@@ -255,6 +259,14 @@ class RetryHops:
         """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""
         info = parse_dead_letter_headers(msg.headers())
         topic, partition, offset = info.original_topic, info.original_partition, info.original_offset
-        if topic is None or partition is None or offset is None:
+        if topic is None or partition is None or offset is None or self._of_another_group(info.consumer_group):
             return None
         return (topic, partition), msg.key(), offset
+
+    def foreign(self, headers: Headers | None) -> bool:
+        """True for a hop another consumer group wrote (groups reading one input topic share its retry topics):
+        that group handles it; this one lets it pass, committed like a record with nothing to produce."""
+        return self._of_another_group(parse_dead_letter_headers(headers).consumer_group)
+
+    def _of_another_group(self, group: str | None) -> bool:
+        return group is not None and self.group_id is not None and group != self.group_id
