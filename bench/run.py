@@ -1075,6 +1075,9 @@ def main(argv: list[str] | None = None) -> int:
                 tag = f"{k.replace(chr(39), 'p')}-{rep}"  # 2' -> 2p: topic names allow no quote
                 out_topic = create_topic(bs, f"bench-out-{tag}", parts)
                 dlt_topic = create_topic(bs, f"bench-dlt-{tag}", parts) if run.get("poison") or run.get("dlq") else None
+                if run.get("transient"):  # its retry topics are named after its input: a copy of its own per rep
+                    topic = create_topic(bs, f"bench-in-{tag}", parts)
+                    preload(bs, topic, n, parts, args.size, args.poison_every)
                 cfg: dict[str, Any] = {
                     "kind": run["kind"],
                     "bootstrap": runs_bs,

@@ -449,20 +449,22 @@ def tracer_provider(ratio: float | bool = True) -> Any:
 
 
 class RetryTimes:
-    """Run 4t's clock: the main flow is done once every input record committed (the records taken from the retry
-    topics, counted by the handler, set apart); the run once the retries are done too (``expected`` records)."""
+    """Run 4t's clock, from the handler's calls (the retry topics hold earlier repetitions' hops too, which other
+    groups let pass: commit counts would include them). The main flow is done at the first commit after every
+    input record's first call; the run at the first commit after every record succeeded."""
 
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.retry_calls = 0  # records handled from a retry topic (attempts 2 and 3)
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.first_calls = 0  # attempt 1 of each input record
+        self.succeeded = 0
         self.first_failure: dict[int, float] = {}
         self.delays: list[float] = []  # per retried record: its first failure to its success
         self.main_done: float | None = None
 
-    def committed(self, committed_records: int, n: int) -> bool:
-        if self.main_done is None and committed_records - self.retry_calls >= n:
+    def committed(self) -> bool:
+        if self.main_done is None and self.first_calls >= self.records:
             self.main_done = perf()
-        return committed_records >= self.expected
+        return self.succeeded >= self.records
 
     def result(self, tr: Tracker, n: int) -> dict[str, Any]:
         assert tr.t_first is not None and self.main_done is not None
@@ -482,17 +484,18 @@ def transient_handler(tr: Tracker, cfg: dict[str, Any], retries: RetryTimes) -> 
         if tr.t_first is None:
             tr.start()
         o, attempt, v = record.offset, record.attempt, record.value
-        if attempt == 1 and o % every == 0:
-            tr.seen(record.partition, o)
+        if attempt == 1:
+            retries.first_calls += 1
+            if o % every == 0:
+                tr.seen(record.partition, o)
         if v[10:16] == b"poison":
             i = o * parts + record.partition
-            if attempt > 1:
-                retries.retry_calls += 1
             if attempt == 1:
                 retries.first_failure[i] = perf()
             if attempt < 3:
                 raise PoisonError(f"transient failure of {v[:9].decode()} at attempt {attempt}")
             retries.delays.append(perf() - retries.first_failure.get(i, perf()))
+        retries.succeeded += 1
         return v.upper()  # type: ignore[no-any-return]
 
     return handler
@@ -525,7 +528,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
 
     batch = cfg.get("listener") == "batch"
     transient = bool(cfg.get("transient"))
-    retries = RetryTimes(n + 2 * sum(1 for i in range(n) if is_poison(i, cfg["poison_every"], parts)))
+    retries = RetryTimes(n)
     if poison and batch:
         from kafkatx import RecordFailedError
 
@@ -585,7 +588,7 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
         if not transient:
             if tr.committed_records >= n:
                 finished.set()
-        elif retries.committed(tr.committed_records, n):
+        elif retries.committed():
             finished.set()
 
     @app.on(TransactionAborted)
