@@ -279,3 +279,46 @@ def test_status_line_does_nothing_without_a_terminal() -> None:
     status.stop()
     assert pipe.getvalue() == ""
     assert "stats_cb" not in app.consumer_config_overrides
+
+
+def test_a_batch_listener_reports_the_same_metrics_and_probes_as_a_record_listener(kafka: KafkaTestKit) -> None:
+    from kafkatx import RecordFailedError
+
+    topic = kafka.topic(partitions=2)
+    out = kafka.topic()
+    app = App(unique_name("metrics-batch"), bootstrap_servers=kafka.bootstrap_servers, instance_id="mb", health_port=0)
+
+    @app.batch_listener(topic, output=out, max_attempts=2, dlq=True, name="scores", backoff=0)
+    def score(records: list[Record]) -> list[bytes]:
+        for record in records:
+            if record.value == BAD:
+                raise RecordFailedError(record) from ValueError("poison")
+        return [record.value or b"" for record in records]
+
+    instrument(app, stats_interval_ms=200)
+    kafka.produce(topic, [{"value": str(i).encode(), "partition": i % 2} for i in range(N)])
+    server = serve_metrics(app, 0)
+    try:
+        with running(app):
+            wait_for(lambda: len(kafka.values(out)) == N - 1, message="the good records to be processed")
+            wait_for(lambda: len(kafka.values(f"{topic}-dlt")) == 1, message="the poison record in the DLQ")
+            labels = {"app": app.name, "listener": "scores"}
+
+            def settled() -> Any:
+                s = scrape(server.url)
+                done = value(s, "kafkatx_records_processed_total", **labels) == N
+                return s if done and value(s, "kafkatx_consumer_lag") == 0 else None
+
+            s = wait_for(settled, timeout=20, message="all records counted and lag 0")
+            assert app.health_server is not None
+            with urllib.request.urlopen(f"{app.health_server.url}/readyz", timeout=5) as ready:
+                assert ready.status == 200
+        assert value(s, "kafkatx_outputs_produced_total", **labels) == N - 1
+        assert value(s, "kafkatx_records_recovered_total", recoverer="DeadLetterPublishingRecoverer", **labels) == 1
+        assert value(s, "kafkatx_handler_failures_total", **labels) >= 1
+        assert value(s, "kafkatx_transactions_committed_total", kind="batch", **labels) > 0
+        assert value(s, "kafkatx_assigned_partitions", **labels) == 2
+        assert value(s, "kafkatx_containers_running", **labels) == 1
+        assert sorted(lbl["partition"] for lbl in present(s, "kafkatx_consumer_lag")) == ["0", "1"]
+    finally:
+        server.stop()
