@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PartitionState", "encode", "encode_inflight", "decode", "process_token"]
+__all__ = ["PartitionState", "encode", "encode_inflight", "inflight_claims", "decode", "process_token"]
 
 _PREFIX = "kafkatx:"
 _token: tuple[int, str] = (-1, "")
@@ -72,7 +73,13 @@ class PartitionState:
 def encode_inflight(offset: int, owner: str) -> str:
     """``encode(PartitionState(offset, inflight=True, owner=owner))``, the claim of almost every commit (a batch
     from ``offset``), without json.dumps (``owner`` is a hex token)."""
-    return f'{_PREFIX}{{"offset":{int(offset)},"inflight":true,"owner":"{owner}"}}'
+    return inflight_claims(owner)(int(offset))
+
+
+def inflight_claims(owner: str) -> Callable[[int], str]:
+    """:func:`encode_inflight` of ``owner``'s claims, for one offset at a time: a ``str.format`` with the owner
+    filled in, so that a commit's claim costs no Python call."""
+    return (_PREFIX + '{{"offset":{:d},"inflight":true,"owner":"' + owner + '"}}').format
 
 
 def encode(state: PartitionState) -> str:
