@@ -504,9 +504,10 @@ class ListenerContainer:
     def _commit_held(self) -> bool:
         """Commit the records handled while the last transaction committed (listener/loop/overlap.py), if any."""
         assert self._overlap is not None
-        held = self._overlap.commit_held()
-        self._handled_at = time.monotonic() if held else self._handled_at
-        return held
+        if not self._overlap.commit_held():
+            return False
+        self._handled_at = time.monotonic()
+        return True
 
     def _gate(self) -> bool:
         """While an outage or an operator's pause holds the listener, its outage hold polls instead of the loop
