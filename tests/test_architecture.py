@@ -224,6 +224,17 @@ def test_no_import_circle_between_modules_type_checking_imports_included() -> No
     assert ours == [], f"import circles through {STRICT_SCOPE}: {ours}"
 
 
+def _private_module_of_another_package(module: str, importer: str) -> bool:
+    """True if ``module`` is private (a part of its name starts with one underscore) to a package that the
+    module ``importer`` is not in: ``kafkatx._suggest`` is every module's, ``kafkatx.database._store`` database's."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            package = ".".join(parts[:i])
+            return importer != package and not importer.startswith(package + ".")
+    return False
+
+
 def test_no_module_uses_another_modules_private_members() -> None:
     offences: list[tuple[str, str, str]] = []
     for path in sorted(SRC.rglob("*.py")):
@@ -247,6 +258,8 @@ def test_no_module_uses_another_modules_private_members() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kafkatx"):
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 offences += [(rel, name, f"from {node.module} import {name}") for name in private]
+                if _private_module_of_another_package(node.module or "", _module_name(path)):
+                    offences.append((rel, node.module or "", f"from {node.module} import ..."))
             elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 owner = node.value
                 if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in foreign):

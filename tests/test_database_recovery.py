@@ -125,8 +125,8 @@ def test_the_database_going_down_loses_nothing_and_counts_against_no_record(
 def test_two_owners_of_a_partition_cannot_both_commit_its_database_work(postgres: LocalPostgres) -> None:
     """The position row is locked for the unit: a zombie that wakes up after the new owner committed sees the
     records as done (and produces the stored records instead of running the handler)."""
-    from kafkatx.database._backend import backend_for
     from kafkatx.database._store import Store
+    from kafkatx.database.backend import backend_for
 
     engine = sa.create_engine(postgres.url)
     backend = backend_for(engine)
@@ -522,8 +522,8 @@ def test_a_second_owner_reads_the_position_only_once_it_holds_the_lock(
     RETURNING); elsewhere (MySQL, ...) in separate statements, which must lock before they read: a SELECT
     before the lock returns the position as it was before the first owner's commit, and the zombie would
     run the handler again for records whose rows are committed."""
-    from kafkatx.database._backend import backend_for
     from kafkatx.database._store import Store
+    from kafkatx.database.backend import backend_for
 
     engine = sa.create_engine(postgres.url)
     backend = backend_for(engine)

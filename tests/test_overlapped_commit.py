@@ -290,7 +290,7 @@ def test_overlap_commit_is_off_by_default_and_refused_where_it_cannot_run(kafka:
     app.on(Event)(events.append)
     with running(app):
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 10}, 30, message="all committed")
-        assert [c._overlap.ahead for c in app.containers] == [None]
+        assert [c._overlap for c in app.containers] == [None]
     assert sorted(kafka.values(dst)) == _outputs(10)
     with pytest.raises(InvalidConfigurationError, match="overlap_commit=True cannot go with in_flight=4"):
         _app(kafka).add_listener(lambda r: None, src, in_flight=4, overlap_commit=True)

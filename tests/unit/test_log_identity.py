@@ -101,7 +101,7 @@ def test_a_producer_transaction_with_a_database_gets_a_kafkatx_error_when_the_cl
     """``app.transaction(database=...)`` asks the cluster id before it begins: retried, then a RetriableError
     naming the call (was confluent-kafka's raw KafkaException); nothing began, in Kafka or in the database."""
     from kafkatx import RetriableError
-    from kafkatx.database._backend import backend_for
+    from kafkatx.database.backend import backend_for
     from kafkatx.database.producer_outbox import ProducerOutbox
 
     producer = _KafkaDownProducer()
@@ -147,7 +147,7 @@ def test_a_producer_transaction_with_a_database_gets_a_kafkatx_error_when_its_co
     a broker that does not answer is retried, then a RetriableError naming the call (was the raw KafkaException)."""
     from kafkatx import RetriableError
     from kafkatx.database import producer_outbox
-    from kafkatx.database._backend import backend_for
+    from kafkatx.database.backend import backend_for
 
     monkeypatch.setattr(producer_outbox, "AdminClient", _UnansweredAdmin)
     producer = _ClusterUpProducer()

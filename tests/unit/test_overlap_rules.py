@@ -13,9 +13,15 @@ from kafkatx.events import HandlerFailed
 from kafkatx.listener.loop.overlap import CommitOverlap, overlap_of
 
 
-def _setup(handler: Any, **options: Any) -> tuple[FakeHost, CommitOverlap]:
+def _overlap(handler: Any, **options: Any) -> tuple[FakeHost, CommitOverlap | None]:
     host = FakeHost(listener(handler, **{"overlap_commit": True, **options}))
     return host, overlap_of(host, host._spec, host.crash_guard, host.error_reactions, host.runner())
+
+
+def _setup(handler: Any, **options: Any) -> tuple[FakeHost, CommitOverlap]:
+    host, overlap = _overlap(handler, **options)
+    assert overlap is not None
+    return host, overlap
 
 
 def _committing(host: FakeHost, count: int = 2) -> Any:
@@ -123,8 +129,9 @@ def test_nothing_is_handled_ahead_of_a_batch_cut_short_or_while_a_record_is_fail
 
 
 def test_it_is_off_with_in_flight_above_one_and_with_overlap_commit_false() -> None:
-    assert _setup(lambda r: r.value, in_flight=4, overlap_commit=False)[1].ahead is None
-    assert _setup(lambda r: r.value, overlap_commit=False)[1].ahead is None
-    assert _setup(lambda r: r.value)[1].ahead is not None
+    """Off, a listener's loop has no overlapped commit at all (no stage that returns early)."""
+    assert _overlap(lambda r: r.value, in_flight=4, overlap_commit=False)[1] is None
+    assert _overlap(lambda r: r.value, overlap_commit=False)[1] is None
+    assert _overlap(lambda r: r.value)[1] is not None
     host = FakeHost(listener(lambda r: r.value))
-    assert overlap_of(host, host._spec, host.crash_guard, host.error_reactions, host.runner()).ahead is None, "default"
+    assert overlap_of(host, host._spec, host.crash_guard, host.error_reactions, host.runner()) is None, "default"

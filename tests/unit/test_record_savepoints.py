@@ -24,7 +24,7 @@ from confluent_kafka import Message
 
 from kafkatx import DatabaseUnavailableError, db
 from kafkatx.client.identity import LogIdentity
-from kafkatx.database._backend import ABORTED_BY_HANDLER, ENDED_BY_HANDLER
+from kafkatx.database.backend import ABORTED_BY_HANDLER, ENDED_BY_HANDLER
 from kafkatx.database.session import DatabaseSession
 from kafkatx.record import ConsumedMessage
 from kafkatx.testing import unique_name

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.producer import TransactionalProducer
 from kafkatx.context import bind_sink
-from kafkatx.database._backend import Backend, backend_for
+from kafkatx.database.backend import Backend, backend_for
 from kafkatx.database.producer_outbox import ProducerOutbox
 from kafkatx.errors import KafkaClientError
 from kafkatx.outputs import PendingOutput, encode, encode_headers

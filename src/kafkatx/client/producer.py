@@ -161,7 +161,10 @@ class TransactionalProducer:
         self.delivery_errors.clear()
         self._delivery_failures.clear()
         self._pending_offsets = []
-        self._call("begin_transaction", producer.begin_transaction)
+        try:
+            producer.begin_transaction()  # a local call that never blocks: the retry loop only once it failed
+        except KafkaException as exc:
+            self._call("begin_transaction", producer.begin_transaction, first_failure=exc)
         self.in_transaction = True
 
     def produce(self, out: PendingOutput, on_error: Callable[[KafkaError], None] | None = None) -> None:

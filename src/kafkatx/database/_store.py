@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from kafkatx.client.brokers import EMBEDDED_CLUSTER_ID
 from kafkatx.client.identity import succeeds_shared_id
 from kafkatx.client.offsets import TP
-from kafkatx.database._backend import Backend
+from kafkatx.database.backend import Backend
 from kafkatx.outputs import PendingOutput
 
 __all__ = ["Store", "StoredPosition", "OFFSETS_TABLE", "OUTBOX_TABLE", "reset_statements"]

@@ -27,8 +27,8 @@ from confluent_kafka.admin import AdminClient
 
 from kafkatx.client.identity import LogIdentity, cluster_id_of
 from kafkatx.client.retry import retry_call
-from kafkatx.database._backend import Backend
 from kafkatx.database._store import Store, reset_statements
+from kafkatx.database.backend import Backend
 from kafkatx.database.session import CRASH_AFTER_DB_COMMITS_ENV, adopts, bind_db, log_mismatch
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.errors.classification import CLUSTER_ID_OPERATION, OUTBOX_SEQUENCE_OPERATION

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from kafkatx.client.identity import LogIdentity, log_identity, succeeds_shared_id
 from kafkatx.client.offsets import TP, first_offsets
-from kafkatx.database._backend import Backend, backend_for, is_connection_error
 from kafkatx.database._store import OFFSETS_TABLE, OUTBOX_TABLE, Store, StoredPosition, reset_statements
+from kafkatx.database.backend import Backend, backend_for, is_connection_error
 from kafkatx.errors import ContainerError, InvalidConfigurationError, KafkaTxError
 from kafkatx.outputs import PendingOutput
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kafkatx.client.properties import check_property_names
-from kafkatx.database._backend import Backend, backend_for
+from kafkatx.database.backend import Backend, backend_for
 from kafkatx.errors import InvalidConfigurationError
 from kafkatx.listener.options import LISTENER_DEFAULTS, Fencing, Ordering, RetryMode, check_option_names
 from kafkatx.outputs import Serializer

@@ -42,7 +42,7 @@ import json
 import os
 from dataclasses import dataclass
 
-__all__ = ["PartitionState", "encode", "encode_inflight", "decode", "process_token"]
+__all__ = ["PartitionState", "encode", "encode_inflight", "inflight_claim_parts", "decode", "process_token"]
 
 _PREFIX = "kafkatx:"
 _token: tuple[int, str] = (-1, "")
@@ -72,7 +72,14 @@ class PartitionState:
 def encode_inflight(offset: int, owner: str) -> str:
     """``encode(PartitionState(offset, inflight=True, owner=owner))``, the claim of almost every commit (a batch
     from ``offset``), without json.dumps (``owner`` is a hex token)."""
-    return f'{_PREFIX}{{"offset":{int(offset)},"inflight":true,"owner":"{owner}"}}'
+    head, tail = inflight_claim_parts(owner)
+    return f"{head}{int(offset)}{tail}"
+
+
+def inflight_claim_parts(owner: str) -> tuple[str, str]:
+    """What :func:`encode_inflight` writes before and after the offset of ``owner``'s claim: a commit's claim is
+    ``f"{head}{offset}{tail}"``, with no call per commit."""
+    return f'{_PREFIX}{{"offset":', f',"inflight":true,"owner":"{owner}"}}'
 
 
 def encode(state: PartitionState) -> str:

@@ -189,33 +189,38 @@ def wrap_batch_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[li
     handler, output, serializer, listener = spec.handler, spec.output, spec.serializer, spec.name
 
     def traced_batch(records: list[Record]) -> Any:
-        span, token, context = spans.start_batch(records)
-        sink = Sink(serializer)
-        error: BaseException | None = None
-        previous = bind_sink(sink)
-        try:
-            collect_outputs(handler(records), output, serializer, listener, sink)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            bind_sink(previous)
-            outputs = spans.finish_batch(span, token, context, sink, error)
-        return outputs
+        with _BatchCall(spans, serializer, records) as call:
+            collect_outputs(handler(records), output, serializer, listener, call.sink)
+        return call.outputs
 
     async def traced_async_batch(records: list[Record]) -> Any:
-        span, token, context = spans.start_batch(records)
-        sink = Sink(serializer)
-        error: BaseException | None = None
-        previous = bind_sink(sink)
-        try:
-            collect_outputs(await handler(records), output, serializer, listener, sink)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            bind_sink(previous)
-            outputs = spans.finish_batch(span, token, context, sink, error)
-        return outputs
+        with _BatchCall(spans, serializer, records) as call:  # current across the await: the call's own task
+            collect_outputs(await handler(records), output, serializer, listener, call.sink)
+        return call.outputs
 
     return traced_async_batch if spec.is_async else traced_batch
+
+
+class _BatchCall:
+    """One call of a batch handler, plain or awaited alike: its span current and its sink bound while it runs,
+    and once it returned (or raised) the outputs :meth:`RecordSpans.finish_batch` makes of what it returned and
+    sent."""
+
+    __slots__ = ("_spans", "_records", "_started", "_previous", "sink", "outputs")
+
+    def __init__(self, spans: RecordSpans, serializer: Any, records: list[Record]) -> None:
+        self._spans, self._records = spans, records
+        self.sink = Sink(serializer)
+        self.outputs: Any = None
+
+    def __enter__(self) -> _BatchCall:
+        self._started = self._spans.start_batch(self._records)
+        self._previous = bind_sink(self.sink)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: types.TracebackType | None
+    ) -> None:
+        bind_sink(self._previous)
+        span, token, context = self._started
+        self.outputs = self._spans.finish_batch(span, token, context, self.sink, error)

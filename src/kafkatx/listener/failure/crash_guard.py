@@ -42,7 +42,7 @@ from kafkatx.listener.transaction.unit import TransactionUnit, commit_offsets
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.bisection import Suspects, after_commit, claimed_suspects
-from kafkatx.rollback.durable import PartitionState, decode, encode, encode_inflight, process_token
+from kafkatx.rollback.durable import PartitionState, decode, encode, inflight_claim_parts, process_token
 
 __all__ = ["CrashGuard"]
 
@@ -56,6 +56,7 @@ class CrashGuard:
         self._c = container
         self.enabled = container.spec.count_crashes
         self._owner = process_token()  # written into in-flight claims: our own claim found again is no crash
+        self._claim_head, self._claim_tail = inflight_claim_parts(self._owner)  # the usual claim: a batch from it
         self._searches: dict[TP, Suspects] = {}  # partitions with a suspect range, handled a part at a time
         self._pending: dict[TP, int] = {}  # partitions whose last commit claimed `offset` in flight
         self._marked: set[TP] = set()  # searched partitions whose next part is already claimed in flight
@@ -81,7 +82,7 @@ class CrashGuard:
             if suspects is not None and offset < suspects.end:
                 out[tp] = self._claim(offset, suspects.next_end(offset), failures)
             elif state is None:
-                out[tp] = encode_inflight(offset, self._owner)  # the usual claim: a batch from `offset`
+                out[tp] = f"{self._claim_head}{offset}{self._claim_tail}"  # the usual claim: a batch from `offset`
             else:
                 out[tp] = encode(PartitionState(offset, failures, True, None, self._owner))
         return out

@@ -133,7 +133,8 @@ class ListenerOutage:
         self._waiting: tuple[int, TP, int] | None = None  # (worker, partition, offset) of the record retried next
         self._cause: BaseException | None = None
         self._reminded = 0.0
-        self._operator = False
+        #: True while an operator holds the listener (:meth:`pause`); read without the lock by the loop's gate.
+        self.paused = False
         self._operator_since = 0.0
 
     # -- what the containers ask --------------------------------------------------------
@@ -220,7 +221,7 @@ class ListenerOutage:
         """
         now = self._clock()
         with self._lock:
-            if self._operator:
+            if self.paused:
                 return frozenset()
             if not self.active:
                 return None
@@ -269,7 +270,7 @@ class ListenerOutage:
     def pause(self) -> None:
         """Hold every partition of the listener until :meth:`resume` (an operator's pause)."""
         with self._lock:
-            was, self._operator = self._operator, True
+            was, self.paused = self.paused, True
             if not was:
                 self._operator_since = self._clock()
         if not was:
@@ -278,22 +279,15 @@ class ListenerOutage:
     def resume(self) -> None:
         """End an operator's :meth:`pause` (an outage, if one is under way, still holds the listener)."""
         with self._lock:
-            was, self._operator = self._operator, False
+            was, self.paused = self.paused, False
         if was:
             log.warning("listener %s resumed by the operator", self.listener)
-
-    @property
-    def paused(self) -> bool:
-        """True while an operator holds the listener."""
-        return self._operator
 
     def held_for(self) -> float | None:
         """Seconds the listener has been held (by an outage or an operator's pause), or None if it is not."""
         now = self._clock()
         with self._lock:
-            since = [
-                start for held, start in ((self.active, self._since), (self._operator, self._operator_since)) if held
-            ]
+            since = [start for held, start in ((self.active, self._since), (self.paused, self._operator_since)) if held]
         return now - min(since) if since else None
 
     def reset(self) -> None:

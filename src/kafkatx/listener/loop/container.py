@@ -1,4 +1,4 @@
-"""The listener container: one consumer thread, its rebalance callbacks, and the poll loop.
+"""The listener container: one consumer thread, its rebalance callbacks, and the poll loop of its stages.
 
 Threading: each listener runs ``concurrency`` containers, each on its own
 thread with its own Consumer and transactional Producer(s); nothing is shared
@@ -16,12 +16,13 @@ open while the consumer polls, so a rebalance never finds one half done.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -36,22 +37,17 @@ from kafkatx.errors import (
     KafkaTxError,
     StuckCallError,
 )
-from kafkatx.events import (
-    ContainerStarted,
-    ContainerStopped,
-    Event,
-    PartitionsAssigned,
-    PartitionsRevoked,
-)
+from kafkatx.events import ContainerStarted, ContainerStopped, Event, PartitionsAssigned, PartitionsRevoked
 from kafkatx.listener.failure.crash_guard import CrashGuard
 from kafkatx.listener.failure.outage import ListenerOutage, OutageHold
 from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.listener.host import Runner
+from kafkatx.listener.loop.batch_fill import BatchFill
 from kafkatx.listener.loop.brokers import BrokerWatch
 from kafkatx.listener.loop.health import StallCheck, UnassignedWatch
 from kafkatx.listener.loop.idle import IdleDuties
 from kafkatx.listener.loop.overlap import overlap_of
-from kafkatx.listener.loop.partition_turns import slices_runner
+from kafkatx.listener.loop.partition_turns import partition_stage
 from kafkatx.listener.loop.retry_feed import RetryFeed
 from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
 from kafkatx.listener.runners.record_runner import RecordRunner
@@ -100,6 +96,7 @@ class ListenerContainer:
         #: Shared by the listener's containers (the App builds one per listener): an outage pauses them all.
         self.outage = outage or ListenerOutage.for_listener(spec, runtime.events.publish)
         self._hold = OutageHold(self, self.reactions.consumer_error)
+        self._held = False  # the outage hold polled last turn (so it is asked once more when the hold ends)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
         if self.database is not None and spec.kind == "record":  # outputs are stored per input partition: the
@@ -117,10 +114,10 @@ class ListenerContainer:
         self._paused_until: dict[TP, float] = {}
         #: Records of a paused partition kept in memory through a back-off, handled when the pause ends.
         self._deferred: dict[TP, list[ConsumedMessage]] = {}
-        self._revoked_in_poll: set[TP] = set()
         self._committed: dict[TP, int] = {}  # next offset committed per partition, as far as we know
         self._membership: bytes | None = None  # group metadata verified by the last commit; None after a rebalance
         self.polled_at = time.monotonic()
+        self._handled_at = self.polled_at  # when records were last handled or committed: the idle stage's clock
         self._idle = IdleDuties(self, spec.idle_event_interval)  # listener/loop/idle.py: the loop's idle stage
         self._stall_check = StallCheck(self)
         #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
@@ -139,14 +136,33 @@ class ListenerContainer:
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
         self.retry_hops = RetryHops.of(spec, self.group_id, self.publish)
         self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
+        self._build_loop(spec)
+
+    def _build_loop(self, spec: ListenerSpec) -> None:
+        """The loop's stages, of the features the listener uses: a feature it does not use is no stage at all."""
+        #: A batch listener's poll, filled for up to ``max_batch_ms`` (batch_fill.py); None for a record listener.
+        self._fill = None if spec.kind != "batch" else BatchFill(spec, self.stop_event, self.assigned)
+        #: ``retry="topics"``: the retry partitions' due records, polled with each poll (None without retry topics).
+        self._due_retries = (
+            None if self.retry_hops is None else functools.partial(self._feed.poll, spec.max_batch_records, self)
+        )
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
         self._runner: Callable[[TransactionUnit], None] = (
             factory(self) if factory is not None else RecordRunner(self, spec.processor)
         )
-        self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)  # listener/loop/overlap.py
-        #: ``fencing="partition"``: how a poll's partition slices run, one transaction each (partition_turns.py).
-        self._run_slices = slices_runner(self, self._runner, self._overlap)
+        #: ``overlap_commit=True``: records handled while a commit is under way (overlap.py); None otherwise.
+        self._overlap = overlap_of(self, spec, self.guard, self.reactions, self._runner)
+        #: What a turn asks before it polls, in order: the records handled during the last commit (only with
+        #: ``overlap_commit=True``), the outage or operator's pause gate, the records whose back-off ended.
+        held = () if self._overlap is None else (self._commit_held,)
+        self._stages: tuple[Callable[[], bool], ...] = (*held, self._gate, self._resume_deferred)
+        #: How a poll's batch is run: one unit, or with ``fencing="partition"`` one per partition (partition_turns.py).
+        self._run_units = (
+            partition_stage(self, self._runner, self._overlap, None if self.retry_hops is None else self._feed.input_of)
+            if spec.fencing == "partition"
+            else self._run_unit
+        )
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -198,19 +214,19 @@ class ListenerContainer:
 
     def blocked_call(self) -> CallInProgress | None:
         """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
-        for producer in [*filter(None, [self._group_producer]), *list(self._partition_producers.values())]:
-            call = producer.blocked_in
-            if call is not None:
-                return call
-        return None
+        blocked = self._blocked_producer()
+        return None if blocked is None else blocked.blocked_in
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
-        for producer in [*filter(None, [self._group_producer]), *self._partition_producers.values()]:
-            call = producer.blocked_in
-            if call is not None:
-                return f"{call.describe()} on producer {producer.transactional_id}"
-        return None
+        blocked = self._blocked_producer()
+        call = None if blocked is None else blocked.blocked_in
+        return None if blocked is None or call is None else f"{call.describe()} on producer {blocked.transactional_id}"
+
+    def _blocked_producer(self) -> TransactionalProducer | None:
+        """The producer whose bounded call this container's thread is blocked in, if any."""
+        producers = [*filter(None, [self._group_producer]), *list(self._partition_producers.values())]
+        return next((producer for producer in producers if producer.blocked_in is not None), None)
 
     def publish(self, event: Event) -> None:
         if event.worker != self.worker or event.listener != self.name:
@@ -309,27 +325,27 @@ class ListenerContainer:
             on_retry=self.reactions.on_retry,
         )
 
-    def producer_for(self, tp: TP) -> TransactionalProducer:
-        """The transactional producer that commits ``tp``'s offsets."""
-        return self._producer_for(tp)
-
     def committed_offset(self, tp: TP) -> int | None:
         """The next offset of ``tp`` this container committed last, if any."""
         return self._committed.get(tp)
 
-    def _producer_for(self, tp: TP) -> TransactionalProducer:
+    def producer_for(self, tp: TP) -> TransactionalProducer:
+        """The transactional producer that commits ``tp``'s offsets."""
         if self._group_producer is not None:
             return self._group_producer
-        tp = self._feed.input_of(tp)  # a retry partition's offsets commit with its input partition's
         producer = self._partition_producers.get(tp)
         if producer is None:
+            origin = self._feed.input_of(tp)  # a retry partition's offsets commit with its input partition's
+            if origin != tp:
+                return self.producer_for(origin)
             producer = self._new_producer(self.runtime.partition_transactional_id(self.group_id, *tp))
             self._partition_producers[tp] = producer
         return producer
 
     # -- rebalance callbacks (run inside consume()) --------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._overlap.rebalancing()  # a commit under way finishes first; what was handled meanwhile is given up
+        if self._overlap is not None:
+            self._overlap.rebalancing()  # a commit under way finishes first; what was handled meanwhile is given up
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
@@ -345,14 +361,15 @@ class ListenerContainer:
             for tp in tps:
                 # KIP-98: the partition's fixed transactional.id fences its previous owner
                 # and aborts whatever that owner left open.
-                self._producer_for(tp).ensure()
+                self.producer_for(tp).ensure()
         retry = [TopicPartition(t, p) for t, p in self._feed.assign(tps)]  # their retry partitions come with them
         self.guard.restore_from(consumer, partitions + retry)  # the failure counts a previous owner committed
         self.assignment_received.set()  # /readyz: only now can the container handle what it was given
         self.publish(PartitionsAssigned(self.name, self.worker, tuple(tps)))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
-        self._overlap.rebalancing()  # the revoke returns only once a commit under way did
+        if self._overlap is not None:
+            self._overlap.rebalancing()  # the revoke returns only once a commit under way did
         self._membership = None
         inputs = [(p.topic, p.partition) for p in partitions]
         tps = inputs + self._feed.revoke(inputs)  # their retry partitions go with them
@@ -363,7 +380,8 @@ class ListenerContainer:
         self.assigned.difference_update(inputs)
         if not self.assigned:
             self._unassigned.restart()
-        self._revoked_in_poll.update(tps)
+        if self._fill is not None:
+            self._fill.revoked(tps)
         self.tracker.clear_partitions(tps)
         for tp in tps:
             self._paused_until.pop(tp, None)
@@ -423,7 +441,8 @@ class ListenerContainer:
         deferred = self._deferred.get(tp)
         if deferred is not None and offset <= deferred[-1].offset():
             del self._deferred[tp]  # they are fetched again from there: handled from memory too, they would run twice
-        self._overlap.touched(tp)
+        if self._overlap is not None:
+            self._overlap.touched(tp)
         consumer = self._positions_of(tp)
         if consumer is None:
             return
@@ -438,7 +457,8 @@ class ListenerContainer:
         consumer = self._positions_of(tp)
         if seconds <= 0 or consumer is None or not self.owns(tp):
             return
-        self._overlap.touched(tp)
+        if self._overlap is not None:
+            self._overlap.touched(tp)
         try:
             consumer.pause([TopicPartition(*tp)])
         except Exception:
@@ -457,11 +477,8 @@ class ListenerContainer:
     def defer(self, messages: list[ConsumedMessage], seconds: float) -> None:
         """Hold the partition of ``messages`` for ``seconds``, keeping them in memory to handle when it ends.
 
-        The partition is paused and its fetch position moved past them, so
-        the back-off ends on time, with no seek back and fetch again (which
-        adds up to a fetch's long-poll wait). If the partition is revoked
-        meanwhile, they are dropped: its next owner starts from the committed
-        offset.
+        Paused, its position moved past them: the back-off ends on time, with no fetch again (a long-poll wait).
+        Revoked meanwhile, they are dropped: its next owner starts from the committed offset.
         """
         if not messages:
             return
@@ -476,29 +493,42 @@ class ListenerContainer:
 
     # -- the loop -------------------------------------------------------------
     def _poll_and_process(self) -> None:
-        """One turn of the loop: the first stage with work does it (records handled during the last commit, the
-        outage or pause gate, records whose back-off ended, a poll)."""
+        """One turn of the loop: the first of the listener's stages with work does it (``_stages``: those of the
+        features it uses; a feature it does not use is no stage), else a poll."""
         self.handling_since = None  # the previous batch, if any, is done
-        if (
-            self._overlap.commit_held()
-        ):  # records handled while the last transaction committed (listener/loop/overlap.py)
-            self._idle.activity()
-        elif not self._hold.poll(self._handle_batch):  # an outage or an operator's pause holds the listener
-            deferred = self._resume_due()
-            if deferred:  # a back-off ended: its records were kept in memory (see defer())
-                self._handle_batch(deferred)
-            else:
-                self._poll()
+        for stage in self._stages:
+            if stage():
+                return
+        self._poll()
+
+    def _commit_held(self) -> bool:
+        """Commit the records handled while the last transaction committed (listener/loop/overlap.py), if any."""
+        assert self._overlap is not None
+        if not self._overlap.commit_held():
+            return False
+        self._handled_at = time.monotonic()
+        return True
+
+    def _gate(self) -> bool:
+        """While an outage or an operator's pause holds the listener, its outage hold polls instead of the loop
+        (listener/failure/outage.py); asked once more as the hold ends, to resume what it paused."""
+        outage = self.outage
+        if not (outage.active or outage.paused or self._held):
+            return False
+        self._held = self._hold.poll(self._handle_batch)
+        return self._held
 
     def _poll(self) -> None:
         """Poll a batch and hand it on; when nothing came, the idle stage (listener/loop/idle.py)."""
         msgs = self._consume(self._poll_timeout())
-        msgs += self._feed.poll(self.spec.max_batch_records, self.seek, self.pause)  # retry partitions' due records
+        if self._due_retries is not None:
+            msgs += self._due_retries()
         if not msgs:
-            self._idle.run()
+            self._idle.run(self._handled_at)
             self.brokers.probe(self.consumer)
             return
-        self.brokers.answered()
+        if self.brokers.down_since is not None:  # records came: the cluster answers again
+            self.brokers.answered()
         batch = self._usable(msgs)
         if batch:
             self._handle_batch(batch)
@@ -515,73 +545,52 @@ class ListenerContainer:
         that run once per poll (a stalled partition, no partitions at all)."""
         consumer, spec = self.consumer, self.spec
         assert consumer is not None
-        self._revoked_in_poll.clear()
         msgs = consumer.consume(spec.max_batch_records, timeout)
         self.polled_at = time.monotonic()
-        if msgs and spec.kind == "batch" and len(msgs) < spec.max_batch_records:
+        if msgs and self._fill is not None and len(msgs) < spec.max_batch_records:
             msgs = self._fill(consumer, msgs)
-        self._stall_check.maybe_run(self.polled_at)
+        if self.polled_at >= self._stall_check.due:  # every STALL_CHECK_S (listener/loop/health.py)
+            self._stall_check.run(self.polled_at)
         if not self.assigned:
             self._unassigned.maybe_warn(self.polled_at)
         return msgs
 
     def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
         """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
-        they were fetched (sought back, so that they come after the pause)."""
-        return records_to_handle(self, msgs, self.reactions.consumer_error, self._paused_until)
+        they were fetched (sought back, so that they come after the pause): all of them, usually."""
+        if self._paused_until or any(m.error() is not None for m in msgs):
+            return records_to_handle(self, msgs, self.reactions.consumer_error, self._paused_until)
+        return cast("list[ConsumedMessage]", msgs)  # no error: each has a topic, partition and offset
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
-        """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
-        spec = self.spec
-        self.handling_since = time.monotonic()
-        self._idle.activity()
+        """Hand ``batch`` on as transaction units (partitions searched for a crash, and first claims, first)."""
+        self.handling_since = self._handled_at = time.monotonic()
         batch = self.guard.run_careful(batch, self._runner)  # partitions searched for a crash, a part at a time
         if not batch:
             return
         if self.guard.unclaimed and not self.guard.claim_first(batch):
             return  # the claim did not commit (the group changed?): poll again before handing anything over
-        if spec.fencing == "partition":
-            units: dict[TP, list[ConsumedMessage]] = {}
-            for record in batch:  # a retry partition's records go with its input partition's (one producer)
-                units.setdefault(self._feed.input_of((record.topic(), record.partition())), []).append(record)
-            self._run_slices(list(units.values()))  # one transaction each, their commits overlapping
-        else:
-            assert self._group_producer is not None
-            self._runner(TransactionUnit(self, self._group_producer, batch, ahead=self._overlap.ahead))
+        self._run_units(batch)
 
-    def _fill(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
-        """Batch (Spark) listeners pay per batch, not per record: fill it for up to max_batch_ms.
+    def _run_unit(self, batch: list[ConsumedMessage]) -> None:
+        """``fencing="group"``: the whole batch is one unit, on the group's producer."""
+        assert self._group_producer is not None
+        self._runner(TransactionUnit(self, self._group_producer, batch, ahead=self._overlap))
 
-        A partition revoked during the extra polls is fetched again from its
-        committed offset if it comes back, so what was fetched of it before
-        is dropped: a batch never holds the same offset twice.
-        """
-        spec = self.spec
-        deadline = time.monotonic() + spec.max_batch_ms / 1000.0
-        while len(msgs) < spec.max_batch_records and not self.stop_event.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._revoked_in_poll.clear()
-            more = consumer.consume(spec.max_batch_records - len(msgs), min(left, 0.5))
-            if self._revoked_in_poll:
-                revoked = self._revoked_in_poll
-                msgs = [m for m in msgs if (m.topic(), m.partition()) not in revoked]
-            if not more:
-                break
-            msgs.extend(more)
-        return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in self.assigned]
-
-    def _resume_due(self) -> list[ConsumedMessage]:
-        """Resume the partitions whose pause has ended; return the records deferred to that moment."""
+    def _resume_deferred(self) -> bool:
+        """Resume the partitions whose pause has ended, and handle the records deferred to that moment (see
+        defer()), if any. True if it did."""
         now = time.monotonic()
         due = [tp for tp, until in self._paused_until.items() if until <= now]
         if not due or self.consumer is None:
-            return []
+            return False
         for tp in due:
             del self._paused_until[tp]
         self._feed.resume(due, self.consumer)  # each partition on the consumer that fetches it
-        return [m for tp in due for m in self._deferred.pop(tp, ())]
+        deferred = [m for tp in due for m in self._deferred.pop(tp, ())]
+        if deferred:
+            self._handle_batch(deferred)
+        return bool(deferred)
 
 
 def _fmt_tps(tps: list[TP]) -> str:

@@ -42,19 +42,20 @@ class StallCheck:
     A partition that is owned but never fetched looks healthy from outside:
     the group is stable and the process is alive. Every 30 s the container
     compares each partition's position with the last one and with the
-    high watermark librdkafka last saw (no network round trip).
+    high watermark librdkafka last saw (no network round trip). The container
+    runs it once a poll returns at :attr:`due` or later.
     """
 
     def __init__(self, container: StallHost) -> None:
         self._c = container
-        self._next = time.monotonic() + STALL_CHECK_S
+        #: When the next check is due (``time.monotonic()``).
+        self.due = time.monotonic() + STALL_CHECK_S
         self._positions: dict[TP, int] = {}
         self.stalled: set[TP] = set()
 
-    def maybe_run(self, now: float) -> None:
-        if now < self._next:
-            return
-        self._next = now + STALL_CHECK_S
+    def run(self, now: float) -> None:
+        """Compare the positions with the last check's; the next check is due :data:`STALL_CHECK_S` from ``now``."""
+        self.due = now + STALL_CHECK_S
         c = self._c
         consumer = c.consumer
         if consumer is None:

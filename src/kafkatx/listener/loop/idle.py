@@ -32,30 +32,28 @@ IDLE_FIXUP_S = 0.5  # idle time before committing positions past transaction mar
 
 
 class IdleDuties:
-    """The idle stage of one container: told of activity, run when a poll brought nothing."""
+    """The idle stage of one container: run when a poll brought nothing, with when records were last handled."""
 
     def __init__(self, host: TransactionHost, interval: float | None) -> None:
         self._host, self._interval = host, interval
-        self._last_activity = self._last_idle_event = time.monotonic()
-        self._positions_checked = True
+        self._last_idle_event = time.monotonic()
+        #: The activity (``time.monotonic()``) up to which positions were checked: later activity may move them.
+        self._checked_for = self._last_idle_event
 
-    def activity(self) -> None:
-        """Records were handled (or committed): the idle time starts again, and positions may move once more."""
-        self._last_activity, self._positions_checked = time.monotonic(), False
-
-    def run(self) -> None:
-        """A poll brought nothing: commit positions past markers once, publish ContainerIdle when it is due."""
+    def run(self, last_activity: float) -> None:
+        """A poll brought nothing, and records were last handled (or committed) at ``last_activity``: commit
+        positions past markers once per idle spell, publish ContainerIdle when it is due."""
         now = time.monotonic()
-        if not self._positions_checked and now - self._last_activity > IDLE_FIXUP_S:
+        if last_activity > self._checked_for and now - last_activity > IDLE_FIXUP_S:
+            self._checked_for = last_activity
             self._commit_positions_past_markers()
         interval = self._interval
-        if interval is not None and now - max(self._last_idle_event, self._last_activity) >= interval:
+        if interval is not None and now - max(self._last_idle_event, last_activity) >= interval:
             self._last_idle_event = now
             host = self._host
-            host.publish(ContainerIdle(host.name, host.worker, now - self._last_activity))
+            host.publish(ContainerIdle(host.name, host.worker, now - last_activity))
 
     def _commit_positions_past_markers(self) -> None:
-        self._positions_checked = True
         host = self._host
         consumer, paused = host.consumer, host.paused_until
         if consumer is None:

@@ -110,7 +110,7 @@ class HeldBatch:
 class CommitOverlap:
     """One container's overlapped commit (see the module docstring). Runs on the container thread only.
 
-    :attr:`ahead` is what the container gives its units: None where the listener does not overlap commits.
+    A container has one only where its listener overlaps commits (:func:`overlap_of`); it gives it to its units.
     """
 
     def __init__(
@@ -118,12 +118,11 @@ class CommitOverlap:
         host: ContainerHost,
         guard: CrashGuard,
         consumer_error: Callable[[Message], None],
-        runner: RecordRunner | None,
+        runner: RecordRunner,
     ) -> None:
         self._host, self._guard, self._consumer_error = host, guard, consumer_error
         self._runner = runner
-        self._handle_ahead: HandleAhead = runner.handle_ahead if runner is not None else _not_ahead
-        self.ahead = self if runner is not None else None
+        self._handle_ahead: HandleAhead = runner.handle_ahead
         #: What was handled ahead, one entry per transaction to commit (empty: nothing is held).
         self.held: list[HeldBatch] = []
         self._per_partition = host.spec.fencing == "partition"
@@ -272,12 +271,12 @@ class CommitOverlap:
                 tp = (msgs[0].topic(), msgs[0].partition())
                 if tp not in host.assigned:
                     continue
-                self._next = slices[i + 1] if self.ahead is not None and i + 1 < len(slices) else None
+                self._next = slices[i + 1] if i + 1 < len(slices) else None
                 if tp in self._taken:
                     if self.held and _tp(self.held[0]) == tp:
                         self.commit_held()
                     continue  # given up: fetched again from its first record
-                runner(TransactionUnit(host, host.producer_for(tp), msgs, ahead=self.ahead))
+                runner(TransactionUnit(host, host.producer_for(tp), msgs, ahead=self))
         finally:
             self._next = None
             self._taken.clear()
@@ -295,7 +294,7 @@ class CommitOverlap:
             self._rewind([msg for part in parts for msg in part.messages])
             return True
         for i, part in enumerate(parts, 1):
-            if part.raised is not None and self._runner is not None:
+            if part.raised is not None:
                 unit = TransactionUnit(self._host, self._host.producer_for(_tp(part)), part.messages)
                 # As its transaction's abort would have said (nothing of it was produced), then as the runner goes on.
                 reason = f"batch failed: {type(part.raised).__name__}"
@@ -326,18 +325,17 @@ class CommitOverlap:
 
 def overlap_of(
     host: ContainerHost, spec: ListenerSpec, guard: CrashGuard, reactions: KafkaErrorReactions, runner: object
-) -> CommitOverlap:
-    """The container's overlapped commit: on for a record listener that asks for it (``overlap_commit=True``)
-    and handles one record at a time, with no ``database=``; otherwise off."""
-    on = (
+) -> CommitOverlap | None:
+    """The container's overlapped commit, for a record listener that asks for it (``overlap_commit=True``) and
+    handles one record at a time, with no ``database=``; None otherwise (the loop then has no such stage)."""
+    if (
         spec.overlap_commit
         and host.database is None
         and isinstance(runner, RecordRunner)
         and runner.handles_one_at_a_time
-    )
-    return CommitOverlap(
-        host, guard, reactions.consumer_error, runner if on and isinstance(runner, RecordRunner) else None
-    )
+    ):
+        return CommitOverlap(host, guard, reactions.consumer_error, runner)
+    return None
 
 
 def _tp(held: HeldBatch) -> TP:
@@ -354,10 +352,6 @@ def _cut_short(unit: TransactionUnit) -> bool:
         return True
     last = msgs[-1]
     return unit.sent_offsets.get((last.topic(), last.partition())) != last.offset() + 1
-
-
-def _not_ahead(unit: RecordUnit, msgs: Sequence[ConsumedMessage]) -> int:
-    raise AssertionError("the overlapped commit is off")
 
 
 class HeldCommit(UnitTransaction, UnitProducer, Protocol):

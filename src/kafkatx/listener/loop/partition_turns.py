@@ -22,7 +22,8 @@ commit under way returned, and no further slice is started.
 
 Not used with ``database=`` (one database transaction at a time) or the
 overlapped commit (``overlap_commit=True``, which holds the next records'
-outputs instead), nor by the Spark runner.
+outputs instead), nor by a batch or Spark runner: their slices run one after
+another (:func:`partition_stage` picks).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kafkatx.client.offsets import TP
 from kafkatx.listener.loop.overlap import CommitOverlap
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.unit import TransactionUnit
@@ -40,7 +42,7 @@ from kafkatx.record import ConsumedMessage
 if TYPE_CHECKING:
     from kafkatx.listener.host import TransactionHost
 
-__all__ = ["MAX_COMMITS_UNDER_WAY", "PartitionTurns", "slices_runner"]
+__all__ = ["MAX_COMMITS_UNDER_WAY", "PartitionTurns", "one_after_another", "partition_stage"]
 
 #: How many partitions' commits may be under way at once (each further one is handled during the one before
 #: it commits: a nesting depth, so kept small).
@@ -93,11 +95,44 @@ class PartitionTurns:
             self._under_way -= 1
 
 
-def slices_runner(
-    host: TransactionHost, runner: object, overlap: CommitOverlap
-) -> Callable[[list[list[ConsumedMessage]]], None]:
-    """How a container runs a poll's partition slices: in turns whose commits overlap (a record runner without
-    ``database=`` or the overlapped commit), else one after the other through the overlapped commit's loop."""
-    if host.database is None and overlap.ahead is None and isinstance(runner, RecordRunner):
-        return PartitionTurns(host, runner).run
-    return functools.partial(overlap.run_partitions, runner=runner)  # type: ignore[arg-type]
+def partition_stage(
+    host: TransactionHost,
+    runner: Callable[[TransactionUnit], None],
+    overlap: CommitOverlap | None,
+    input_of: Callable[[TP], TP] | None,
+) -> Callable[[list[ConsumedMessage]], None]:
+    """How a container runs a poll's batch with ``fencing="partition"``: one slice per partition (``input_of``, with
+    retry topics: a retry partition's records go with its input partition's, one producer), each its own
+    transaction: in turns whose commits overlap (a record runner without ``database=``), through the overlapped
+    commit's loop (``overlap_commit=True``), else one after the other."""
+    run: Callable[[list[list[ConsumedMessage]]], None]
+    if overlap is not None:
+        run = functools.partial(overlap.run_partitions, runner=runner)
+    elif host.database is None and isinstance(runner, RecordRunner):
+        run = PartitionTurns(host, runner).run
+    else:
+        run = functools.partial(one_after_another, host, runner)
+    return functools.partial(_by_partition, run, input_of)
+
+
+def _by_partition(
+    run: Callable[[list[list[ConsumedMessage]]], None],
+    input_of: Callable[[TP], TP] | None,
+    batch: list[ConsumedMessage],
+) -> None:
+    """``run`` over ``batch``'s slices, one per partition, in the order their first records came."""
+    slices: dict[TP, list[ConsumedMessage]] = {}
+    for record in batch:
+        tp = (record.topic(), record.partition())
+        slices.setdefault(tp if input_of is None else input_of(tp), []).append(record)
+    run(list(slices.values()))
+
+
+def one_after_another(
+    host: TransactionHost, runner: Callable[[TransactionUnit], None], slices: list[list[ConsumedMessage]]
+) -> None:
+    """Each slice's transaction, in order (``database=``: one database transaction at a time; a batch runner)."""
+    for msgs in slices:
+        tp = (msgs[0].topic(), msgs[0].partition())
+        if host.owns(tp):  # not revoked meanwhile (a retry partition goes with its input partition)
+            runner(TransactionUnit(host, host.producer_for(tp), msgs))

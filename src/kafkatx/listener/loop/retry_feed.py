@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaTxError
+from kafkatx.listener.host import ContainerPositions
 from kafkatx.listener.loop.drained import DrainedPartitions
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
@@ -225,11 +226,9 @@ class RetryFeed:
         return mirrored
 
     # -- the stage ------------------------------------------------------------------
-    def poll(
-        self, max_records: int, seek: Callable[[TP, int], None], pause: Callable[[TP, float], None]
-    ) -> list[Message]:
+    def poll(self, max_records: int, positions: ContainerPositions) -> list[Message]:
         """What the retry partitions have that is due (errors too, for the container to report); a partition whose
-        head is not due is sought back to it (``seek``, the container's) and paused until it is due (``pause``)."""
+        head is not due is sought back to it and paused until it is due (``positions``: the container's)."""
         consumer, hops = self.consumer, self.hops
         if consumer is None or hops is None or not self.assigned:
             return []
@@ -247,8 +246,8 @@ class RetryFeed:
         if not gate:
             return msgs
         for tp, (offset, due_ms) in gate.items():
-            seek(tp, offset)
-            pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
+            positions.seek(tp, offset)
+            positions.pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
         due = {id(m) for m in records if _before_gate(m, gate)}
         return [m for m in msgs if m.error() is not None or id(m) in due]
 

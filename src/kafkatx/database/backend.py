@@ -5,6 +5,9 @@ a few statements of its own and commit/rollback. Users keep the toolkit they
 already have: ``database=engine`` (SQLAlchemy 2), ``database="sqlite:///app.db"``
 (a URL, through SQLAlchemy) or ``database=lambda: sqlite3.connect("app.db")``
 (any DB-API 2 driver: sqlite3, psycopg, ...).
+
+A listener's declaration and ``app.transaction()`` take their ``database=``
+through it too, so it is not private to this package.
 """
 
 from __future__ import annotations
