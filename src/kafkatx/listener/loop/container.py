@@ -53,6 +53,7 @@ from kafkatx.listener.loop.idle import IdleDuties
 from kafkatx.listener.loop.overlap import overlap_of
 from kafkatx.listener.loop.partition_turns import slices_runner
 from kafkatx.listener.loop.retry_feed import RetryFeed
+from kafkatx.listener.loop.retry_stalls import RetryStalls
 from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.positions import records_to_handle
@@ -139,6 +140,7 @@ class ListenerContainer:
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
         self.retry_hops = RetryHops.of(spec, self.group_id, self.publish)
         self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
+        self._retry_stalls = RetryStalls(self.retry_hops, self.name, worker, self.publish)  # due, not consumed
         factory = spec.runner
         # Any runner takes the TransactionUnits this container hands it (a Runner takes any Unit).
         self._runner: Callable[[TransactionUnit], None] = (
@@ -195,6 +197,12 @@ class ListenerContainer:
     def stalled_partitions(self) -> frozenset[TP]:
         """Owned partitions with records behind their position that fetched nothing for a while (StallCheck)."""
         return frozenset(self._stall_check.stalled)
+
+    @property
+    def stalled_retry_partitions(self) -> frozenset[TP]:
+        """``retry="topics"``: retry partitions whose first due record was not consumed for a check interval
+        (retry_stalls.py)."""
+        return frozenset(self._retry_stalls.stalled)
 
     def blocked_call(self) -> CallInProgress | None:
         """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
@@ -521,6 +529,7 @@ class ListenerContainer:
         if msgs and spec.kind == "batch" and len(msgs) < spec.max_batch_records:
             msgs = self._fill(consumer, msgs)
         self._stall_check.maybe_run(self.polled_at)
+        self._retry_stalls.maybe_run(self.polled_at)
         if not self.assigned:
             self._unassigned.maybe_warn(self.polled_at)
         return msgs
