@@ -537,7 +537,8 @@ class ListenerContainer:
     def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
         """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
         they were fetched (sought back, so that they come after the pause)."""
-        return records_to_handle(self, msgs, self.reactions.consumer_error, self._paused_until)
+        paused = self._feed.held(self._paused_until)  # the retry records a poll handed on before its due-time gate
+        return records_to_handle(self, msgs, self.reactions.consumer_error, paused)
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:
         """Split ``batch`` into transaction units (partitions searched for a crash first) and run them."""
