@@ -248,8 +248,10 @@ class RetryFeed:
             self._drained.written(consumer, hops.written, self.assigned)
             hops.written.clear()
         msgs = consumer.consume(max_records, 0)
+        # Those read to their end are paused before the container handles what this poll brought: left fetching
+        # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once.
+        self._drained.pause_read_to_end(consumer, self.assigned)
         if not msgs:
-            self._drained.pause_read_to_end(consumer, self.assigned)
             return msgs
         now_ms = int(time.time() * 1000)
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
