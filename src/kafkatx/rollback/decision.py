@@ -77,7 +77,8 @@ def _log_verdict(listener: str, record: Record, exc: BaseException, verdict: Ver
     elif verdict.action is Action.RETRY:
         level = logging.INFO
         if log.isEnabledFor(logging.INFO):
-            allowed, held, span = RETRY_LINES.take(listener, time.monotonic())
+            # by the listener's policy too: one per listener declared, two Apps' "orders" are two
+            allowed, held, span = RETRY_LINES.take((listener, id(policy)), time.monotonic())
             if held:
                 log.info(
                     "listener %s: %d more failed call(s) to be retried in the last %.0fs were logged at DEBUG only "

@@ -8,10 +8,14 @@ and their metrics count every failure; the log shows the first ones of each
 window as they are, and the rest at DEBUG, with one line saying how many
 there were when the next window starts.
 
-Pure: the clock is passed in; one budget per kind of message and listener.
+Pure: the clock is passed in; one budget per kind of message, one window per
+listener (keyed by whatever names it: two Apps' listeners of the same name are
+two listeners).
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 __all__ = ["LogBudget"]
 
@@ -25,9 +29,9 @@ class LogBudget:
         self.lines = lines
         self.window = window
         #: listener -> (when its window started, lines written in it, lines held back in it)
-        self._windows: dict[str, list[float]] = {}
+        self._windows: dict[Hashable, list[float]] = {}
 
-    def take(self, listener: str, now: float) -> tuple[bool, int, float]:
+    def take(self, listener: Hashable, now: float) -> tuple[bool, int, float]:
         """May a line about ``listener`` be written at ``now`` (monotonic seconds)? Also how many were held back in
         the window that ended before it (0 when none ended, or none were) and how long that window was: the
         caller says so, once."""
