@@ -83,6 +83,7 @@ class RetryHops:
         "_clock",
         "_publish",
         "_listener",
+        "_worker",
         "_last",
     )
 
@@ -97,6 +98,7 @@ class RetryHops:
         publish: Callable[[Event], None] | None = None,
         listener: str = "",
         trace: HopTrace | None = None,
+        worker: int = 0,
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -104,7 +106,8 @@ class RetryHops:
         #: retry topic -> its input topic
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
-        self._publish, self._listener = publish, listener
+        #: The events' names: the container's (``orders#1`` and worker 1 with concurrency > 1), as its own events.
+        self._publish, self._listener, self._worker = publish, listener, worker
         #: The records in retry, as committed (both orderings).
         self.book = RetryKeys(self._origin, self._in_retry if publish is not None else None, key_order=key_order)
         #: ``ordering="key"``: the book, as the gate of key order; None lets records pass each other ("none").
@@ -118,11 +121,18 @@ class RetryHops:
 
     @classmethod
     def of(
-        cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
+        cls,
+        spec: _Declaration,
+        group_id: str | None,
+        publish: Callable[[Event], None] | None = None,
+        *,
+        container: str | None = None,
+        worker: int = 0,
     ) -> RetryHops | None:
         """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
         where :class:`~kafkatx.events.RecordFollowed`, :class:`~kafkatx.events.RecordsInRetry` and
-        :class:`~kafkatx.events.RetryHandled` go."""
+        :class:`~kafkatx.events.RetryHandled` go, named after ``container`` and ``worker`` (the listener's name and
+        0 by default)."""
         if spec.retry != "topics":
             return None
         key_order = spec.ordering == "key"
@@ -132,14 +142,15 @@ class RetryHops:
             group_id,
             key_order=key_order,
             publish=publish,
-            listener=spec.name,
+            listener=spec.name if container is None else container,
             trace=spec.hop_trace,
+            worker=worker,
         )
 
     def _in_retry(self, records: int, oldest_due_ms: int | None) -> None:
         if self._publish is not None:
             due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
-            self._publish(RecordsInRetry(self._listener, 0, records, due))
+            self._publish(RecordsInRetry(self._listener, self._worker, records, due))
 
     def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage]) -> None:
         """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
@@ -147,7 +158,7 @@ class RetryHops:
         handled = self.book.committed(txn, offsets, consumed, self.hop_of)
         if handled and self._publish is not None:
             for view in handled:
-                self._publish(RetryHandled(self._listener, 0, view))
+                self._publish(RetryHandled(self._listener, self._worker, view))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
         """``handler`` called with each record's :meth:`view`; with key order, unless the record follows.
@@ -286,7 +297,7 @@ class RetryHops:
         self.written.add((place.topic, view.partition))
         self.book.wrote(view, place)
         if self._publish is not None:
-            self._publish(RecordFollowed(self._listener, 0, view, place.topic))
+            self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
 
     def hop_of(self, msg: ConsumedMessage) -> tuple[TP, bytes | None, int] | None:
         """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""

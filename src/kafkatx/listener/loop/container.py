@@ -138,7 +138,7 @@ class ListenerContainer:
         self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
-        self.retry_hops = RetryHops.of(spec, self.group_id, self.publish)
+        self.retry_hops = RetryHops.of(spec, self.group_id, self.publish, container=self.name, worker=worker)
         self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
         self._retry_stalls = RetryStalls(self.retry_hops, self.name, worker, self.publish)  # due, not consumed
         factory = spec.runner
