@@ -105,9 +105,22 @@ def kafkatx_round(
     if scenario == "record":
         options["max_batch_records"] = 1
     elif scenario != "batch":
-        options.update(max_attempts=3, dlq=dlt, retry="in_place" if scenario == "inplace" else "rollback")
+        retry = {"inplace": "in_place", "topics": "topics"}.get(scenario, "rollback")
+        options.update(max_attempts=3, dlq=dlt, retry=retry)
+    total = n + 2 * (n // 100) if scenario == "topics" else n  # each poison record read back twice
 
-    if scenario in ("rollback", "inplace"):
+    if scenario == "topics":  # run 4t's handler: poison fails at attempts 1 and 2, succeeds at 3
+
+        @app.listener(src, output=out, **options)
+        def transient(record: Any) -> bytes:
+            if state["cpu0"] is None:
+                state["cpu0"], state["t0"] = time.thread_time(), time.perf_counter()
+            value = record.value
+            if value[10:16] == b"poison" and record.attempt < 3:
+                raise PoisonError(value[:9].decode())
+            return value.upper()  # type: ignore[no-any-return]
+
+    elif scenario in ("rollback", "inplace"):
 
         @app.listener(src, output=out, **options)
         def upper(record: Any) -> bytes:
@@ -132,7 +145,7 @@ def kafkatx_round(
     @app.on(TransactionCommitted)
     def committed(ev: Any) -> None:
         state["done"] += ev.records
-        if state["done"] >= n:
+        if state["done"] >= total:
             state["cpu1"], state["t1"] = time.thread_time(), time.perf_counter()
             finished.set()
 
@@ -167,14 +180,17 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument(
+        "--thread-time", action="store_true", help="profile the container thread's CPU time (not wall time)"
+    )
+    ap.add_argument(
         "--shape", default="bytes", help="what the handler returns (bench/workload.py SHAPES; batch scenario)"
     )
     ap.add_argument(
         "--scenario",
-        choices=["batch", "record", "rollback", "inplace"],
+        choices=["batch", "record", "rollback", "inplace", "topics"],
         default="batch",
         help="what to profile: clean batches, one transaction per record, 1%% poison on the rollback "
-        "path, or 1%% poison with retry='in_place'",
+        "path, 1%% poison with retry='in_place', or run 4t's 1%% transient failures with retry='topics'",
     )
     ap.add_argument(
         "--tracing",
@@ -193,7 +209,8 @@ def main() -> None:
     with LocalBroker() as broker:
         bs = broker.bootstrap_servers
         src = create_topic(bs, "prof-in", args.partitions)
-        preload(bs, src, n, args.partitions, 100, 100 if args.scenario in ("rollback", "inplace") else 0)
+        poisoned = args.scenario in ("rollback", "inplace", "topics")
+        preload(bs, src, n, args.partitions, 100, 100 if poisoned else 0)
         results: dict[str, list[tuple[float, float]]] = {"raw": [], "kafkatx": []}
         for i in range(args.rounds if args.scenario == "batch" else 0):
             for name in ("raw", "kafkatx"):
@@ -219,9 +236,9 @@ def main() -> None:
             print(f"  kafkatx overhead: {med['kafkatx'] - med['raw']:.2f} us/record of processing-thread CPU")
         if args.no_profile:
             return
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time) if args.thread_time else cProfile.Profile()
         out = create_topic(bs, "prof-out-cprofile", args.partitions)
-        dlt = create_topic(bs, "prof-dlt", args.partitions) if args.scenario in ("rollback", "inplace") else None
+        dlt = create_topic(bs, "prof-dlt", args.partitions) if poisoned else None
         wait_for_quiet_broker(broker)
         cpu, wall = kafkatx_round(bs, src, out, n, prof, args.scenario, dlt, args.shape, args.tracing)
         stats = pstats.Stats(prof)

@@ -4,20 +4,26 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
+from confluent_kafka import Producer
 from helpers import make_app
 from test_health import get
 
 from kafkatx import App, Record
-from kafkatx.events import Event, RecordsInRetry, RetryHandled
+from kafkatx.client.log import client_log
+from kafkatx.events import Event, RecordsInRetry, RetryHandled, RetryPartitionFlowing, RetryPartitionStalled
+from kafkatx.listener.loop import retry_stalls
 from kafkatx.metrics import instrument
 from kafkatx.retry_topics.headers import due_ms_of
-from kafkatx.testing import KafkaTestKit, running, wait_for
+from kafkatx.testing import KafkaTestKit, create_topic, running, unique_name, wait_for
 
 TOPICS: dict[str, Any] = {"retry": "topics", "ordering": "none"}
+QUIET = {"logger": client_log()}  # the raw producer's librdkafka lines through logging
 
 
 class Transient(Exception):
@@ -118,3 +124,64 @@ def test_a_listener_with_records_waiting_in_retry_stays_ready(kafka: KafkaTestKi
         assert told[-1].records == 2, "still waiting: due in a minute"
     assert answers and {a[0] for a in answers} == {200}, [a for a in answers if a[0] != 200][:1]
     assert status == 200 and body["listeners"][0].get("reasons", []) == [], body
+
+
+def test_a_retry_partition_whose_due_record_is_not_consumed_is_reported_and_released(
+    kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction left open on the retry topic holds read_committed readers below it: the hop written after it
+    is committed and due, but the retry consumer cannot read it. The container says so (a warning, the event, the
+    gauge, /readyz's body, ready all the same); once the transaction is aborted the record is handled and the
+    partition reported flowing again."""
+    monkeypatch.setattr(retry_stalls, "RETRY_STALL_CHECK_S", 0.5)  # look twice a second; due for 0.5 s is overdue
+    src, out = kafka.topic(), kafka.topic()
+    retry = src + "-retry"
+    create_topic(kafka.bootstrap_servers, retry, 1)
+    app = make_app(kafka, name="retry-stall", health_port=0)
+    metrics = instrument(app)
+    events: list[Event] = []
+    app.on(RetryPartitionStalled)(events.append)
+    app.on(RetryPartitionFlowing)(events.append)
+
+    @app.listener(src, name="orders", output=out, retry="topics", max_attempts=3, backoff=0.1, dlq=True)
+    def handle(record: Record) -> bytes:
+        if record.value == b"slow" and record.attempt == 1:
+            raise Transient("once")
+        return b"out-" + (record.value or b"")
+
+    stalled = {"app": app.name, "listener": "orders"}
+    hanging = Producer({**QUIET, "bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("open")})
+    with caplog.at_level(logging.INFO, logger="kafkatx.container"), running(app):
+        kafka.produce(src, [b"first"])
+        wait_for(lambda: kafka.values(out) == [b"out-first"], 30, message="the listener runs (its keys rebuilt)")
+        hanging.init_transactions(10)
+        hanging.begin_transaction()
+        hanging.produce(retry, b"never committed", partition=0)
+        assert hanging.flush(10) == 0  # retry[0] offset 0: read_committed readers stop there
+        kafka.produce(src, [b"slow", b"fine"])
+        wait_for(lambda: kafka.values(out) == [b"out-first", b"out-fine"], 30, message="the partition went on")
+        wait_for(lambda: events, 30, message="the retry partition reported stalled")
+        [stall] = events
+        assert isinstance(stall, RetryPartitionStalled)
+        assert (stall.topic, stall.partition, stall.records) == (retry, 0, 1) and stall.due_for > 0.5
+        assert metrics.registry.get_sample_value("kafkatx_retry_partitions_stalled", stalled) == 1
+        status, body = get(app.health_server.url + "/readyz")  # type: ignore[union-attr]
+        assert status == 200, "the listener processes its partitions: ready, and it says which retry partition waits"
+        assert body["listeners"][0]["containers"][0]["stalled_retry_partitions"] == [f"{retry}[0]"]
+        assert kafka.values(out) == [b"out-first", b"out-fine"], "the record in retry waits"
+
+        hanging.abort_transaction(10)
+        wait_for(lambda: b"out-slow" in kafka.values(out), 30, message="the due record consumed once released")
+        wait_for(lambda: len(events) == 2, 30, message="the retry partition reported flowing again")
+        assert metrics.registry.get_sample_value("kafkatx_retry_partitions_stalled", stalled) == 0
+        assert (
+            "stalled_retry_partitions"
+            not in get(app.health_server.url + "/readyz")[1]["listeners"][0][  # type: ignore[union-attr]
+                "containers"
+            ][0]
+        )
+    assert isinstance(events[1], RetryPartitionFlowing) and (events[1].topic, events[1].partition) == (retry, 0)
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "retry partition" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and f"{retry}[0] holds 1 record(s) in retry" in warnings[0], warnings

@@ -140,6 +140,36 @@ def test_a_record_due_later_does_not_delay_one_due_earlier(kafka: KafkaTestKit, 
     assert sorted(r.value or b"" for r in kafka.read(src + "-retry-1000")) == [b"A", b"B"]
 
 
+def test_a_due_record_is_not_held_back_by_one_not_due_behind_it_in_its_retry_partition(kafka: KafkaTestKit) -> None:
+    """A fails, then B 1.5 s later (keys a and b, one partition: one retry partition, one delay of 3 s). When A
+    comes due, one fetch brings A (due) and B (due 1.5 s later): A is handled then, at about its back-off; B's due
+    time gates B alone. (Before, A went back with B and ran only when B was due, a back-off late at worst.)"""
+    src = kafka.topic()
+    app = make_app(kafka)
+    failed: dict[bytes, float] = {}
+    retried: dict[bytes, float] = {}
+
+    @app.listener(src, max_attempts=2, backoff=3.0, dlq=True, **TOPICS)
+    def handle(record: Record) -> None:
+        value = record.value or b""
+        if record.attempt == 1:
+            failed[value] = time.monotonic()
+            raise Transient(f"{value!r} fails once")
+        retried[value] = time.monotonic()
+
+    with running(app):
+        kafka.produce(src, [{"key": b"a", "value": b"A"}])
+        wait_for(lambda: b"A" in failed, 30, message="A's first failure")
+        threading.Event().wait(1.5)  # the scenario itself: B fails 1.5 s after A, so it is due 1.5 s after A
+        kafka.produce(src, [{"key": b"b", "value": b"B"}])
+        wait_for(lambda: len(retried) == 2, 30, message="both retried")
+    a_waited, b_waited = retried[b"A"] - failed[b"A"], retried[b"B"] - failed[b"B"]
+    assert 3.0 <= a_waited < 3.0 + 1.0, (
+        f"A ran {a_waited:.2f}s after its failure (B was due {b_waited:.2f}s after its own)"
+    )
+    assert retried[b"A"] < failed[b"B"] + 3.0, "A ran before B was due"
+
+
 def test_always_failing_is_dead_lettered_after_max_attempts_naming_the_original_and_not_retryable_at_once(
     kafka: KafkaTestKit,
 ) -> None:

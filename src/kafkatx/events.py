@@ -31,6 +31,8 @@ __all__ = [
     "RecordFollowed",
     "RecordsInRetry",
     "RetryHandled",
+    "RetryPartitionStalled",
+    "RetryPartitionFlowing",
     "RecordRecovered",
     "RecoveryFailed",
     "ProducerRecreated",
@@ -136,6 +138,29 @@ class RetryHandled(Event):
     topic, was handled and its transaction committed."""
 
     record: Record | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPartitionStalled(Event):
+    """``retry="topics"``: retry partition ``topic[partition]`` of the container holds ``records`` record(s) in retry
+    whose first one has been due for ``due_for`` seconds and was not consumed since the last check (a check
+    interval ago): its records wait past their back-off (a transaction left open on the retry topic holds read_committed
+    readers, or the partition is not fetched). Published once per stall; :class:`RetryPartitionFlowing` ends it."""
+
+    topic: str = ""
+    partition: int = 0
+    records: int = 0
+    due_for: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPartitionFlowing(Event):
+    """A retry partition reported stalled (:class:`RetryPartitionStalled`) had its first due record consumed (or
+    was revoked), ``stalled_for`` seconds after it was reported."""
+
+    topic: str = ""
+    partition: int = 0
+    stalled_for: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

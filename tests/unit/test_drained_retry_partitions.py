@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import cast
+from types import SimpleNamespace
+from typing import Any, cast
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -105,3 +106,30 @@ def test_a_seek_or_a_resume_fetches_a_paused_partition_again_and_unassigned_ones
     assert drained.paused == set()
     drained.written(consumer, [R1], set())  # not assigned here: nothing to do
     assert fake.paused == {R1}
+
+
+def test_a_poll_that_brings_records_of_one_retry_partition_pauses_another_read_to_its_end() -> None:
+    """Before the container handles what a poll brought (a transaction's worth of work), the retry partitions read
+    to their end are paused: left fetching meanwhile, a broker that answers an empty fetch at once keeps the client
+    fetching them in a loop the whole time."""
+    from confluent_kafka import Message
+
+    from kafkatx.listener.loop.retry_feed import RetryFeed
+    from kafkatx.retry_topics import RetryTopicPlan
+    from kafkatx.retry_topics.hops import RetryHops
+    from kafkatx.rollback.policy import FailurePolicy
+
+    hops = RetryHops(RetryTopicPlan(FailurePolicy(max_attempts=2, backoff=1.0)), ["t"], "grp", clock=lambda: 0.0)
+    feed = RetryFeed(hops, {"group.id": "grp"}, "listener")
+
+    class Polled(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+            return [Message(topic="t-retry", partition=1, offset=2, key=b"k", value=b"v", headers=[])]
+
+    fake = Polled()
+    feed.consumer, feed.assigned = cast(Consumer, fake), {R0, R1}
+    fake.positions, fake.high = {R0: 5, R1: 3}, {R0: 5, R1: 7}
+    positions = SimpleNamespace(seek=lambda tp, offset: None, pause=lambda tp, seconds: None)
+    polled = feed.poll(100, cast(Any, positions))
+    assert len(polled) == 1, "the record brought is handed on"
+    assert fake.paused == {R0}, "the other partition, read to its end, waits paused meanwhile"

@@ -190,6 +190,7 @@ class _Container:
     assignment: set[tuple[str, int]] = field(default_factory=set)
     handling_since: float | None = None
     stalled_partitions: frozenset[tuple[str, int]] = frozenset()
+    stalled_retry_partitions: frozenset[tuple[str, int]] = frozenset()
     call: CallInProgress | None = None
     polled_at: float = field(default_factory=time.monotonic)
     brokers: BrokerWatch = field(default_factory=lambda: BrokerWatch("c", 0, "127.0.0.1:9092"))

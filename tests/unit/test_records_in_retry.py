@@ -123,3 +123,23 @@ def test_a_retry_handled_is_told_once_its_offset_committed_and_a_failed_one_hops
 
 def _handled(events: list[Event]) -> list[Record]:
     return [e.record for e in events if isinstance(e, RetryHandled) and e.record is not None]
+
+
+def test_the_records_in_retry_of_a_listeners_containers_add_up_with_concurrency() -> None:
+    """Two containers of one listener (``concurrency=2``) each count their own partitions' records in retry: the
+    gauge is their sum (each container's events carry its own name and worker, as its other events do)."""
+    from kafkatx import App
+    from kafkatx.listener.loop.container import ListenerContainer
+    from kafkatx.metrics import instrument
+    from kafkatx.retry_topics.keys import Place
+
+    app = App("in-retry", bootstrap_servers="127.0.0.1:1", instance_id="unit")
+    metrics = instrument(app)
+    spec = app.add_listener(lambda record: None, "orders", name="orders", retry="topics", concurrency=2)
+    containers = [ListenerContainer(spec, app, worker, worker) for worker in (0, 1)]
+    for worker, container in enumerate(containers):
+        hops = container.retry_hops
+        assert hops is not None
+        hops.book.rebuilt(("orders", worker), [(b"k%d" % i, i, Place("orders-retry", 5)) for i in range(worker + 2)])
+    labels = {"app": "in-retry", "listener": "orders"}
+    assert metrics.registry.get_sample_value("kafkatx_records_in_retry", labels) == 2 + 3

@@ -179,3 +179,19 @@ def test_the_gate_stops_each_retry_partition_at_its_first_record_not_due() -> No
     msgs += [_Msg("a-retry", 1, 1, None), _Msg("a-retry-2000", 0, 3, 250)]
     assert not_due(msgs, 150) == {("a-retry", 0): (6, 300), ("a-retry-2000", 0): (3, 250)}  # type: ignore[arg-type]
     assert not_due(msgs, 1000) == {}  # type: ignore[arg-type]
+
+
+def test_a_record_read_back_is_parsed_once_for_its_failure_unless_its_handler_decoded_its_view() -> None:
+    hops = _hops(max_attempts=3, backoff=1.0)
+    consumed = _consumed_hop(2)
+    seen = hops.arrived(consumed)
+    assert seen is not None and (seen.topic, seen.offset, seen.attempt) == ("orders", 7, 2)
+    assert hops.view(consumed) is seen, "the failure path gets the view the handler had"
+    seen.key = "decoded"  # what a typed listener's decoding does to the record it hands the handler
+    again = hops.view(consumed)
+    assert again is not seen and (again.key, again.raw_key) == (b"k", b"k")
+    no_attempt = [(k, v) for k, v in consumed.headers if k != "retry_topic-attempts"]
+    other = Record("orders-retry", 0, 3, b"k", b"v", no_attempt)  # produced by hand, not a hop: handled as it is
+    assert hops.arrived(other) is other
+    foreign = hop_headers(Record("orders", 0, 7, b"k", b"v", [], 5), None, group_id="theirs", next_attempt=1, due_ms=1)
+    assert hops.arrived(Record("orders-retry", 0, 4, b"k", b"v", foreign)) is None, "another group's hop passes"

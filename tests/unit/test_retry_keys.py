@@ -219,3 +219,45 @@ def test_a_rebuild_that_makes_no_progress_stops_the_container_rather_than_lose_k
     with pytest.raises(KafkaTxError, match=r"orders-retry\[1\].*no progress.*cannot be rebuilt"):
         read_to_end(cast(Any, scanner), starts, "orders")
     assert scanner.assigned == [], "given back all the same"
+
+
+def test_the_gate_looks_a_key_up_only_while_it_has_records_in_retry_or_hops_in_an_open_transaction() -> None:
+    """``maybe`` (what the gate asks first, per record) holds a key exactly while a record of it is in retry
+    (committed) or was sent to a retry topic in an open transaction; an aborted transaction's hops leave it."""
+    hops = _hops()
+    keys = _keys(hops)
+    keys.began(A)
+    hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0)
+    assert keys.maybe == {b"k": 1}, "written in the open transaction: the records after it follow"
+    keys.began(A)  # aborted: begun again
+    assert keys.maybe == {}
+    hops.hop(_input(0, b"k"), TimeoutError("t"), 1, 1.0)
+    hops.hop(_input(1, None), TimeoutError("t"), 1, 1.0)  # keyless: counted, never followed
+    keys.committed(A, {("orders", 0): 2}, [], hops.hop_of)
+    assert keys.maybe == {b"k": 1} and keys.in_retry() == 2
+    keys.rebuilt(("orders", 1), [(b"k", 0, Place("orders-retry", 5))])
+    assert keys.maybe == {b"k": 2}, "one count per input partition holding the key"
+    keys.forget([("orders", 1)])
+    head = _read_back(_input(0, b"k"), 10, exc=TimeoutError("t"))
+    keys.began(A)
+    keys.committed(A, {("orders-retry", 0): 11}, cast("list[ConsumedMessage]", [head]), hops.hop_of)
+    assert keys.maybe == {} and keys.in_retry() == 1, "its head consumed: the key has nothing in retry"
+    called: list[Record] = []
+    keys.began(A)
+    _run(called.append, hops, _input(5, b"k"))
+    assert [r.offset for r in called] == [5]
+
+
+def test_each_retry_partitions_record_due_first_is_what_the_stall_check_compares() -> None:
+    plan = RetryTopicPlan(FailurePolicy(max_attempts=4, backoff=lambda state: float(state.attempt_number)))
+    hops = RetryHops(plan, ["orders"], "grp", clock=lambda: 1000.0, key_order=True)
+    keys = _keys(hops)
+    keys.rebuilt(
+        ("orders", 0),
+        [(b"k", 7, Place("orders-retry-1000", 9)), (b"j", 3, Place("orders-retry-1000", 5))],
+    )
+    keys.rebuilt(("orders", 1), [(None, 4, Place("orders-retry-2000", 8))])
+    assert keys.heads() == {
+        ("orders-retry-1000", 0): (5, ("orders", 0), 3, 2),
+        ("orders-retry-2000", 1): (8, ("orders", 1), 4, 1),
+    }

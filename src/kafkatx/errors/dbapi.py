@@ -8,6 +8,7 @@ imported to ask.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 __all__ = ["is_connection_error", "permanent_database_error_class"]
@@ -16,8 +17,12 @@ _CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
 _PERMANENT_ERRORS = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError")
 
 
+@functools.lru_cache(maxsize=1024)
 def _database_base(cls: type, names: tuple[str, ...]) -> type | None:
-    """The base of ``cls`` named like one of the DB-API exceptions ``names``, in a database driver or SQLAlchemy."""
+    """The base of ``cls`` named like one of the DB-API exceptions ``names``, in a database driver or SQLAlchemy.
+
+    Kept per class: every failed call asks it of each exception on its cause chain, and a class's bases and
+    their modules do not change."""
     for base in cls.__mro__:
         if base.__name__ in names:
             root = base.__module__.split(".")[0]
@@ -28,7 +33,7 @@ def _database_base(cls: type, names: tuple[str, ...]) -> type | None:
 
 def is_connection_error(exc: BaseException) -> bool:
     """A DB-API/SQLAlchemy error about the connection or the server (retry later), not the statement."""
-    return _database_base(type(exc), _CONNECTION_ERRORS) is not None
+    return _database_base(type(exc), _CONNECTION_ERRORS) is not None  # type: ignore[arg-type]
 
 
 def permanent_database_error_class(cls: type) -> type | None:

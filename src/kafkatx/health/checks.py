@@ -90,6 +90,9 @@ class ContainerState:
     handling_for: float | None = None
     #: Owned partitions that fetch nothing although records are behind, as ``topic[partition]``.
     stalled: tuple[str, ...] = ()
+    #: ``retry="topics"``: retry partitions whose first due record was not consumed for a check interval, as
+    #: ``topic[partition]``. Said in ``/readyz``'s body; the container stays ready (docs/RETRY_TOPICS.md).
+    stalled_retry: tuple[str, ...] = ()
     #: The bounded client call its thread is blocked in: what, for how long, and its deadline (seconds).
     blocked_call: str | None = None
     blocked_for: float = 0.0
@@ -184,6 +187,8 @@ def readiness(
             row: dict[str, Any] = {"container": c.name, "ready": reason is None, "partitions": c.partitions}
             if reason:
                 row["reason"] = reason
+            if c.stalled_retry:
+                row["stalled_retry_partitions"] = list(c.stalled_retry)
             rows.append(row)
         reasons = [f"{r['container']}: {r['reason']}" for r in rows if "reason" in r]
         if not listener.containers:

@@ -77,6 +77,8 @@ class ContainerReadiness(Protocol):
     def assignment(self) -> set[TP]: ...
     @property
     def stalled_partitions(self) -> frozenset[TP]: ...
+    @property
+    def stalled_retry_partitions(self) -> frozenset[TP]: ...
 
 
 class ContainerView(ContainerLife, ContainerReadiness, Protocol):
@@ -115,6 +117,7 @@ def container_state(c: ContainerView, now: float | None = None) -> ContainerStat
         partitions=len(c.assignment),
         handling_for=None if since is None else max(0.0, now - since),
         stalled=tuple(f"{t}[{p}]" for t, p in sorted(c.stalled_partitions)),
+        stalled_retry=tuple(f"{t}[{p}]" for t, p in sorted(c.stalled_retry_partitions)),
         blocked_call=None if call is None else call.operation,
         blocked_for=0.0 if call is None else call.seconds,
         blocked_deadline=None if call is None else call.deadline,

@@ -43,6 +43,8 @@ from kafkatx.events import (
     RecordsInRetry,
     RecoveryFailed,
     RetryHandled,
+    RetryPartitionFlowing,
+    RetryPartitionStalled,
     TransactionAborted,
     TransactionCommitted,
 )
@@ -117,6 +119,11 @@ class _Families:
             "Unix time at which the listener's record in retry due first is due; no sample when none is in retry "
             "(alert on time() minus it: how long a due record has waited)",
         )
+        self.retry_stalled = gauge(
+            "kafkatx_retry_partitions_stalled",
+            'Retry partitions whose first due record was not consumed for a check interval (retry="topics"; '
+            "RetryPartitionStalled): their records wait past their back-off",
+        )
         self.retries_handled = counter(
             "kafkatx_retries_handled", "Records read back from a retry topic and handled, their transaction committed"
         )
@@ -184,6 +191,7 @@ class Metrics:
         self._lag = lag
         self._assigned: dict[tuple[str, int], int] = {}
         self._in_retry: dict[tuple[str, int], tuple[int, float | None]] = {}
+        self._retry_stalled: dict[tuple[str, int], set[tuple[str, int]]] = {}
         self._running: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         on = app.events.subscribe
@@ -194,6 +202,8 @@ class Metrics:
         on(RecordFollowed, self._simple(families.followed))
         on(RecordsInRetry, self._records_in_retry)
         on(RetryHandled, self._simple(families.retries_handled))
+        on(RetryPartitionStalled, self._retry_stall)
+        on(RetryPartitionFlowing, self._retry_stall)
         on(RecordRecovered, self._recovered)
         on(RecoveryFailed, self._simple(families.recovery_failures))
         on(ProducerRecreated, self._simple(families.recreations))
@@ -266,6 +276,8 @@ class Metrics:
         self._set_assigned(event.listener, event.worker, 0)
         if (event.listener, event.worker) in self._in_retry:  # its partitions, and their records in retry, are gone
             self._records_in_retry(RecordsInRetry(event.listener, event.worker, 0))
+        if self._retry_stalled.get((event.listener, event.worker)):  # so are its stalled retry partitions
+            self._set_retry_stalled(event.listener, event.worker, lambda now: set())
 
     def _partitions(self, event: PartitionsAssigned | PartitionsRevoked) -> None:
         n = len(event.partitions)
@@ -291,6 +303,21 @@ class Metrics:
                 self._f.oldest_due.remove(self._app_name, listener)
             except KeyError:
                 pass
+
+    def _retry_stall(self, event: RetryPartitionStalled | RetryPartitionFlowing) -> None:
+        tp = (event.topic, event.partition)
+        stalled = isinstance(event, RetryPartitionStalled)
+        self._set_retry_stalled(event.listener, event.worker, lambda now: (now | {tp}) if stalled else (now - {tp}))
+
+    def _set_retry_stalled(
+        self, container: str, worker: int, change: Callable[[set[tuple[str, int]]], set[tuple[str, int]]]
+    ) -> None:
+        """Per container, summed per listener: the retry partitions reported stalled and not flowing since."""
+        listener = listener_label(container, worker)
+        with self._lock:
+            self._retry_stalled[(container, worker)] = change(self._retry_stalled.get((container, worker), set()))
+            total = sum(len(v) for (c, w), v in self._retry_stalled.items() if listener_label(c, w) == listener)
+        self._f.retry_stalled.labels(self._app_name, listener).set(total)
 
     def _set_assigned(self, container: str, worker: int, count: int) -> None:
         """Per container, summed per listener: workers of one listener share a series."""

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 
 from kafkatx.dlq import headers as dlt
-from kafkatx.dlq.headers import dead_letter_headers, parse_dead_letter_headers
+from kafkatx.dlq.headers import dead_letter_headers
 from kafkatx.record import Headers, Record
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "RetryHop",
     "due_ms_of",
     "hop_headers",
+    "hop_origin",
     "parse_hop",
 ]
 
@@ -45,6 +46,8 @@ ATTEMPT_SPANS = "kafkatx_retry-attempt-spans"
 
 _RETRY_PREFIXES = ("retry_topic-", "kafkatx_retry-")
 _DLT_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-")
+_HIDDEN = _RETRY_PREFIXES + _DLT_PREFIXES
+_ORIGINAL_PREFIX = "kafka_dlt-original-"
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 
@@ -67,6 +70,8 @@ class RetryHop:
     record: Record
     #: When it is due, epoch milliseconds.
     due_ms: int
+    #: The consumer group that wrote it (``kafka_dlt-original-consumer-group``); None when it names none.
+    group: str | None = None
 
 
 def hop_headers(
@@ -102,29 +107,71 @@ def _provenance(record: Record, group_id: str | None) -> Headers:
 
 
 def parse_hop(record: Record) -> RetryHop | None:
-    """The input record behind ``record`` (consumed from a retry topic); None if it carries no hop headers."""
-    headers = record.headers
-    last = {k: v for k, v in headers if v is not None}
+    """The input record behind ``record`` (consumed from a retry topic); None if it carries no hop headers.
+
+    One pass over the headers (the last value of each wins, as :func:`~kafkatx.dlq.headers.parse_dead_letter_headers`
+    reads them): every record read back from a retry topic is parsed, the exception headers are not needed here."""
+    last: dict[str, bytes] = {}
+    own: Headers = []
+    for key, value in record.headers:
+        if key.startswith(_HIDDEN):
+            if value is not None:
+                last[key] = value
+        else:
+            own.append((key, value))
     attempt_raw = last.get(ATTEMPTS)
-    info = parse_dead_letter_headers(headers)
-    if attempt_raw is None or info.original_topic is None or info.original_partition is None:
+    topic = last.get(dlt.ORIGINAL_TOPIC)
+    partition = _fixed(last.get(dlt.ORIGINAL_PARTITION), _INT)
+    if attempt_raw is None or topic is None or partition is None:
         return None
-    own = [(k, v) for k, v in headers if not k.startswith(_RETRY_PREFIXES) and not k.startswith(_DLT_PREFIXES)]
+    offset = _fixed(last.get(dlt.ORIGINAL_OFFSET), _LONG)
     timestamp = _number(last.get(ORIGINAL_TIMESTAMP))
+    if timestamp is None:
+        timestamp = _fixed(last.get(dlt.ORIGINAL_TIMESTAMP), _LONG) or -1
+    timestamp_type = _text(last.get(dlt.ORIGINAL_TIMESTAMP_TYPE)) or "CreateTime"
     original = Record(
-        info.original_topic,
-        info.original_partition,
-        info.original_offset if info.original_offset is not None else -1,
+        topic.decode("utf-8", "replace"),
+        partition,
+        offset if offset is not None else -1,
         record.key,
         record.value,
         own,
-        timestamp if timestamp is not None else (info.original_timestamp or -1),
-        info.original_timestamp_type or "CreateTime",
+        timestamp,
+        timestamp_type,
         attempt=_number(attempt_raw) or 1,
         raw_key=record.raw_key,
         raw_value=record.raw_value,
     )
-    return RetryHop(original, _number(last.get(BACKOFF_TIMESTAMP)) or 0)
+    return RetryHop(original, _number(last.get(BACKOFF_TIMESTAMP)) or 0, _text(last.get(dlt.ORIGINAL_CONSUMER_GROUP)))
+
+
+def hop_origin(headers: Headers | None) -> tuple[str, int, int, str | None] | None:
+    """The input topic, partition and offset a hop with ``headers`` names, and the group that wrote it; None when it
+    names no input record. What a commit reads of every retry record it covers: four headers, nothing decoded else."""
+    topic = partition = offset = group = None
+    for key, value in headers or ():
+        if value is not None and key.startswith(_ORIGINAL_PREFIX):
+            if key == dlt.ORIGINAL_TOPIC:
+                topic = value
+            elif key == dlt.ORIGINAL_PARTITION:
+                partition = value
+            elif key == dlt.ORIGINAL_OFFSET:
+                offset = value
+            elif key == dlt.ORIGINAL_CONSUMER_GROUP:
+                group = value
+    p, o = _fixed(partition, _INT), _fixed(offset, _LONG)
+    if topic is None or p is None or o is None:
+        return None
+    return topic.decode("utf-8", "replace"), p, o, _text(group)
+
+
+def _fixed(raw: bytes | None, codec: struct.Struct) -> int | None:
+    """A number in Spring's fixed-size encoding; None when absent or of another size."""
+    return int(codec.unpack(raw)[0]) if raw is not None and len(raw) == codec.size else None
+
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.decode("utf-8", "replace") if raw is not None else None
 
 
 def attempt_spans_of(headers: Headers | None) -> bytes | None:

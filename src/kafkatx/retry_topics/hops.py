@@ -32,11 +32,10 @@ from typing import Any, Protocol
 
 from kafkatx.client.offsets import TP
 from kafkatx.context import send
-from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import Event, RecordFollowed, RecordsInRetry, RetryHandled
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Headers, Record
-from kafkatx.retry_topics.headers import ATTEMPT_SPANS, attempt_spans_of, hop_headers, parse_hop
+from kafkatx.retry_topics.headers import ATTEMPT_SPANS, attempt_spans_of, hop_headers, hop_origin, parse_hop
 from kafkatx.retry_topics.keys import Place, RetryKeys
 from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
@@ -84,6 +83,8 @@ class RetryHops:
         "_clock",
         "_publish",
         "_listener",
+        "_worker",
+        "_last",
     )
 
     def __init__(
@@ -97,6 +98,7 @@ class RetryHops:
         publish: Callable[[Event], None] | None = None,
         listener: str = "",
         trace: HopTrace | None = None,
+        worker: int = 0,
     ) -> None:
         self.plan = plan
         self.inputs = tuple(inputs)
@@ -104,7 +106,8 @@ class RetryHops:
         #: retry topic -> its input topic
         self._origin = {retry: topic for topic in self.inputs for retry in plan.topics(topic)}
         self._clock = clock
-        self._publish, self._listener = publish, listener
+        #: The events' names: the container's (``orders#1`` and worker 1 with concurrency > 1), as its own events.
+        self._publish, self._listener, self._worker = publish, listener, worker
         #: The records in retry, as committed (both orderings).
         self.book = RetryKeys(self._origin, self._in_retry if publish is not None else None, key_order=key_order)
         #: ``ordering="key"``: the book, as the gate of key order; None lets records pass each other ("none").
@@ -113,14 +116,23 @@ class RetryHops:
         self.written: set[TP] = set()
         #: With tracing on: the failed attempts' span contexts each hop carries (kafkatx.tracing._hops).
         self.trace = trace
+        #: The retry record read back last, by its coordinates, and its view: what :meth:`view` answers for it.
+        self._last: tuple[tuple[str, int, int], Record] | None = None
 
     @classmethod
     def of(
-        cls, spec: _Declaration, group_id: str | None, publish: Callable[[Event], None] | None = None
+        cls,
+        spec: _Declaration,
+        group_id: str | None,
+        publish: Callable[[Event], None] | None = None,
+        *,
+        container: str | None = None,
+        worker: int = 0,
     ) -> RetryHops | None:
         """The retry topics of a listener declared with ``retry="topics"``; None for any other listener. ``publish``:
         where :class:`~kafkatx.events.RecordFollowed`, :class:`~kafkatx.events.RecordsInRetry` and
-        :class:`~kafkatx.events.RetryHandled` go."""
+        :class:`~kafkatx.events.RetryHandled` go, named after ``container`` and ``worker`` (the listener's name and
+        0 by default)."""
         if spec.retry != "topics":
             return None
         key_order = spec.ordering == "key"
@@ -130,14 +142,15 @@ class RetryHops:
             group_id,
             key_order=key_order,
             publish=publish,
-            listener=spec.name,
+            listener=spec.name if container is None else container,
             trace=spec.hop_trace,
+            worker=worker,
         )
 
     def _in_retry(self, records: int, oldest_due_ms: int | None) -> None:
         if self._publish is not None:
             due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
-            self._publish(RecordsInRetry(self._listener, 0, records, due))
+            self._publish(RecordsInRetry(self._listener, self._worker, records, due))
 
     def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage]) -> None:
         """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
@@ -145,44 +158,62 @@ class RetryHops:
         handled = self.book.committed(txn, offsets, consumed, self.hop_of)
         if handled and self._publish is not None:
             for view in handled:
-                self._publish(RetryHandled(self._listener, 0, view))
+                self._publish(RetryHandled(self._listener, self._worker, view))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
-        """``handler`` called with each record's :meth:`view`; with key order, unless the record follows."""
-        view, keys, origin, handled, foreign = self.view, self.keys, self._origin, self.book.handled, self.foreign
-        if self.trace is not None:
-            view = self._traced_view
-        if keys is None:
+        """``handler`` called with each record's :meth:`view`; with key order, unless the record follows.
 
-            def handle(record: Record) -> Any:
-                if record.topic not in origin:
-                    return handler(record)
-                if foreign(record.headers):
-                    return None
-                seen = view(record)
-                result = handler(seen)
-                if seen is not record:
-                    handled(seen)
-                return result
+        A record of an input topic costs a dictionary lookup here, and with key order one more when some key is
+        in retry (:attr:`~kafkatx.retry_topics.keys.RetryKeys.maybe`); a record read back from a retry topic is
+        parsed once (:meth:`arrived`)."""
+        if self.keys is not None:
+            return self._in_key_order(handler, self.keys)
+        origin, handled, arrived = self._origin, self.book.handled, self.arrived
 
-            return handle
-        ahead, consumed, follow = keys.ahead, keys.consumed, self.follow
-
-        def in_key_order(record: Record) -> Any:
-            if record.topic in origin and foreign(record.headers):
+        def handle(record: Record) -> Any:
+            if record.topic not in origin:
+                return handler(record)
+            seen = arrived(record)
+            if seen is None:  # another group's hop: it lets it pass
                 return None
-            seen = view(record)
-            retried = record.topic in origin and seen is not record
+            result = handler(seen)
+            if seen is not record:
+                handled(seen)
+            return result
+
+        return handle
+
+    def _in_key_order(self, handler: Callable[[Record], Any], keys: RetryKeys) -> Callable[[Record], Any]:
+        """:meth:`viewing` with key order: a record whose key has an earlier record in retry follows it."""
+        origin, handled, arrived = self._origin, self.book.handled, self.arrived
+        ahead, consumed, follow, maybe = keys.ahead, keys.consumed, self.follow, keys.maybe
+
+        def read_back(record: Record) -> Any:
+            """A record from a retry topic: it runs if it is its key's head by now, else it follows again."""
+            seen = arrived(record)
+            if seen is None:
+                return None
+            retried = seen is not record
             if retried:
                 consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
             place = ahead(seen)
-            if place is None:
-                result = handler(seen)
-                if retried:
-                    handled(seen)
-                return result
-            follow(seen, place)
-            return None
+            if place is not None:
+                follow(seen, place)
+                return None
+            result = handler(seen)
+            if retried:
+                handled(seen)
+            return result
+
+        def in_key_order(record: Record) -> Any:
+            if record.topic in origin:
+                return read_back(record)
+            if maybe and record.raw_key in maybe:  # its key may have a record in retry: look it up
+                place = ahead(record)
+                if place is not None:
+                    follow(record, place)
+                    return None
+            return handler(record)
 
         return in_key_order
 
@@ -202,16 +233,29 @@ class RetryHops:
         """The record the handler sees: ``record`` itself, or, consumed from a retry topic, its input record."""
         if record.topic not in self._origin:
             return record
+        last = self._last
+        if last is not None and last[0] == (record.topic, record.partition, record.offset):
+            seen = last[1]  # the record read back last (its handler failed): parsed once, unless it was decoded
+            if seen.key is seen.raw_key and seen.value is seen.raw_value:
+                return seen
         hop = parse_hop(record)
         if hop is None:  # not written by a hop (someone produced to the retry topic): handled as it is
             return record
         return hop.record
 
-    def _traced_view(self, record: Record) -> Record:
-        """:meth:`view`, telling tracing the failed attempts' span contexts a hop read back carries."""
-        seen = self.view(record)
+    def arrived(self, record: Record) -> Record | None:
+        """:meth:`view` of a record consumed from a retry topic, its headers parsed once; None for a hop another
+        consumer group wrote (:meth:`foreign`). With tracing on, tracing is told the failed attempts' span contexts
+        the hop carries."""
+        hop = parse_hop(record)
+        if hop is None:  # not written by a hop (someone produced to the retry topic): handled as it is
+            return None if self.foreign(record.headers) else record
+        if self._of_another_group(hop.group):
+            return None
+        seen = hop.record
+        self._last = ((record.topic, record.partition, record.offset), seen)
         trace = self.trace
-        if seen is not record and trace is not None and self.group_id is not None:
+        if trace is not None and self.group_id is not None:
             spans = attempt_spans_of(record.headers)
             if spans is not None:
                 trace.arrived(self.group_id, seen, spans)
@@ -253,20 +297,20 @@ class RetryHops:
         self.written.add((place.topic, view.partition))
         self.book.wrote(view, place)
         if self._publish is not None:
-            self._publish(RecordFollowed(self._listener, 0, view, place.topic))
+            self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
 
     def hop_of(self, msg: ConsumedMessage) -> tuple[TP, bytes | None, int] | None:
         """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""
-        info = parse_dead_letter_headers(msg.headers())
-        topic, partition, offset = info.original_topic, info.original_partition, info.original_offset
-        if topic is None or partition is None or offset is None or self._of_another_group(info.consumer_group):
+        origin = hop_origin(msg.headers())
+        if origin is None or self._of_another_group(origin[3]):
             return None
-        return (topic, partition), msg.key(), offset
+        return (origin[0], origin[1]), msg.key(), origin[2]
 
     def foreign(self, headers: Headers | None) -> bool:
         """True for a hop another consumer group wrote (groups reading one input topic share its retry topics):
         that group handles it; this one lets it pass, committed like a record with nothing to produce."""
-        return self._of_another_group(parse_dead_letter_headers(headers).consumer_group)
+        origin = hop_origin(headers)
+        return origin is not None and self._of_another_group(origin[3])
 
     def _of_another_group(self, group: str | None) -> bool:
         return group is not None and self.group_id is not None and group != self.group_id

@@ -26,6 +26,12 @@ of them:
   retry partitions from their committed offsets to the end (at assignment:
   never from memory), :meth:`RetryKeys.forget` drops them at revocation.
 
+Most records have no key in retry, so the gate asks one question of each
+first: is its key in :attr:`RetryKeys.maybe`, a count per key of the
+(input partition, key) pairs with records in retry, committed or written by
+an open transaction (a superset of what :meth:`RetryKeys.ahead` can find)?
+Only a key found there is looked up in full.
+
 With ``ordering="none"`` the same book is kept without the key gate: it counts
 the records in retry and their earliest due time (what the metrics publish),
 and notes the retry records whose handler returned (:meth:`RetryKeys.handled`),
@@ -62,7 +68,7 @@ class Place:
 class _Journal:
     """One open transaction's changes: the hops it wrote, and its own view of the keys it touched."""
 
-    __slots__ = ("wrote", "overlay", "handled")
+    __slots__ = ("wrote", "overlay", "handled", "marked")
 
     def __init__(self) -> None:
         self.wrote: list[tuple[TP, bytes | None, int, Place]] = []
@@ -70,12 +76,25 @@ class _Journal:
         self.overlay: dict[tuple[TP, bytes], Entries] = {}
         #: (input TP, input offset) -> the input view of a retry record whose handler returned in it.
         self.handled: dict[tuple[TP, int], Record] = {}
+        #: The keys this journal counted in :attr:`RetryKeys.maybe` (one per hop of a keyed record it wrote).
+        self.marked: list[bytes] = []
 
 
 class RetryKeys:
     """The keys in retry of the input partitions a container owns (see the module)."""
 
-    __slots__ = ("_keys", "_journals", "_current", "_origin", "_count", "_told", "_on_count", "_due", "key_order")
+    __slots__ = (
+        "_keys",
+        "_journals",
+        "_current",
+        "_origin",
+        "_count",
+        "_told",
+        "_on_count",
+        "_due",
+        "key_order",
+        "maybe",
+    )
 
     def __init__(
         self,
@@ -97,6 +116,10 @@ class RetryKeys:
         self._on_count = on_count
         self._due = DueTimes()
         self.key_order = key_order
+        #: key -> how many (input partition, key) pairs have records in retry (committed) plus how many hops of it
+        #: open transactions wrote: a key absent here has nothing in retry, and the gate looks no further. The
+        #: same dict for the book's life (the gate holds it).
+        self.maybe: dict[bytes, int] = {}
 
     # -- what a record does --------------------------------------------------------------
     def ahead(self, view: Record) -> Place | None:
@@ -121,6 +144,8 @@ class RetryKeys:
         journal.handled.pop((tp, view.offset), None)  # it failed after its handler returned (its outputs did)
         if key is not None and self.key_order:  # a keyless record is counted, never followed
             self._own(journal, tp, key)[view.offset] = place
+            journal.marked.append(key)
+            _mark(self.maybe, key)
 
     def handled(self, view: Record) -> None:
         """``view``, read from a retry topic, was handled (its handler returned) in the open transaction."""
@@ -140,6 +165,9 @@ class RetryKeys:
     # -- the transactions ----------------------------------------------------------------
     def began(self, txn: object) -> None:
         """A transaction began on producer ``txn``: a fresh journal (what an aborted one noted is dropped)."""
+        dropped = self._journals.get(id(txn))
+        if dropped is not None:
+            self._unmark(dropped)
         self._current = self._journals[id(txn)] = _Journal()
 
     def committed(
@@ -153,9 +181,8 @@ class RetryKeys:
             self._current = None
         origin = self._origin
         handled: list[Record] = []
-        for msg in consumed:
-            topic = msg.topic()
-            if topic in origin and msg.offset() < offsets.get((topic, msg.partition()), -1):
+        for msg in [m for m in consumed if m.topic() in origin]:
+            if msg.offset() < offsets.get((msg.topic(), msg.partition()), -1):
                 found = hop_of(msg)
                 if found is not None:
                     self._drop(*found)
@@ -163,8 +190,14 @@ class RetryKeys:
                     if view is not None:
                         handled.append(view)
         if journal is not None:
+            self._unmark(journal)
             for tp, key, offset, place in journal.wrote:
-                entries = self._keys.setdefault(tp, {}).setdefault(key, {})
+                keys = self._keys.setdefault(tp, {})
+                entries = keys.get(key)
+                if entries is None:
+                    entries = keys[key] = {}
+                    if key is not None:
+                        _mark(self.maybe, key)
                 old = entries.get(offset)
                 if old is None:
                     self._count += 1
@@ -184,7 +217,9 @@ class RetryKeys:
         self._leave(tp)
         if keys:
             self._keys[tp] = keys
-            for entries in keys.values():
+            for key, entries in keys.items():
+                if key is not None:
+                    _mark(self.maybe, key)
                 for place in entries.values():
                     self._due.add(place.due_ms)
         self._count += self.in_retry(tp)
@@ -207,6 +242,24 @@ class RetryKeys:
         """When the record in retry due first is due (committed, epoch ms); None when none is in retry."""
         return self._due.earliest()
 
+    def heads(self) -> dict[TP, tuple[int, TP, int, int]]:
+        """Each retry partition's record in retry due first (committed): ``retry TP -> (due ms, its input TP, its
+        input offset, how many records the retry partition holds)``. What the stall check compares between two
+        looks (a scan of the book: it is asked every few tens of seconds, not per record)."""
+        heads: dict[TP, tuple[int, TP, int, int]] = {}
+        for tp, keys in self._keys.items():
+            for entries in keys.values():
+                for offset, place in entries.items():
+                    where = (place.topic, tp[1])
+                    head = heads.get(where)
+                    if head is None:
+                        heads[where] = (place.due_ms, tp, offset, 1)
+                    elif (place.due_ms, offset) < (head[0], head[2]):
+                        heads[where] = (place.due_ms, tp, offset, head[3] + 1)
+                    else:
+                        heads[where] = (*head[:3], head[3] + 1)
+        return heads
+
     def keys_in_retry(self, tp: TP) -> dict[bytes | None, list[int]]:
         """``tp``'s keys in retry (committed), each with its records' input offsets in order."""
         return {key: sorted(entries) for key, entries in self._keys.get(tp, {}).items()}
@@ -220,7 +273,9 @@ class RetryKeys:
 
     def _leave(self, tp: TP) -> None:
         """``tp``'s records leave the book (revoked, or about to be rebuilt)."""
-        for entries in self._keys.pop(tp, {}).values():
+        for key, entries in self._keys.pop(tp, {}).items():
+            if key is not None:
+                _unmark(self.maybe, key)
             self._count -= len(entries)
             for place in entries.values():
                 self._due.remove(place.due_ms)
@@ -256,5 +311,26 @@ class RetryKeys:
             self._due.remove(place.due_ms)
         if not entries:
             del keys[key]
+            if key is not None:
+                _unmark(self.maybe, key)
             if not keys:
                 del self._keys[tp]
+
+    def _unmark(self, journal: _Journal) -> None:
+        """``journal``'s hops no longer count in :attr:`maybe` (it committed, or was dropped)."""
+        maybe = self.maybe
+        for key in journal.marked:
+            _unmark(maybe, key)
+        journal.marked.clear()
+
+
+def _mark(maybe: dict[bytes, int], key: bytes) -> None:
+    maybe[key] = maybe.get(key, 0) + 1
+
+
+def _unmark(maybe: dict[bytes, int], key: bytes) -> None:
+    count = maybe.get(key, 0)
+    if count <= 1:
+        maybe.pop(key, None)
+    else:
+        maybe[key] = count - 1

@@ -97,6 +97,9 @@ class ExceptionClassifier:
         #: a constraint violation or bad SQL fails the same way on every attempt. OperationalError (the
         #: database down, a deadlock, a serialization failure) stays retryable.
         self.database_defaults = include_defaults
+        #: Each exception class's answer (:meth:`_class_verdict`), kept while the rules are these.
+        self._rules: tuple[object, ...] = (self.not_retryable, self.retryable, self.database_defaults)
+        self._by_class: dict[type, bool | None | object] = {}
 
     def is_retryable(self, exc: BaseException) -> bool:
         """True unless ``exc`` or anything on its cause chain is classified not retryable.
@@ -106,19 +109,36 @@ class ExceptionClassifier:
         """
         if isinstance(exc, DecodeError):
             return False
+        rules = (self.not_retryable, self.retryable, self.database_defaults)
+        if self._rules is not rules and self._rules != rules:  # the lists were changed: answers kept go
+            self._rules, self._by_class = rules, {}
+        by_class = self._by_class
         for link in cause_chain(exc):
-            nr = _closest(type(link), self.not_retryable)
-            if nr is None and self.database_defaults:
-                nr = permanent_database_error_class(type(link))
-            rt = _closest(type(link), self.retryable)
-            if nr is None and rt is None:
-                continue
-            if rt is None:
-                return False
-            if nr is None:
-                return True
-            return type(link).__mro__.index(rt) <= type(link).__mro__.index(nr)
+            cls = type(link)
+            verdict = by_class.get(cls, _UNDECIDED)
+            if verdict is _UNDECIDED:
+                verdict = by_class[cls] = self._class_verdict(cls)
+            if verdict is not None:
+                return bool(verdict)
         return True
+
+    def _class_verdict(self, cls: type) -> bool | None:
+        """What a link of class ``cls`` says: retryable (True), not (False), or nothing (None: the next link)."""
+        nr = _closest(cls, self.not_retryable)
+        if nr is None and self.database_defaults:
+            nr = permanent_database_error_class(cls)
+        rt = _closest(cls, self.retryable)
+        if nr is None and rt is None:
+            return None
+        if rt is None:
+            return False
+        if nr is None:
+            return True
+        return cls.__mro__.index(rt) <= cls.__mro__.index(nr)
+
+
+#: No answer kept yet for a class.
+_UNDECIDED = object()
 
 
 def _closest(cls: type, candidates: tuple[type[BaseException], ...]) -> type | None:

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Protocol
 
 from kafkatx.events import Event, HandlerFailed, RecordRetryScheduled
 from kafkatx.record import Record
 from kafkatx.rollback.classifier import exception_name
+from kafkatx.rollback.log_budget import LogBudget
 from kafkatx.rollback.policy import Action, FailurePolicy, Verdict
 from kafkatx.rollback.tracker import FailureTracker
 
 __all__ = ["FailureBooks", "decide_failure", "log_fields"]
 
 log = logging.getLogger("kafkatx.rollback")
+
+#: The INFO lines about failures to be retried: 10 per listener per 10 s, the rest at DEBUG and counted
+#: (the events and metrics count every one). Warnings (a record recovered) are never held back.
+RETRY_LINES = LogBudget(lines=10, window=10.0)
 
 
 class FailureBooks(Protocol):
@@ -50,6 +56,16 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException, *, c
     books.publish(HandlerFailed(books.listener, books.worker, record, exc, failures))
     policy = books.policy
     verdict = policy.decide(failures, exc, books.stop_event)
+    if verdict.action is Action.RETRY:
+        books.publish(RecordRetryScheduled(books.listener, books.worker, record, failures + 1, verdict.delay))
+    if verdict.action is Action.RECOVER or log.isEnabledFor(logging.INFO):  # (DEBUG is enabled only if INFO is)
+        _log_verdict(books.listener, record, exc, verdict, policy)
+    return verdict
+
+
+def _log_verdict(listener: str, record: Record, exc: BaseException, verdict: Verdict, policy: FailurePolicy) -> None:
+    """The log line about a failed call's verdict; a retry's at INFO within :data:`RETRY_LINES`, else at DEBUG."""
+    failures = verdict.attempt
     fields = log_fields(record, failures)
     if verdict.action is Action.ABANDON:
         log.info(
@@ -59,7 +75,21 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException, *, c
             extra=fields,
         )
     elif verdict.action is Action.RETRY:
-        log.info(
+        level = logging.INFO
+        if log.isEnabledFor(logging.INFO):
+            # by the listener's policy too: one per listener declared, two Apps' "orders" are two
+            allowed, held, span = RETRY_LINES.take((listener, id(policy)), time.monotonic())
+            if held:
+                log.info(
+                    "listener %s: %d more failed call(s) to be retried in the last %.0fs were logged at DEBUG only "
+                    "(the HandlerFailed and RecordRetryScheduled events count every one)",
+                    listener,
+                    held,
+                    span,
+                )
+            level = logging.INFO if allowed else logging.DEBUG
+        log.log(
+            level,
             "%s failed on attempt %d/%d (%s: %s); retrying%s",
             record.coordinates,
             failures,
@@ -69,7 +99,6 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException, *, c
             f" in {verdict.delay:.3g}s" if verdict.delay else "",
             extra=fields,
         )
-        books.publish(RecordRetryScheduled(books.listener, books.worker, record, failures + 1, verdict.delay))
     else:
         log.warning(
             "%s failed (%s: %s), %s; recovering with %s",
@@ -80,7 +109,6 @@ def decide_failure(books: FailureBooks, record: Record, exc: BaseException, *, c
             policy.recoverer.name,
             extra=fields,
         )
-    return verdict
 
 
 def log_fields(record: Record, attempt: int) -> dict[str, object]:

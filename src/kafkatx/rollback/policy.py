@@ -104,6 +104,8 @@ class FailurePolicy:
 
     def decide(self, failures: int, exc: BaseException, stopping: threading.Event | None = None) -> Verdict:
         """The verdict for a record that has now failed ``failures`` times, the last with ``exc``."""
+        if type(self.retry) is retry_if_retryable and type(self.stop_after) is stop_after_attempt:
+            return self._decide_plain(failures, exc, stopping)
         state = self._state(failures, exc)
         if not self.retry(state):
             return Verdict(Action.RECOVER, failures, reason="not retryable")
@@ -112,6 +114,23 @@ class FailurePolicy:
         if stopping is not None and stop_when_event_set(stopping)(state):
             return Verdict(Action.ABANDON, failures, reason="the container is stopping")
         return Verdict(Action.RETRY, failures, delay=_seconds(self.wait, state))
+
+    def _decide_plain(self, failures: int, exc: BaseException, stopping: threading.Event | None) -> Verdict:
+        """:meth:`decide` with the policy's own retry and stop parts, asked without building tenacity's call state
+        (and its Future) for them: the same answers, in the same order, at a fraction of the cost per failure. The
+        wait is asked with a state unless it is a fixed one, or none."""
+        if not self.classifier.is_retryable(exc):  # retry_if_retryable
+            return Verdict(Action.RECOVER, failures, reason="not retryable")
+        if failures >= self.stop_after.max_attempt_number:  # stop_after_attempt
+            return Verdict(Action.RECOVER, failures, reason=f"attempts exhausted ({failures}/{self.max_attempts})")
+        if stopping is not None and stopping.is_set():  # stop_when_event_set
+            return Verdict(Action.ABANDON, failures, reason="the container is stopping")
+        wait = self.wait
+        if wait is None:
+            return Verdict(Action.RETRY, failures)
+        if type(wait) is tenacity.wait_fixed:
+            return Verdict(Action.RETRY, failures, delay=max(0.0, float(wait.wait_fixed)))
+        return Verdict(Action.RETRY, failures, delay=_seconds(wait, self._state(failures, exc)))
 
     def nominal_delay(self, attempt: int) -> float:
         """The back-off after the ``attempt``-th failure as the wait gives it for no particular exception.

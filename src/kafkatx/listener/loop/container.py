@@ -44,11 +44,12 @@ from kafkatx.listener.failure.reactions import KafkaErrorReactions
 from kafkatx.listener.host import Runner
 from kafkatx.listener.loop.batch_fill import BatchFill
 from kafkatx.listener.loop.brokers import BrokerWatch
-from kafkatx.listener.loop.health import StallCheck, UnassignedWatch
+from kafkatx.listener.loop.health import StallCheck, UnassignedWatch, blocked_producer
 from kafkatx.listener.loop.idle import IdleDuties
 from kafkatx.listener.loop.overlap import overlap_of
 from kafkatx.listener.loop.partition_turns import partition_stage
 from kafkatx.listener.loop.retry_feed import RetryFeed
+from kafkatx.listener.loop.retry_stalls import RetryStalls
 from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.positions import records_to_handle
@@ -96,11 +97,12 @@ class ListenerContainer:
         #: Shared by the listener's containers (the App builds one per listener): an outage pauses them all.
         self.outage = outage or ListenerOutage.for_listener(spec, runtime.events.publish)
         self._hold = OutageHold(self, self.reactions.consumer_error)
-        self._held = False  # the outage hold polled last turn (so it is asked once more when the hold ends)
+        self._held = False  # the outage hold polled last turn (asked once more when the hold ends)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
-        if self.database is not None and spec.kind == "record":  # outputs are stored per input partition: the
-            # handler says whose they are (a batch runner wraps its handler itself: BatchRunner)
+        if (
+            self.database is not None and spec.kind == "record"
+        ):  # outputs stored per input partition (BatchRunner's own)
             spec = self.spec = replace(spec, handler=self.database.attributing(spec.handler))
         self.failure: BaseException | None = None
         self.stop_reason = "normal"
@@ -134,8 +136,9 @@ class ListenerContainer:
         self.fence_hold = fence_hold(self.consumer_config)
         self._unassigned = UnassignedWatch(self, self.consumer_config)
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
-        self.retry_hops = RetryHops.of(spec, self.group_id, self.publish)
+        self.retry_hops = RetryHops.of(spec, self.group_id, self.publish, container=self.name, worker=worker)
         self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
+        self._retry_stalls = RetryStalls(self.retry_hops, self.name, worker, self.publish)  # due, not consumed
         self._build_loop(spec)
 
     def _build_loop(self, spec: ListenerSpec) -> None:
@@ -198,8 +201,7 @@ class ListenerContainer:
         return self._paused_until
 
     def mark_polled(self) -> None:
-        """The consumer just returned from a poll made outside the loop's own (the outage hold's, the overlapped
-        commit's): /livez times ``consume()`` from here."""
+        """A poll outside the loop's own (the outage hold's, the overlapped commit's) returned: /livez times it."""
         self.polled_at = time.monotonic()
 
     @property
@@ -212,21 +214,21 @@ class ListenerContainer:
         """Owned partitions with records behind their position that fetched nothing for a while (StallCheck)."""
         return frozenset(self._stall_check.stalled)
 
+    @property
+    def stalled_retry_partitions(self) -> frozenset[TP]:
+        """Retry partitions whose record due first was not consumed for a check interval (retry_stalls.py)."""
+        return frozenset(self._retry_stalls.stalled)
+
     def blocked_call(self) -> CallInProgress | None:
         """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
-        blocked = self._blocked_producer()
+        blocked = blocked_producer([self._group_producer, *list(self._partition_producers.values())])
         return None if blocked is None else blocked.blocked_in
 
     def blocked_in(self) -> str | None:
         """The client call this container's thread is blocked in, if any (for shutdown messages)."""
-        blocked = self._blocked_producer()
+        blocked = blocked_producer([self._group_producer, *list(self._partition_producers.values())])
         call = None if blocked is None else blocked.blocked_in
         return None if blocked is None or call is None else f"{call.describe()} on producer {blocked.transactional_id}"
-
-    def _blocked_producer(self) -> TransactionalProducer | None:
-        """The producer whose bounded call this container's thread is blocked in, if any."""
-        producers = [*filter(None, [self._group_producer]), *list(self._partition_producers.values())]
-        return next((producer for producer in producers if producer.blocked_in is not None), None)
 
     def publish(self, event: Event) -> None:
         if event.worker != self.worker or event.listener != self.name:
@@ -241,11 +243,8 @@ class ListenerContainer:
             self.publish(ContainerStarted(self.name, self.worker, self.spec.topics))
             while not self.stop_event.is_set():
                 self._poll_and_process()
-        except InvalidConfigurationError as exc:
-            self.failure, self.stop_reason = exc, "config"
-            log.error("listener %s stopped: %s", self.name, exc)
-        except FencedTooOftenError as exc:
-            self.failure, self.stop_reason = exc, "fenced"
+        except (InvalidConfigurationError, FencedTooOftenError) as exc:
+            self.failure, self.stop_reason = exc, "config" if isinstance(exc, InvalidConfigurationError) else "fenced"
             log.error("listener %s stopped: %s", self.name, exc)
         except BaseException as exc:  # noqa: BLE001 - the thread must report, not vanish
             self.failure, self.stop_reason = exc, "error"
@@ -262,8 +261,7 @@ class ListenerContainer:
     def _open(self) -> None:
         spec = self.spec
         if spec.fencing == "group":
-            # init_transactions now: it fences a predecessor with the same id and
-            # aborts the transaction it left open, before we fetch any offsets.
+            # init_transactions now: it fences a predecessor and aborts its open transaction before any fetch
             self._group_producer = self._new_producer(
                 self.runtime.group_transactional_id(self.group_id, self.txn_index)
             )
@@ -551,15 +549,19 @@ class ListenerContainer:
             msgs = self._fill(consumer, msgs)
         if self.polled_at >= self._stall_check.due:  # every STALL_CHECK_S (listener/loop/health.py)
             self._stall_check.run(self.polled_at)
+        if self.retry_hops is not None:  # retry partitions with due records not consumed (retry_stalls.py)
+            self._retry_stalls.maybe_run(self.polled_at)
         if not self.assigned:
             self._unassigned.maybe_warn(self.polled_at)
         return msgs
 
     def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
         """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
-        they were fetched (sought back, so that they come after the pause): all of them, usually."""
+        they were fetched (sought back, so that they come after the pause): all of them, usually. A retry
+        partition paused by the poll's due-time gate keeps the records it handed on (RetryFeed.held)."""
         if self._paused_until or any(m.error() is not None for m in msgs):
-            return records_to_handle(self, msgs, self.reactions.consumer_error, self._paused_until)
+            paused = self._paused_until if self.retry_hops is None else self._feed.held(self._paused_until)
+            return records_to_handle(self, msgs, self.reactions.consumer_error, paused)
         return cast("list[ConsumedMessage]", msgs)  # no error: each has a topic, partition and offset
 
     def _handle_batch(self, batch: list[ConsumedMessage]) -> None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP
 from kafkatx.listener.host import ContainerIdentity, ContainerLiveness, ContainerMembership, ContainerPositions
+
+if TYPE_CHECKING:
+    from kafkatx.client.producer import TransactionalProducer
 
 __all__ = [
     "STALL_CHECK_S",
@@ -184,3 +187,8 @@ def no_partition_hint(partitions: Mapping[str, int | None], consumers_here: int)
         f"{usual}. Less often: another live process using the same instance id; or, on the embedded broker, its "
         "group coordinator waiting for a member that died (docs/BROKERS.md: restart it under its instance id)."
     )
+
+
+def blocked_producer(producers: Iterable[TransactionalProducer | None]) -> TransactionalProducer | None:
+    """Of a container's ``producers``, the one whose bounded call its thread is blocked in, if any."""
+    return next((p for p in producers if p is not None and p.blocked_in is not None), None)

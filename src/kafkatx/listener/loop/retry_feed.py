@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -98,6 +98,8 @@ class RetryFeed:
         self.assigned: set[TP] = set()
         #: Those of them read to their end, paused until a hop is written to them (drained.py).
         self._drained = DrainedPartitions()
+        #: The retry partitions the last poll paused at a record not due yet: the records before it are due.
+        self._gated: set[TP] = set()
         #: retry topic -> input topic
         self._origin = (
             {} if hops is None else {retry: topic for topic in hops.inputs for retry in hops.plan.topics(topic)}
@@ -137,6 +139,14 @@ class RetryFeed:
             return tp
         origin = self._origin.get(tp[0])
         return tp if origin is None else (origin, tp[1])
+
+    def held(self, paused: Collection[TP]) -> Collection[TP]:
+        """Of the container's ``paused`` partitions, those whose records in the last poll must not be handled: the
+        retry partitions that poll paused at a record not due yet are left out (the records before it, which it
+        handed on, are due; were they held with it, a record due earlier would wait for one due later)."""
+        if not self._gated:
+            return paused
+        return [tp for tp in paused if tp not in self._gated]
 
     def resume(self, tps: list[TP], container_consumer: Consumer) -> None:
         """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
@@ -230,14 +240,17 @@ class RetryFeed:
         """What the retry partitions have that is due (errors too, for the container to report); a partition whose
         head is not due is sought back to it and paused until it is due (``positions``: the container's)."""
         consumer, hops = self.consumer, self.hops
+        self._gated.clear()
         if consumer is None or hops is None or not self.assigned:
             return []
         if hops.written:  # hops written since the last look: their partitions are fetched until read past them
             self._drained.written(consumer, hops.written, self.assigned)
             hops.written.clear()
         msgs = consumer.consume(max_records, 0)
+        # Those read to their end are paused before the container handles what this poll brought: left fetching
+        # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once.
+        self._drained.pause_read_to_end(consumer, self.assigned)
         if not msgs:
-            self._drained.pause_read_to_end(consumer, self.assigned)
             return msgs
         now_ms = int(time.time() * 1000)
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
@@ -248,6 +261,7 @@ class RetryFeed:
         for tp, (offset, due_ms) in gate.items():
             positions.seek(tp, offset)
             positions.pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
+        self._gated.update(gate)
         due = {id(m) for m in records if _before_gate(m, gate)}
         return [m for m in msgs if m.error() is not None or id(m) in due]
 

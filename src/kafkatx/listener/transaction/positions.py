@@ -51,12 +51,28 @@ def records_to_handle(
                 report_error(m)
     if not paused and admitted is None:
         return batch
-    keep = [
-        m
-        for m in batch
-        if (m.topic(), m.partition()) not in paused and (admitted is None or (m.topic(), m.partition()) in admitted)
-    ]
+    keep = _unpaused(batch, paused, admitted)
     if len(keep) != len(batch):
         kept = {id(m) for m in keep}
         rewind(host, [m for m in batch if id(m) not in kept])
+    return keep
+
+
+def _unpaused(
+    batch: list[ConsumedMessage], paused: Collection[TP], admitted: Collection[TP] | None
+) -> list[ConsumedMessage]:
+    """The records of ``batch`` whose partition is not ``paused`` (and is ``admitted``). A poll's records come in
+    runs of one partition, and a partition is mostly paused while others flow (a retry partition waiting for its
+    head's due time, a partition holding a back-off), so each run is looked up once: two getters per record."""
+    keep: list[ConsumedMessage] = []
+    append = keep.append
+    run_topic, run_partition, run_kept = None, -1, True
+    for m in batch:
+        partition = m.partition()
+        if partition != run_partition or m.topic() != run_topic:
+            run_topic, run_partition = m.topic(), partition
+            tp = (run_topic, partition)
+            run_kept = tp not in paused and (admitted is None or tp in admitted)
+        if run_kept:
+            append(m)
     return keep
