@@ -17,7 +17,8 @@ import pytest
 from kafkatx import Output
 from kafkatx.context import bind_sink, send
 from kafkatx.errors import OutputError
-from kafkatx.outputs import PendingOutput, ResultEmitters
+from kafkatx.outputs import PendingOutput
+from kafkatx.result_emitters import HeldOutputs, PartlyProducedError, ResultEmitters
 
 OUT = "out"
 
@@ -56,14 +57,17 @@ def emitters(
     topics: tuple[str, ...] = (OUT, "other"),
     output: str | None = OUT,
     serializer: Any = None,
-) -> tuple[ResultEmitters, list[PendingOutput]]:
-    pending: list[PendingOutput] = []
+    waited: list[PendingOutput] | None = None,
+) -> tuple[ResultEmitters, HeldOutputs]:
+    """The emit functions over a fake confluent-kafka; ``waited`` gets what goes to the producer's waiting produce."""
+    pending = HeldOutputs(serializer)
     made = ResultEmitters(
         output,
         serializer,
         "listener",
         pending,
         lambda topic: fake if topic in topics else None,
+        (waited if waited is not None else []).append,
         kinds={},
     )
     return made, pending
@@ -148,8 +152,9 @@ def test_a_key_or_value_of_another_type_is_encoded_by_kafkatx_on_every_direct_pa
         finally:
             bind_sink(previous)
         pending = list(sink)
-    assert fake.calls == []
-    assert [(value, key) for _, value, key, _, _ in pending] == [(b'{"n": 1}', b"k")]
+    produced = [(call[1], call[2]) for call in fake.calls]  # the fake takes only what confluent-kafka would
+    held = [(value, key) for _, value, key, _, _ in pending]
+    assert produced + held == [(b'{"n": 1}', b"k")]
 
 
 def test_a_tuple_that_is_not_a_pair_fails_with_output_error() -> None:
@@ -211,8 +216,54 @@ def test_an_output_without_a_topic_needs_an_output_topic() -> None:
         emit(made, Output(b"v"))
 
 
-def test_a_generators_items_wait_in_the_buffer_in_order_until_the_handler_returned() -> None:
-    """Held, so that a handler failing after some items produces none of them; produced in order afterwards."""
+def test_a_generators_bytes_and_pairs_go_out_in_one_pass_once_it_finished() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+
+    def items() -> Iterator[Any]:
+        yield b"a"
+        assert fake.calls == []  # nothing goes out while the generator runs
+        yield b"k", b"b"
+
+    assert emit(made, items()) == 2
+    assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1)]
+    assert pending == []
+
+
+def test_a_generator_that_fails_half_way_produces_nothing_not_even_what_it_sent() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+
+    def items() -> Iterator[Any]:
+        yield b"a"
+        send("other", b"sent")
+        raise RuntimeError("the dependency failed")
+
+    with pytest.raises(RuntimeError):
+        emit(made, items())
+    assert fake.calls == []
+
+
+def test_what_a_generator_sends_keeps_its_place_among_its_items() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+
+    def items() -> Iterator[Any]:
+        yield b"a"
+        send("other", b"sent")
+        yield b"b"
+
+    previous = bind_sink(pending)
+    try:
+        produced = emit(made, items())
+    finally:
+        bind_sink(previous)
+    assert produced == 3
+    assert pending == []
+    assert [call[:3] for call in fake.calls] == [(OUT, b"a", None), ("other", b"sent", None), (OUT, b"b", None)]
+
+
+def test_a_generators_other_items_are_encoded_and_produced_in_order() -> None:
     fake = FakeProduce()
     made, pending = emitters(fake)
 
@@ -222,23 +273,64 @@ def test_a_generators_items_wait_in_the_buffer_in_order_until_the_handler_return
         yield b"k", b"b"
         yield Output(b"c", topic="other")
 
-    assert emit(made, items()) == 0
-    assert fake.calls == []
-    assert pending == [
-        (OUT, b"a", None, None, None),
-        (OUT, b"b", b"k", None, None),
-        ("other", b"c", None, None, None),
-    ]
-    assert made.flush_to(lambda out: None)() == 3
+    assert emit(made, items()) == 3
     assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1), ("other", b"c", None, None, -1)]
     assert pending == []
 
 
-def test_a_generators_items_of_other_types_are_encoded_into_the_buffer() -> None:
+def test_what_a_handler_sent_before_its_iterable_goes_first() -> None:
     fake = FakeProduce()
     made, pending = emitters(fake)
+    pending.add(("other", b"sent", None, None, None))
+    assert emit(made, [b"a", (b"k", b"b")]) == 0  # held behind what was sent
+    assert made.flush() == 3
+    assert [call[:3] for call in fake.calls] == [("other", b"sent", None), (OUT, b"a", None), (OUT, b"b", b"k")]
+
+
+def test_an_item_kafkatx_cannot_encode_after_items_that_went_out_fails_as_partly_produced() -> None:
+    """Those items are in the transaction: only an abort undoes them (as for an output the client refuses)."""
+    fake = FakeProduce()
+    made, _ = emitters(fake)
+    with pytest.raises(PartlyProducedError):
+        emit(made, [b"a", 3])
+    first_fake = FakeProduce()
+    made, _ = emitters(first_fake)
+    with pytest.raises(OutputError, match="int"):
+        emit(made, [3, b"a"])  # nothing went out: an ordinary failure of the record
+    assert first_fake.calls == []
+
+
+def test_an_item_confluent_kafka_refuses_half_way_and_the_rest_go_to_the_waiting_produce() -> None:
+    """A full queue after the first item: the rest wait for space, in order, none lost or doubled."""
+    calls: list[tuple[Any, ...]] = []
+
+    def full_after_one(topic: str, value: Any, key: Any = None, partition: int = -1, headers: Any = None) -> None:
+        if calls:
+            raise BufferError("Local: Queue full")
+        calls.append((topic, value, key))
+
+    waited: list[PendingOutput] = []
+    made, pending = emitters(FakeProduce(), waited=waited)
+    made.directs[OUT] = full_after_one
+    assert emit(made, [b"a", b"b", b"c"]) == 3
+    assert calls == [(OUT, b"a", None)]
+    assert waited == [(OUT, b"b", None, None, None), (OUT, b"c", None, None, None)]
+    assert pending == []
+
+
+def test_an_iterables_items_of_other_types_are_encoded_then_produced() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake)
+    assert emit(made, ["a", ("k", b"b")]) == 2
+    assert fake.calls == [(OUT, b"a", None, None, -1), (OUT, b"b", b"k", None, -1)]
+    assert pending == []
+
+
+def test_an_iterable_for_a_listener_without_a_direct_topic_is_held_encoded() -> None:
+    fake = FakeProduce()
+    made, pending = emitters(fake, topics=("other",))
     assert emit(made, ["a", ("k", b"b")]) == 0
-    assert pending == [(OUT, b"a", None, None, None), (OUT, b"b", b"k", None, None)]
+    assert pending == [(OUT, b"a", None, None, None), (OUT, b"b", b"k", None, None)]  # the runner flushes them
 
 
 def test_the_serializer_encodes_anything_else() -> None:
@@ -281,12 +373,12 @@ def test_the_emit_function_is_chosen_once_per_type() -> None:
 
 def test_buffered_outputs_are_produced_in_order_with_their_partition_and_headers() -> None:
     fake = FakeProduce(refuse=1)
-    made, pending = emitters(fake)
+    waited: list[PendingOutput] = []
+    made, pending = emitters(fake, waited=waited)
     emit(made, b"a")  # refused: buffered
     emit(made, Output(b"b", topic="other", partition=2, headers=[("h", b"x")]))
     emit(made, Output(b"c", topic="missing"))
-    waited: list[PendingOutput] = []
-    assert made.flush_to(waited.append)() == 3
+    assert made.flush() == 3
     assert fake.calls == [(OUT, b"a", None, None, -1), ("other", b"b", None, [("h", b"x")], 2)]
     assert waited == [("missing", b"c", None, None, None)]
     assert pending == []
@@ -294,10 +386,10 @@ def test_buffered_outputs_are_produced_in_order_with_their_partition_and_headers
 
 def test_a_buffered_output_confluent_kafka_refuses_goes_to_the_waiting_produce() -> None:
     fake = FakeProduce(refuse=2)
-    made, _ = emitters(fake)
-    emit(made, b"a")  # refused once: buffered
     waited: list[PendingOutput] = []
-    made.flush_to(waited.append)()  # refused again: the producer's produce waits for queue space
+    made, _ = emitters(fake, waited=waited)
+    emit(made, b"a")  # refused once: buffered
+    made.flush()  # refused again: the producer's produce waits for queue space
     assert fake.calls == []
     assert waited == [(OUT, b"a", None, None, None)]
 

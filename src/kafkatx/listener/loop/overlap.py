@@ -63,8 +63,9 @@ from kafkatx.listener.runners.concurrent import InPlaceRecoveryFailed
 from kafkatx.listener.runners.record_runner import RecordRunner
 from kafkatx.listener.transaction.positions import rewind
 from kafkatx.listener.transaction.unit import TransactionUnit
-from kafkatx.outputs import PendingOutput, encode_headers, produce_in_order
+from kafkatx.outputs import PendingOutput, encode_headers
 from kafkatx.record import ConsumedMessage
+from kafkatx.result_emitters import produce_in_order
 
 if TYPE_CHECKING:
     from confluent_kafka import Message

@@ -7,7 +7,7 @@ straight through confluent-kafka (:func:`produce_values`) rather than as a
 per record, that cost as much as the rest of the batch's handling. Anything
 else a call returns or ``send()``\\ s is encoded first (a bad output fails the
 call before anything of it is produced) and produced by
-:func:`~kafkatx.outputs.produce_in_order`.
+:func:`~kafkatx.result_emitters.produce_in_order`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kafkatx.listener.host import UnitProducer, UnitTransaction
-from kafkatx.outputs import REFUSED, PendingOutput, Produce, produce_in_order
+from kafkatx.outputs import PendingOutput
+from kafkatx.result_emitters import REFUSED, Produce, produce_in_order
 
 __all__ = ["CallOutputs", "SendBuffer", "bytes_values", "produce_call_outputs", "produce_values"]
 
@@ -50,7 +51,7 @@ def produce_values(
 ) -> int:
     """Produce ``values`` (bytes, no key) to ``topic`` in order; returns how many went straight to confluent-kafka
     (the others, refused, went through ``produce``, which waits for queue space or classifies the error, in their
-    place: as :func:`~kafkatx.outputs.produce_in_order` does)."""
+    place: as :func:`~kafkatx.result_emitters.produce_in_order` does)."""
     fast = direct(topic)
     refused = 0
     for value in values:

@@ -12,7 +12,7 @@ it committed.
 The loop in :meth:`RecordRunner._handle` is the hot path: it runs for every
 record, so it keeps to local variables, reads the clock once per step of
 records, and hands each result to the emit function of its type
-(:class:`~kafkatx.outputs.ResultEmitters`, chosen once per type), which
+(:class:`~kafkatx.result_emitters.ResultEmitters`, chosen once per type), which
 produces whatever needs no encoding (bytes, ``(key, value)`` of bytes, an
 ``Output`` of bytes) straight through confluent-kafka. The emit function is
 the one Python call per record kafkatx adds to the handler's: it calls
@@ -68,8 +68,9 @@ from kafkatx.listener.runners.concurrent import (
     NotAwaitedError,
     refuse_awaitable,
 )
-from kafkatx.outputs import Emit, PartlyProducedError, PendingOutput, ResultEmitters, collect_outputs
+from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, MessageRecord, Record
+from kafkatx.result_emitters import Emit, Flush, HeldOutputs, PartlyProducedError, ResultEmitters
 from kafkatx.rollback.processor import DefaultAfterRollbackProcessor
 
 if TYPE_CHECKING:
@@ -79,20 +80,6 @@ if TYPE_CHECKING:
 __all__ = ["RecordRunner", "RunnerHost"]
 
 log = logging.getLogger("kafkatx.container")
-
-
-class _RecordBuffer(list[PendingOutput]):
-    """Outputs of the record being handled: ``send()`` appends here, and so do a returned iterable's items; they
-    are produced once the handler returned, dropped if it raised."""
-
-    __slots__ = ("serializer",)
-    stream = None  # send() produces through no stream: a record's work is held until its handler returns
-
-    def __init__(self, serializer: Any) -> None:
-        super().__init__()
-        self.serializer = serializer
-
-    add = list.append
 
 
 class _Cut:
@@ -130,7 +117,7 @@ class RecordRunner:
         self.processor = processor
         #: The listener's own policy settles failures in the open transaction; a custom processor is handed them.
         self._settles = type(processor) is DefaultAfterRollbackProcessor
-        self._buffer = _RecordBuffer(self.spec.serializer)
+        self._buffer = HeldOutputs(self.spec.serializer)
         self._kinds: dict[type, int] = {}  # what each type a handler returns is (outputs.result_kind)
         #: ``retry="topics"``: a failed record hops to a retry topic (the container's, which feeds them back).
         self._hops = container.retry_hops
@@ -348,7 +335,7 @@ class RecordRunner:
         Returns how many outputs it produced and the offsets to commit."""
         buf, tracker, in_place, only_topic = self._buffer, unit.tracker, self.spec.retry == "in_place", self._only_topic
         failing = bool(tracker)  # a bool tests cheaper per record; the unit adds slots only for records it handled
-        emitter_for, flush = emitters.emitter, emitters.flush_to(unit.producer.produce)
+        emitter_for, flush = emitters.emitter, emitters.flush
         shape: type = type(None)  # the type of the last result, and its emit function
         emit: Emit = _nothing
         offsets: dict[TP, int] = {}
@@ -410,7 +397,7 @@ class RecordRunner:
         error: BaseException,
         index: int,
         in_place: bool,
-        flush: Callable[[], int] | None = None,
+        flush: Flush | None = None,
     ) -> _Cut | None:
         """A record's call raised: its held work is dropped, and the failure settled in the open transaction.
 
@@ -474,6 +461,7 @@ class RecordRunner:
             self.spec.name,
             buf,
             unit.direct,
+            unit.producer.produce,
             kinds=self._kinds,
         )
         refuse = functools.partial(refuse_awaitable, self.spec.name)
