@@ -76,17 +76,23 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(
     )
     lines: list[str] = []
     try:
-        kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 4} for i in range(400)])
         assert proc.stdout is not None
         pids: dict[str, int] = {}
-        deadline = time.monotonic() + 30
-        while len(pids) < 2 and time.monotonic() < deadline:
+        assigned: set[str] = set()
+        deadline = time.monotonic() + 60
+        # Both workers own partitions before the records come: else a slow start leaves sup-0 without any, the
+        # other worker copies everything, and sup-0 is killed before it made progress.
+        while (len(pids) < 2 or assigned != {"sup-0", "sup-1"}) and time.monotonic() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
             m = re.search(r"worker (sup-\d) started \(pid (\d+)\)", line)
             if m:
                 pids[m.group(1)] = int(m.group(2))
-        assert set(pids) == {"sup-0", "sup-1"}, "".join(lines)
+            m = re.search(r"\[(sup-\d)\] .* assigned \S+\[\d+\]", line)  # not "assigned nothing"
+            if m:
+                assigned.add(m.group(1))
+        assert set(pids) == {"sup-0", "sup-1"} and assigned == {"sup-0", "sup-1"}, "".join(lines)
+        kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 4} for i in range(400)])
         wait_for(lambda: kafka.caught_up(name, src), 60, message="the two workers caught up")
         os.kill(pids["sup-0"], signal.SIGKILL)
         kafka.produce(src, [{"value": b"b%d" % i, "partition": i % 4} for i in range(400)])
