@@ -98,16 +98,23 @@ def test_the_sink_commits_a_batch_once_and_logs_its_rows_and_dead_letters(
     kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The driver's side of the sink without Spark: what Spark's commit calls do, and what they log per batch."""
+    import pyarrow as pa
+
     from kafkatx.dlq.headers import EXCEPTION_FQCN
     from kafkatx.spark._stream_sink import KafkaTxStreamWriter
 
     out, dlt = kafka.topic(), kafka.topic()
     writer = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "markerTopic": out})
-    rows = [{"topic": out, "value": b"a"}, {"topic": dlt, "value": b"b", "headers": [(EXCEPTION_FQCN, b"E")]}]
+    letter = {"topic": dlt, "value": "b", "headers": [{"key": EXCEPTION_FQCN, "value": b"E"}]}  # a string value too
+    rows = [{"topic": out, "value": "a", "headers": None}, letter]
+
+    def task(*batches: list[dict[str, Any]]) -> Any:  # what a task's write returns, from its Arrow batches
+        return writer.write(iter([pa.RecordBatch.from_pylist(b) for b in batches]))
+
     caplog.set_level(logging.INFO, logger="kafkatx.spark")
-    writer.commit([writer.write(iter(rows)), None], 0)  # None: a task that failed (Spark passes its slot empty)
-    writer.commit([writer.write(iter(rows))], 0)
-    writer.commit([writer.write(iter(rows[:1]))], 1)
+    writer.commit([task(rows[:1], rows[1:]), None], 0)  # None: a task that failed (Spark passes its slot empty)
+    writer.commit([task(rows)], 0)
+    writer.commit([task(rows[:1])], 1)
     assert (kafka.values(out), kafka.values(dlt)) == ([b"a", b"a"], [b"b"]), "batch 0 once, then batch 1"
     logged = [(r.batch, r.rows, r.dead_letters, r.transactions) for r in caplog.records if hasattr(r, "batch")]
     assert logged == [(0, 2, 1, 1), (0, 0, 0, 0), (1, 1, 0, 1)], logged
