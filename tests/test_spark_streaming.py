@@ -119,6 +119,11 @@ def test_the_sink_commits_a_batch_once_and_logs_its_rows_and_dead_letters(
     logged = [(r.batch, r.rows, r.dead_letters, r.transactions) for r in caplog.records if hasattr(r, "batch")]
     assert logged == [(0, 2, 1, 1), (0, 0, 0, 0), (1, 1, 0, 1)], logged
 
+    plain = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": dlt})  # key, value only
+    keyed = pa.RecordBatch.from_pylist([{"key": b"k1", "value": b"c"}, {"key": None, "value": None}])
+    plain.commit([plain.write(iter([keyed]))], 0)
+    assert [(r.key, r.value) for r in kafka.read(dlt)][1:] == [(b"k1", b"c"), (None, None)], "the topic option's topic"
+
 
 class _Poison(Exception):
     """Not retryable in the map_records test: dead-lettered at its first failure."""

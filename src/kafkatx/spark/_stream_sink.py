@@ -84,6 +84,15 @@ class _Rows(WriterCommitMessage):
     batches: list[pa.RecordBatch] = field(default_factory=list)
 
 
+def _produce_one(producer: Producer, topic: str, value: bytes | None, **kwargs: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, **kwargs)
+            return
+        except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
+            producer.poll(0.1)
+
+
 def _produce_batch(producer: Producer, batch: pa.RecordBatch, topic: str | None) -> tuple[int, int]:
     """Produce one batch's rows into the open transaction; (rows, dead letters among them)."""
     n = batch.num_rows
@@ -93,24 +102,26 @@ def _produce_batch(producer: Producer, batch: pa.RecordBatch, topic: str | None)
         return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
 
     topics = column("topic") if topic is None else [topic] * n
+    if not all(topics):
+        raise InvalidConfigurationError(
+            'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
+        )
+    rows = zip(topics, column("key"), column("value"), strict=True)
+    if "partition" not in names and "headers" not in names:  # the usual sink: one call a row, no dict built
+        produce = producer.produce
+        for row_topic, key, value in rows:
+            try:
+                produce(row_topic, value, key)
+            except BufferError:
+                _produce_one(producer, row_topic, value, key=key)
+        return n, 0
     letters = 0
-    for row_topic, key, value, partition, headers in zip(
-        topics, column("key"), column("value"), column("partition"), column("headers"), strict=True
-    ):
-        if not row_topic:
-            raise InvalidConfigurationError(
-                'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
-            )
+    for (row_topic, key, value), partition, headers in zip(rows, column("partition"), column("headers"), strict=True):
         pairs = [(h["key"], h["value"] or b"") for h in headers] if headers else None
         kwargs: dict[str, Any] = {"key": key, "headers": pairs}
         if partition is not None:
             kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(row_topic, value, **kwargs)
-                break
-            except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
-                producer.poll(0.1)
+        _produce_one(producer, row_topic, value, **kwargs)
         if pairs and any(name == EXCEPTION_FQCN for name, _ in pairs):
             letters += 1
     return n, letters
