@@ -118,7 +118,7 @@ def _accepts(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def connect_server(workdir: Path, master: str = "local[2]", **conf: str) -> Iterator[str]:
+def connect_server(workdir: Path, master: str = "local[2,3]", **conf: str) -> Iterator[str]:
     """A Spark Connect server over ``master`` (its static settings ``conf``); gives its ``sc://`` URL."""
     port = _free_port()
     log = workdir / "connect.log"

@@ -6,6 +6,7 @@ the input holds, writes it, and stops, so a test can read the output back under 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -211,7 +212,7 @@ def _child(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str)
     )
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+def _finish(proc: subprocess.Popen[str], timeout: float = 420) -> None:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -221,7 +222,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
     assert proc.returncode == 0 and "done" in out, out[-3000:]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
@@ -241,14 +242,17 @@ def _kill_after_kafka_commit(kit: KafkaTestKit, src: str, dst: str, checkpoint: 
     try:
         _wait_for(stopped, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdout is not None and not proc.stdout.closed:  # _wait_for read it already when the query ended
+            proc.communicate()
+        proc.wait()
     assert 1 not in _done_batches(checkpoint), "killed before Spark recorded batch 1 as done"
 
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -266,7 +270,7 @@ def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_re
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_driver_sigkilled_while_map_records_runs_and_restarted_writes_each_output_or_dead_letter_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -286,7 +290,7 @@ def test_a_driver_sigkilled_while_map_records_runs_and_restarted_writes_each_out
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -305,7 +309,7 @@ def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_o
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -330,7 +334,7 @@ def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_a
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("cluster", ["spark_standalone", "spark_connect"])
 def test_on_a_cluster_the_source_and_sink_write_every_record_once(
     cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
@@ -347,7 +351,7 @@ def test_on_a_cluster_the_source_and_sink_write_every_record_once(
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("cluster", ["spark_standalone", "spark_connect"])
 def test_on_a_cluster_map_records_writes_outputs_and_dead_letters_once_when_a_worker_dies(
     cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
@@ -368,7 +372,7 @@ def test_on_a_cluster_map_records_writes_outputs_and_dead_letters_once_when_a_wo
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_speculative_copy_of_a_slow_task_does_not_write_its_rows_twice(
     spark_standalone: str, kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
