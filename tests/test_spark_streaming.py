@@ -310,16 +310,21 @@ def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_o
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("cluster", ["local[2,3]", "spark_standalone", "spark_connect"])
 def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
-    kafka: KafkaTestKit, tmp_path: Path
+    cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
-    """local[2,3]: the handler's worker exits mid-task once; the retried task runs the handler again from the start."""
+    """The handler's worker exits mid-task once; the retried task runs the handler again from the start.
+
+    Under local[2,3], on a standalone cluster (4 tries a task) and through Spark Connect (its server over
+    local[2,3]): the fixtures of the section below."""
+    master = cluster if cluster.startswith("local") else request.getfixturevalue(cluster)
     src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
     dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
     values = [(b"bad" if i % 50 == 7 else b"v") + str(i).encode() for i in range(300)]
     kafka.produce(src, values)
     died = tmp_path / "died"
-    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
+    extra = ("--master", master, "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
     _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, "--marker", str(died)))
     assert died.exists(), "the worker died once"
     assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
@@ -327,7 +332,7 @@ def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_a
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# On a cluster: a standalone master and worker (spark://) and a Spark Connect server (sc://), started by the
+# On a cluster: a standalone master and two workers (spark://) and a Spark Connect server (sc://), started by the
 # session fixtures of conftest.py (tests/spark_servers.py). The query runs in the child process, a driver (or a
 # Connect client) of its own; the "kafkatx" source and sink run on the cluster's executors and driver.
 
@@ -347,27 +352,6 @@ def test_on_a_cluster_the_source_and_sink_write_every_record_once(
     _finish(_child(kafka, src, dst, checkpoint, "--master", master, "--max-per-trigger", "120"))
     assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values), "each input record once"
     assert len(_done_batches(checkpoint)) >= 2, "several micro-batches"
-
-
-@pytest.mark.slow
-@pytest.mark.long
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("cluster", ["spark_standalone", "spark_connect"])
-def test_on_a_cluster_map_records_writes_outputs_and_dead_letters_once_when_a_worker_dies(
-    cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
-) -> None:
-    """The handler's Python worker exits mid-task once; Spark retries the task (4 tries on a cluster master)."""
-    master = request.getfixturevalue(cluster)
-    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
-    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
-    values = [(b"bad" if i % 50 == 7 else b"v") + str(i).encode() for i in range(300)]
-    kafka.produce(src, values)
-    died = tmp_path / "died"
-    extra = ("--master", master, "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
-    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, "--marker", str(died)))
-    assert died.exists(), "the worker died once"
-    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
-    assert Counter(kafka.values(dlt)) == Counter(v for v in values if v.startswith(b"bad")), "dead letters once"
 
 
 @pytest.mark.slow
