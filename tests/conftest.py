@@ -43,3 +43,26 @@ def restore_logging() -> Iterator[None]:
     for name, level in saved[2].items():
         logging.getLogger(name).setLevel(level)
     logging.captureWarnings(False)
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone Spark master and two 1-core workers (127.0.0.1, 127.0.0.2), for the test run.
+
+    Gives the master's ``spark://`` URL."""
+    from spark_servers import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("standalone")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server over local[2,3] (a task retried), for the test run; gives its ``sc://`` URL.
+
+    Skips the test where the Connect client is not installed (``pip install 'kafkatx[spark-connect]'``)."""
+    pytest.importorskip("grpc", reason="the Spark Connect client: pip install 'kafkatx[spark-connect]'")
+    from spark_servers import connect_server
+
+    with connect_server(tmp_path_factory.mktemp("connect")) as url:
+        yield url

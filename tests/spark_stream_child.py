@@ -8,6 +8,9 @@ output. Options:
   the test SIGKILLs the process group there, the worst moment for a driver to die.
 - ``--die-on VALUE --marker FILE``: a Python UDF upstream of the sink exits its worker (``os._exit``) at the
   record VALUE, once (FILE says it happened): the task is retried under ``local[N,F]``.
+- ``--slow-on VALUE --slow-dir DIR``: the UDF's first attempt of the task holding VALUE waits there until a
+  speculative copy of the task (``--conf spark.speculation=true``) reaches it too (files ``attempt-N`` in DIR).
+- ``--conf KEY=VALUE``: a Spark setting of the session (not for ``sc://``, whose settings are the server's).
 - ``--map-records``: the middle of the query is map_records (values starting ``bad`` are dead-lettered to
   ``<src>-dlt``), whose handler is the one that dies.
 """
@@ -18,6 +21,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +47,23 @@ def _hanging_source(batch: int, signal: str) -> type:
     return HangingSource
 
 
-def _upper(die_on: str | None, marker: str | None) -> Any:
-    """A Python UDF: the value upper-cased; its worker exits at ``die_on`` the first time only."""
+def _wait_for_copy(slow: str) -> None:
+    """At the record --slow-on: attempt 0 of the task waits for a speculative copy (attempt 1) to reach it too."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    Path(slow, f"attempt-{attempt}").touch()
+    deadline = time.monotonic() + 120
+    while attempt == 0 and not Path(slow, "attempt-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _upper(args: argparse.Namespace) -> Any:
+    """A Python UDF: the value upper-cased; its worker exits at ``--die-on`` the first time only."""
     from pyspark.sql.functions import udf
+
+    die_on, marker, slow_on, slow = args.die_on, args.marker, args.slow_on, args.slow_dir
 
     def upper(value: bytes | None) -> str | None:
         if value is None:
@@ -54,6 +72,8 @@ def _upper(die_on: str | None, marker: str | None) -> Any:
         if die_on is not None and marker is not None and text == die_on and not os.path.exists(marker):
             Path(marker).touch()
             os._exit(1)
+        if slow_on is not None and text == slow_on:
+            _wait_for_copy(slow)
         return text.upper()
 
     return udf(upper, "string")
@@ -79,7 +99,16 @@ def _stage(df: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if args.map_records:
         mapped = streaming.map_records(df, _handler(args.die_on, args.marker), output=args.dst, backoff=0.01)
         return mapped, "markerTopic"
-    return df.select("key", _upper(args.die_on, args.marker)("value").alias("value")), "topic"
+    return df.select("key", _upper(args)("value").alias("value")), "topic"
+
+
+def _session(master: str, conf: list[str]) -> Any:
+    """A local or standalone session as the tests make them, or a Spark Connect client (``sc://``)."""
+    if not master.startswith("sc://"):
+        return create_test_session(master, **dict(c.split("=", 1) for c in conf))
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(master).getOrCreate()
 
 
 def main() -> None:
@@ -93,9 +122,12 @@ def main() -> None:
     parser.add_argument("--die-on")
     parser.add_argument("--marker")
     parser.add_argument("--map-records", action="store_true")
+    parser.add_argument("--slow-on")
+    parser.add_argument("--slow-dir")
+    parser.add_argument("--conf", action="append", default=[])
     args = parser.parse_args()
 
-    spark = create_test_session(args.master)
+    spark = _session(args.master, args.conf)
     if args.hang_after_batch is not None:
         spark.dataSource.register(_hanging_source(args.hang_after_batch, args.signal))
     else:

@@ -6,6 +6,7 @@ the input holds, writes it, and stops, so a test can read the output back under 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -98,19 +99,31 @@ def test_the_sink_commits_a_batch_once_and_logs_its_rows_and_dead_letters(
     kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The driver's side of the sink without Spark: what Spark's commit calls do, and what they log per batch."""
+    import pyarrow as pa
+
     from kafkatx.dlq.headers import EXCEPTION_FQCN
     from kafkatx.spark._stream_sink import KafkaTxStreamWriter
 
     out, dlt = kafka.topic(), kafka.topic()
     writer = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "markerTopic": out})
-    rows = [{"topic": out, "value": b"a"}, {"topic": dlt, "value": b"b", "headers": [(EXCEPTION_FQCN, b"E")]}]
+    letter = {"topic": dlt, "value": "b", "headers": [{"key": EXCEPTION_FQCN, "value": b"E"}]}  # a string value too
+    rows = [{"topic": out, "value": "a", "headers": None}, letter]
+
+    def task(*batches: list[dict[str, Any]]) -> Any:  # what a task's write returns, from its Arrow batches
+        return writer.write(iter([pa.RecordBatch.from_pylist(b) for b in batches]))
+
     caplog.set_level(logging.INFO, logger="kafkatx.spark")
-    writer.commit([writer.write(iter(rows)), None], 0)  # None: a task that failed (Spark passes its slot empty)
-    writer.commit([writer.write(iter(rows))], 0)
-    writer.commit([writer.write(iter(rows[:1]))], 1)
+    writer.commit([task(rows[:1], rows[1:]), None], 0)  # None: a task that failed (Spark passes its slot empty)
+    writer.commit([task(rows)], 0)
+    writer.commit([task(rows[:1])], 1)
     assert (kafka.values(out), kafka.values(dlt)) == ([b"a", b"a"], [b"b"]), "batch 0 once, then batch 1"
     logged = [(r.batch, r.rows, r.dead_letters, r.transactions) for r in caplog.records if hasattr(r, "batch")]
     assert logged == [(0, 2, 1, 1), (0, 0, 0, 0), (1, 1, 0, 1)], logged
+
+    plain = KafkaTxStreamWriter({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": dlt})  # key, value only
+    keyed = pa.RecordBatch.from_pylist([{"key": b"k1", "value": b"c"}, {"key": None, "value": None}])
+    plain.commit([plain.write(iter([keyed]))], 0)
+    assert [(r.key, r.value) for r in kafka.read(dlt)][1:] == [(b"k1", b"c"), (None, None)], "the topic option's topic"
 
 
 class _Poison(Exception):
@@ -186,7 +199,8 @@ _CHILD = Path(__file__).with_name("spark_stream_child.py")
 
 
 def _child(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(streaming.__file__).parents[2]), str(_CHILD.parent)])}
+    paths = [str(Path(streaming.__file__).parents[2]), str(_CHILD.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     command = [sys.executable, str(_CHILD), "--bootstrap", kit.bootstrap_servers, "--src", src, "--dst", dst]
     return subprocess.Popen(
         [*command, "--checkpoint", str(checkpoint), *extra],
@@ -198,7 +212,7 @@ def _child(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str)
     )
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+def _finish(proc: subprocess.Popen[str], timeout: float = 420) -> None:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -208,7 +222,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> None:
     assert proc.returncode == 0 and "done" in out, out[-3000:]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
@@ -221,9 +235,24 @@ def _done_batches(checkpoint: Path) -> set[int]:
     return {int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
 
 
+def _kill_after_kafka_commit(kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, *extra: str) -> None:
+    """Run the query until batch 1's transaction is committed in Kafka, then SIGKILL the driver's process group."""
+    stopped = checkpoint.with_name("stopped")
+    proc = _child(kit, src, dst, checkpoint, *extra, "--hang-after-batch", "1", "--signal", str(stopped))
+    try:
+        _wait_for(stopped, proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdout is not None and not proc.stdout.closed:  # _wait_for read it already when the query ended
+            proc.communicate()
+        proc.wait()
+    assert 1 not in _done_batches(checkpoint), "killed before Spark recorded batch 1 as done"
+
+
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -231,15 +260,8 @@ def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_re
     src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
     values = [f"v{i}".encode() for i in range(120)]
     kafka.produce(src, [(f"k{i % 5}".encode(), v) for i, v in enumerate(values)])
-    checkpoint, stopped = tmp_path / "chk", tmp_path / "stopped"
-    hang = ("--max-per-trigger", "40", "--hang-after-batch", "1", "--signal", str(stopped))
-    proc = _child(kafka, src, dst, checkpoint, *hang)
-    try:
-        _wait_for(stopped, proc)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    assert 1 not in _done_batches(checkpoint), "killed before Spark recorded batch 1 as done"
+    checkpoint = tmp_path / "chk"
+    _kill_after_kafka_commit(kafka, src, dst, checkpoint, "--max-per-trigger", "40")
     written = Counter(kafka.values(dst))
     assert 0 < sum(written.values()) < len(values), f"killed mid-stream: {sum(written.values())} written"
     _finish(_child(kafka, src, dst, checkpoint, "--max-per-trigger", "40"))
@@ -248,7 +270,27 @@ def test_a_driver_sigkilled_after_the_kafka_commit_and_restarted_writes_every_re
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
+def test_a_driver_sigkilled_while_map_records_runs_and_restarted_writes_each_output_or_dead_letter_once(
+    kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """As above with map_records in the middle: outputs and dead letters of batch 1 committed, then the kill."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
+    values = [(b"bad" if i % 10 == 3 else b"v") + str(i).encode() for i in range(120)]
+    kafka.produce(src, [(f"k{i % 5}".encode(), v) for i, v in enumerate(values)])
+    checkpoint = tmp_path / "chk"
+    _kill_after_kafka_commit(kafka, src, dst, checkpoint, "--max-per-trigger", "40", "--map-records")
+    written = len(kafka.values(dst)) + len(kafka.values(dlt))
+    assert 0 < written < len(values), f"killed mid-stream: {written} outputs and dead letters written"
+    _finish(_child(kafka, src, dst, checkpoint, "--max-per-trigger", "40", "--map-records"))
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
+    assert Counter(kafka.values(dlt)) == Counter(v for v in values if v.startswith(b"bad")), "dead letters once"
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(900)
 def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_once(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -267,18 +309,76 @@ def test_a_python_worker_dying_mid_task_under_task_retries_writes_every_record_o
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cluster", ["local[2,3]", "spark_standalone", "spark_connect"])
 def test_a_map_records_worker_dying_mid_task_under_task_retries_writes_outputs_and_dead_letters_once(
-    kafka: KafkaTestKit, tmp_path: Path
+    cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
-    """local[2,3]: the handler's worker exits mid-task once; the retried task runs the handler again from the start."""
+    """The handler's worker exits mid-task once; the retried task runs the handler again from the start.
+
+    Under local[2,3], on a standalone cluster (4 tries a task) and through Spark Connect (its server over
+    local[2,3]): the fixtures of the section below."""
+    master = cluster if cluster.startswith("local") else request.getfixturevalue(cluster)
     src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
     dlt = kafka.topic(partitions=2, name=f"{src}-dlt")
     values = [(b"bad" if i % 50 == 7 else b"v") + str(i).encode() for i in range(300)]
     kafka.produce(src, values)
     died = tmp_path / "died"
-    extra = ("--master", "local[2,3]", "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
+    extra = ("--master", master, "--max-per-trigger", "1000", "--map-records", "--die-on", "v150")
     _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, "--marker", str(died)))
     assert died.exists(), "the worker died once"
     assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values if v.startswith(b"v")), "outputs once"
     assert Counter(kafka.values(dlt)) == Counter(v for v in values if v.startswith(b"bad")), "dead letters once"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On a cluster: a standalone master and two workers (spark://) and a Spark Connect server (sc://), started by the
+# session fixtures of conftest.py (tests/spark_servers.py). The query runs in the child process, a driver (or a
+# Connect client) of its own; the "kafkatx" source and sink run on the cluster's executors and driver.
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cluster", ["spark_standalone", "spark_connect"])
+def test_on_a_cluster_the_source_and_sink_write_every_record_once(
+    cluster: str, request: pytest.FixtureRequest, kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    master = request.getfixturevalue(cluster)
+    src, dst = kafka.topic(partitions=3), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(300)]
+    kafka.produce(src, [(f"k{i % 7}".encode(), v) for i, v in enumerate(values)])
+    checkpoint = tmp_path / "chk"
+    _finish(_child(kafka, src, dst, checkpoint, "--master", master, "--max-per-trigger", "120"))
+    assert Counter(kafka.values(dst)) == Counter(v.upper() for v in values), "each input record once"
+    assert len(_done_batches(checkpoint)) >= 2, "several micro-batches"
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_a_speculative_copy_of_a_slow_task_does_not_write_its_rows_twice(
+    spark_standalone: str, kafka: KafkaTestKit, tmp_path: Path
+) -> None:
+    """spark.speculation on, two 1-core workers (two hosts): the task of partition 0 stalls until Spark has started a
+    speculative copy of it and the copy has reached the same record; both attempts run to the end."""
+    src, dst = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    values = [f"v{i}".encode() for i in range(200)]
+    kafka.produce(src, values, partition=0)
+    kafka.produce(src, [f"w{i}".encode() for i in range(200)], partition=1)
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    speculation = {
+        "spark.speculation": "true",
+        "spark.speculation.interval": "200ms",
+        "spark.speculation.quantile": "0.5",
+        "spark.speculation.multiplier": "1.5",
+        "spark.speculation.minTaskRuntime": "1s",
+        "spark.speculation.efficiency.enabled": "false",
+    }
+    conf = [arg for key, value in speculation.items() for arg in ("--conf", f"{key}={value}")]
+    extra = ("--master", spark_standalone, "--max-per-trigger", "1000", "--slow-on", "v120", "--slow-dir", str(slow))
+    _finish(_child(kafka, src, dst, tmp_path / "chk", *extra, *conf))
+    assert (slow / "attempt-0").exists() and (slow / "attempt-1").exists(), "a speculative copy reached the record"
+    expected = Counter(v.upper() for v in values) + Counter(f"W{i}".encode() for i in range(200))
+    assert Counter(kafka.values(dst)) == expected, "each input record once"

@@ -4,7 +4,8 @@ Spark's own Kafka sink writes each task's rows as the task runs, so a retried ta
 restarted driver writes rows again (at least once). Writing a Kafka transaction per task is not enough
 either: when an upstream Python worker dies, Spark can hand the writer an input that simply ends, and a task
 that commits what it got commits a truncated partition. So here the executors only collect their rows
-(:meth:`KafkaTxStreamWriter.write` returns them in its commit message) and the **driver** writes the batch,
+(:meth:`KafkaTxStreamWriter.write` returns them in its commit message, as the Arrow batches Spark hands an
+Arrow writer: no per-row conversion on the executor) and the **driver** writes the batch,
 where Spark tells it the batch succeeded (:meth:`KafkaTxStreamWriter.commit`), in one Kafka transaction that
 also records the batch id:
 
@@ -31,8 +32,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from kafkatx.dlq.headers import EXCEPTION_FQCN
 from kafkatx.errors import InvalidConfigurationError
@@ -42,44 +44,96 @@ __all__ = ["KafkaTxStreamWriter", "batch_marker"]
 
 log = logging.getLogger("kafkatx.spark")
 
-#: A sink row: (topic, key, value, partition, headers).
-SinkRow = tuple[str, bytes | None, bytes | None, int | None, list[tuple[str, bytes]] | None]
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+#: The columns the sink reads, each cast to the type it produces from (a string value or key becomes its UTF-8 bytes).
+_SINK_COLUMNS = {
+    "topic": pa.string(),
+    "key": pa.binary(),
+    "value": pa.binary(),
+    "partition": pa.int32(),
+    "headers": _HEADERS,
+}
 
 
-def _bytes(value: Any, column: str) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    raise InvalidConfigurationError(f"the {column!r} column must be binary or string, got {type(value).__name__}")
+def _sink_batch(batch: pa.RecordBatch, topic_option: str | None) -> pa.RecordBatch:
+    """The sink's columns of ``batch`` (others dropped), in the types :func:`_produce_batch` reads."""
+    names = batch.schema.names
+    if "value" not in names:
+        raise InvalidConfigurationError('the "kafkatx" sink needs a "value" column (binary or string)')
+    if topic_option is None and "topic" not in names:
+        raise InvalidConfigurationError(
+            'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
+        )
+    wanted = [n for n in _SINK_COLUMNS if n in names and not (n == "topic" and topic_option is not None)]
+    columns = []
+    for name in wanted:
+        column = batch.column(names.index(name))
+        try:
+            columns.append(column if column.type == _SINK_COLUMNS[name] else column.cast(_SINK_COLUMNS[name]))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise InvalidConfigurationError(
+                f"the {name!r} column must be {_SINK_COLUMNS[name]} (or string), got {column.type}"
+            ) from e
+    return pa.RecordBatch.from_arrays(columns, names=wanted)
 
 
 @dataclass
 class _Rows(WriterCommitMessage):
-    """What one task collected, handed to the driver."""
+    """What one task collected, handed to the driver: Arrow batches (pickled as Arrow IPC, not row by row)."""
 
-    rows: list[SinkRow] = field(default_factory=list)
+    batches: list[pa.RecordBatch] = field(default_factory=list)
 
 
-def _produce(producer: Producer, messages: list[Any]) -> tuple[int, int]:
+def _produce_one(producer: Producer, topic: str, value: bytes | None, **kwargs: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, **kwargs)
+            return
+        except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
+            producer.poll(0.1)
+
+
+def _produce_batch(producer: Producer, batch: pa.RecordBatch, topic: str | None) -> tuple[int, int]:
+    """Produce one batch's rows into the open transaction; (rows, dead letters among them)."""
+    n = batch.num_rows
+    names = batch.schema.names
+
+    def column(name: str) -> list[Any]:
+        return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
+
+    topics = column("topic") if topic is None else [topic] * n
+    if not all(topics):
+        raise InvalidConfigurationError(
+            'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
+        )
+    rows = zip(topics, column("key"), column("value"), strict=True)
+    if "partition" not in names and "headers" not in names:  # the usual sink: one call a row, no dict built
+        produce = producer.produce
+        for row_topic, key, value in rows:
+            try:
+                produce(row_topic, value, key)
+            except BufferError:
+                _produce_one(producer, row_topic, value, key=key)
+        return n, 0
+    letters = 0
+    for (row_topic, key, value), partition, headers in zip(rows, column("partition"), column("headers"), strict=True):
+        pairs = [(h["key"], h["value"] or b"") for h in headers] if headers else None
+        kwargs: dict[str, Any] = {"key": key, "headers": pairs}
+        if partition is not None:
+            kwargs["partition"] = partition
+        _produce_one(producer, row_topic, value, **kwargs)
+        if pairs and any(name == EXCEPTION_FQCN for name, _ in pairs):
+            letters += 1
+    return n, letters
+
+
+def _produce(producer: Producer, messages: list[Any], topic: str | None) -> tuple[int, int]:
     """Produce the tasks' rows into the open transaction; (rows, dead letters among them)."""
     rows = letters = 0
     for message in messages:
-        for topic, key, value, partition, headers in message.rows if message is not None else ():
-            kwargs: dict[str, Any] = {"key": key, "headers": headers}
-            if partition is not None:
-                kwargs["partition"] = int(partition)
-            while True:
-                try:
-                    producer.produce(topic, value, **kwargs)
-                    break
-                except BufferError:  # the local queue is full (a batch of more rows than it holds): drain some
-                    producer.poll(0.1)
-            rows += 1
-            if headers and any(name == EXCEPTION_FQCN for name, _ in headers):
-                letters += 1
+        for batch in message.batches if message is not None else ():
+            batch_rows, batch_letters = _produce_batch(producer, batch, topic)
+            rows, letters = rows + batch_rows, letters + batch_letters
     return rows, letters
 
 
@@ -88,8 +142,8 @@ def batch_marker(topic: str) -> TopicPartition:
     return TopicPartition(topic, 0)
 
 
-class KafkaTxStreamWriter(DataSourceStreamWriter):
-    """Rows collected on the executors, written by the driver in one transaction per micro-batch."""
+class KafkaTxStreamWriter(DataSourceStreamArrowWriter):
+    """Rows collected on the executors (as Arrow batches), written by the driver in one transaction per micro-batch."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._options = options_of(options)
@@ -110,29 +164,9 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
         self.transactional_id = identity
 
     # -- executors ------------------------------------------------------------
-    def write(self, iterator: Iterator[Any]) -> _Rows:
-        """Collect this task's rows; nothing is written to Kafka here (see the module's docstring)."""
-        rows: list[SinkRow] = []
-        for row in iterator:
-            fields = row.asDict() if hasattr(row, "asDict") else dict(row)
-            if "value" not in fields:
-                raise InvalidConfigurationError('the "kafkatx" sink needs a "value" column (binary or string)')
-            topic = self._topic or fields.get("topic")
-            if not topic:
-                raise InvalidConfigurationError(
-                    'a row without a topic: give the "kafkatx" sink .option("topic", ...) or a "topic" column'
-                )
-            headers = fields.get("headers")
-            rows.append(
-                (
-                    str(topic),
-                    _bytes(fields.get("key"), "key"),
-                    _bytes(fields.get("value"), "value"),
-                    fields.get("partition"),
-                    [(str(k), _bytes(v, "headers") or b"") for k, v in headers] if headers else None,
-                )
-            )
-        return _Rows(rows)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Rows:
+        """Collect this task's rows as Arrow batches; nothing is written to Kafka here (see the module's docstring)."""
+        return _Rows([_sink_batch(batch, self._topic) for batch in iterator if batch.num_rows])
 
     # -- driver -----------------------------------------------------------------
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803  (pyspark's name)
@@ -154,7 +188,7 @@ class KafkaTxStreamWriter(DataSourceStreamWriter):
                 return
             started = time.monotonic()
             producer.begin_transaction()
-            rows, letters = _produce(producer, messages)
+            rows, letters = _produce(producer, messages, self._topic)
             producer.send_offsets_to_transaction(
                 [TopicPartition(marker.topic, marker.partition, batchId + 1)], group.consumer_group_metadata(), 60
             )
