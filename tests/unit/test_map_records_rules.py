@@ -113,13 +113,26 @@ def test_the_sink_writes_rows_to_their_topic_column_without_a_topic_option_and_n
     servers = {"kafka.bootstrap.servers": "localhost:1"}
     with pytest.raises(InvalidConfigurationError, match="markerTopic"):
         KafkaTxStreamWriter(servers)
-    rows = [{"topic": "a", "value": b"1"}, {"topic": "b-dlt", "value": "2", "headers": [("h", b"x")]}]
-    own = KafkaTxStreamWriter({**servers, "markerTopic": "a"}).write(iter(rows)).rows
-    assert [(r[0], r[2], r[4]) for r in own] == [("a", b"1", None), ("b-dlt", b"2", [("h", b"x")])]
-    overridden = KafkaTxStreamWriter({**servers, "topic": "t"}).write(iter(rows)).rows
-    assert [r[0] for r in overridden] == ["t", "t"], "as in Spark's sink, the topic option overrides the column"
+    headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    rows = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["a", "b-dlt"]),
+            pa.array(["1", "2"]),  # a string value column, cast to binary as Spark's sink does
+            pa.array([None, [{"key": "h", "value": b"x"}]], type=headers),
+        ],
+        names=["topic", "value", "headers"],
+    )
+    own = KafkaTxStreamWriter({**servers, "markerTopic": "a"}).write(iter([rows])).batches
+    collected = pa.Table.from_batches(own).to_pylist()
+    assert [(r["topic"], r["value"], r["headers"]) for r in collected] == [
+        ("a", b"1", None),
+        ("b-dlt", b"2", [{"key": "h", "value": b"x"}]),
+    ]
+    overridden = KafkaTxStreamWriter({**servers, "topic": "t"}).write(iter([rows])).batches
+    assert "topic" not in overridden[0].schema.names, "as in Spark's sink, the topic option overrides the column"
+    without_topic = pa.RecordBatch.from_arrays([pa.array([b"1"])], names=["value"])
     with pytest.raises(InvalidConfigurationError, match="without a topic"):
-        KafkaTxStreamWriter({**servers, "markerTopic": "a"}).write(iter([{"value": b"1"}]))
+        KafkaTxStreamWriter({**servers, "markerTopic": "a"}).write(iter([without_topic]))
 
 
 def test_map_records_names_the_source_columns_a_dataframe_lacks_before_any_task_runs() -> None:
