@@ -12,7 +12,9 @@ the copiers or the broker are bounced, cleanly (SIGTERM) or hard (SIGKILL).
 Each copier is bounced three times, each time once it has copied a fifth of
 what its partitions had left when it (re)started, so that every bounce lands
 in the middle of the copy; a copier that makes no progress for 60 s fails the
-test. A ``read_committed`` consumer reads the output while all this happens.
+test. Until every bounce has happened the input keeps flowing (a partition
+running low on records left gets more, numbered on), so that a copier cannot
+finish its partitions while the others' restarts hold up its own bounces. A ``read_committed`` consumer reads the output while all this happens.
 At the end the output must equal the input: nothing missing, nothing twice,
 nothing extra, each record in its input partition and in its input order
 (Kafka checks order only in single-partition runs). Beyond the originals:
@@ -338,6 +340,51 @@ class LiveReader:
             self._consumer.close()
 
 
+class Feeder:
+    """Keeps the input flowing while copiers are bounced: a partition with fewer than ``low`` records left to copy
+    (its end minus its committed offset) gets ``chunk`` more, numbered on from the seed, so that a copier never runs
+    out of work before its bounces have happened. ``ends`` (shared with Progress) follows what was delivered."""
+
+    def __init__(self, bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, low: int) -> None:
+        self.ends, self.progress, self.low, self.topic = ends, progress, low, topic
+        self.next = dict(ends)  # each partition's next sequence number: the seed numbers 0.. within a partition
+        self.fed = 0
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "log_level": 0})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bounce-feeder", daemon=True)
+        self._thread.start()
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            p = msg.partition()
+            self.ends[p] = max(self.ends[p], msg.offset() + 1)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            latest = self.progress.latest
+            for p in self.ends:
+                if self.next[p] - latest.get(p, 0) < self.low:
+                    for seq in range(self.next[p], self.next[p] + self.low):
+                        self._producer.produce(
+                            self.topic, b"%d:%08d" % (p, seq), key=b"%d" % p, partition=p, on_delivery=self._delivered
+                        )
+                    self.next[p] += self.low
+                    self.fed += self.low
+            self._producer.poll(0)
+            self._stop.wait(0.1)
+
+    def halt(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def stop(self) -> None:
+        """Stops feeding and waits until everything fed is delivered (``ends`` final)."""
+        self.halt()
+        left = self._producer.flush(60)
+        assert left == 0, f"{left} fed input records were not delivered"
+        assert self.ends == self.next, f"fed input records missing: delivered up to {self.ends}, fed {self.next}"
+
+
 def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
     """Seed, copy while bouncing, check; returns what happened (also written to ``bounce-stats.json``)."""
     started = time.monotonic()
@@ -346,6 +393,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
     copiers: list[Copier] = []
     progress: Progress | None = None
     live: LiveReader | None = None
+    feeder: Feeder | None = None
     bounces: list[Bounce] = []
     stats: dict[str, Any] = {"scenario": asdict(s)}
     try:
@@ -396,8 +444,9 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                     fail(AssertionError, f"copier {c.instance} exited on its own with code {c.proc.returncode}")
 
         def wait_copier_progress(c: Copier) -> bool:
-            """Kafka's gate: ``c`` has copied a fifth of what its partitions had left when it (re)started.
-            False when its partitions have nothing left (Kafka then skips the bounce)."""
+            """Kafka's gate: ``c`` has copied a fifth of what its partitions had left when it (re)started, and
+            has records left now. False when its partitions have nothing left and no more will come (Kafka then
+            skips the bounce); while the feeder runs, more will: a copier that caught up is waited for."""
             assert progress is not None
             deadline = time.monotonic() + PROGRESS_TIMEOUT_S
             while True:
@@ -407,8 +456,9 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                     left = sum(ends[p] - c.base.get(p, 0) for p in owned)
                     done = sum(now.get(p, 0) - c.base.get(p, 0) for p in owned)
                     if all(now.get(p, 0) >= ends[p] for p in owned):
-                        return False
-                    if done >= 0.2 * left:
+                        if feeder is None:
+                            return False
+                    elif done >= 0.2 * left:
                         return True
                 if time.monotonic() > deadline:
                     fail(
@@ -446,6 +496,9 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
 
         skipped = 0
         if s.copier_failure is not None:
+            # The input keeps flowing until every bounce has happened: a copier that is not bounced meanwhile
+            # (the others' restarts can be slow) cannot finish its partitions before its own bounces.
+            feeder = Feeder(broker.bootstrap_servers, src, ends, progress, low=max(200, s.records // s.partitions // 4))
             total = s.rounds * s.copiers
             for n in range(total):
                 i = n % s.copiers
@@ -474,6 +527,9 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
                 every_copier.append(copiers[i])
                 if s.broker is not None and n == total // 2:
                     bounce_broker(s.broker == "hard")
+            feeder.stop()
+            stats["fed_records"] = feeder.fed
+            feeder = None
         elif s.broker is not None:
             since = dict(progress.latest)
             for _ in range(3):  # Kafka bounces each of its 3 brokers in turn
@@ -529,6 +585,8 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         (tmp_path / "bounce-stats.json").write_text(json.dumps(stats, indent=1, default=str))
         for c in copiers:
             c.kill_quietly()
+        if feeder is not None:
+            feeder.halt()
         if live is not None:
             live.close()
         if progress is not None:

@@ -90,22 +90,25 @@ def test_bad_port_rejected() -> None:
 def test_no_orphan_when_the_owner_dies(tmp_path: Path, how: str) -> None:
     script = textwrap.dedent(
         """
-        import os, sys, time
+        import sys
         from kafkatx.local import LocalBroker
         b = LocalBroker().start()
         print(b.pid, b.data_dir, flush=True)
-        if sys.argv[1] == "sigkill":
-            time.sleep(60)
+        sys.stdin.readline()  # the owner lives until the test has seen its broker alive, then exits or is killed
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
     pid_text, data_dir = proc.stdout.readline().split()
     broker_pid = int(pid_text)
     assert _alive(broker_pid)
     if how == "sigkill":
         proc.send_signal(signal.SIGKILL)
+    else:
+        proc.stdin.close()  # the owner exits on its own now
     proc.wait(30)
+    proc.stdin.close()
+    proc.stdout.close()
     wait_for(lambda: not _alive(broker_pid), timeout=15, message=f"broker pid {broker_pid} to exit")
     assert Path(data_dir).exists() == (how == "sigkill"), "a killed owner cleans nothing up itself"
     LocalBroker().start().stop()

@@ -19,6 +19,12 @@ from kafkatx.testing import KafkaTestKit, unique_name, wait_for
 
 pytestmark = pytest.mark.slow
 
+# The head's back-off: the restarted worker must read "late" while the head is still in retry, so that it follows
+# "late" again. That is the first worker's start, its hops, the kill and the restart (3.5 s on an idle machine);
+# a slow restart (a loaded machine) took longer than the 8 s this was. The test waits for the head's second
+# attempt by condition (its output), so the back-off costs its length once, not a margin on top.
+BACKOFF_S = 30.0
+
 APP = textwrap.dedent(
     """
     import os, time
@@ -29,7 +35,8 @@ APP = textwrap.dedent(
         "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "heartbeat.interval.ms": 500,
         "group.instance.id": os.environ["APP_NAME"] + "-w"})
 
-    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", max_attempts=3, backoff=8.0, dlq=True)
+    @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", max_attempts=3,
+                  backoff=float(os.environ["BACKOFF_S"]), dlq=True)
     def handle(record: Record) -> tuple[bytes | None, bytes]:
         with open(os.environ["CALLS"], "a") as f:
             f.write(f"{record.value.decode()} {record.attempt}\\n")
@@ -44,7 +51,7 @@ APP = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles_nothing_and_keeps_key_order(
     kafka: KafkaTestKit, tmp_path: Path
 ) -> None:
@@ -61,6 +68,7 @@ def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles
         "CALLS": str(calls),
         "MARK": str(tmp_path / "stalled"),
         "PYTHONUNBUFFERED": "1",
+        "BACKOFF_S": str(BACKOFF_S),
     }
     kafka.produce(src, [{"key": b"k", "value": v} for v in (b"head", b"f-1", b"f-2")])
     command = [sys.executable, "-m", "kafkatx", "run", "retry_app:app", "--bootstrap-servers"]
@@ -82,7 +90,12 @@ def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles
         first.wait(10)
     assert [r.value for r in kafka.read(src + "-retry")] == [b"head", b"f-1", b"f-2"], "the open follow is not seen"
     code, log = run_worker(
-        tmp_path, env, kafka.bootstrap_servers, stop_when=lambda: len(kafka.read(out)) == 5, app="retry_app:app"
+        tmp_path,
+        env,
+        kafka.bootstrap_servers,
+        stop_when=lambda: len(kafka.read(out)) == 5,
+        timeout=BACKOFF_S + 60,
+        app="retry_app:app",
     )
     assert code == 0, log
     by_key: dict[bytes, list[bytes]] = defaultdict(list)
@@ -96,7 +109,12 @@ def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles
             attempts[value].append(int(attempt))
     assert attempts["head"] == [1, 2], "the head's attempt never went back"
     assert attempts["f-1"] == attempts["f-2"] == attempts["late"] == [1], "the followers ran once, spent nothing"
-    followed = [r.value for r in kafka.read(src + "-retry")]
-    assert followed.count(b"late") == 1, f"the follow that died with the process was written once after it: {followed}"
+    hops = kafka.read(src + "-retry")
+    followed = [r.value for r in hops]
+    hopped_at = {r.value: r.timestamp for r in hops}
+    assert followed.count(b"late") == 1, (
+        f"the follow that died with the process was written once after it: {followed}; the head hopped at "
+        f"{hopped_at.get(b'head')} ms, due {BACKOFF_S:.0f} s later, and late was followed at {hopped_at.get(b'late')}"
+    )
     written = kafka.values(src + "-retry", isolation="read_uncommitted")
     assert written.count(b"late") == 2, f"the first follow was in the transaction the kill left open: {written}"

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+FIRST_BACKOFF_S = 10.0  # the first App's back-off: far longer than it takes to stop once its hop committed
 
 
 class Transient(Exception):
@@ -49,6 +50,10 @@ def test_an_attempt_from_a_retry_topic_links_to_the_failed_attempts_also_those_o
     src, out = kafka.topic(), kafka.topic()
     kafka.produce(src, [{"key": b"k", "value": b"flaky", "headers": [("traceparent", TRACEPARENT)]}])
     options: dict[str, Any] = {"retry": "topics", "ordering": ordering, "max_attempts": 3, "backoff": 0.2}
+    # The first App's hop is due FIRST_BACKOFF_S after attempt 1 (a fixed back-off: the same retry topic at any
+    # delay), and the App stops as soon as the hop has committed: it cannot run attempt 2 before it has stopped.
+    # The second App runs attempt 2 once that hop is due, and attempt 3 after its own 0.2 s.
+    first_options = {**options, "backoff": FIRST_BACKOFF_S}
     seen: list[Record] = []
     lock = threading.Lock()
 
@@ -61,9 +66,10 @@ def test_an_attempt_from_a_retry_topic_links_to_the_failed_attempts_also_those_o
 
     first_provider, first_exporter = _provider()
     first = make_app(kafka, name="retry-trace", tracing=first_provider)
-    first.listener(src, output=out, dlq=True, **options)(handle)
+    first.listener(src, output=out, dlq=True, **first_options)(handle)
     with running(first):
         wait_for(lambda: kafka.caught_up(first.group_id, src), 30, message="the hop committed")
+    assert [r.attempt for r in seen] == [1], "the first App stopped before the hop was due"
     [hop] = kafka.read(src + "-retry")
     [one] = _attempts(first_exporter)
     carried = dict(hop.headers)[ATTEMPT_SPANS]
@@ -73,7 +79,11 @@ def test_an_attempt_from_a_retry_topic_links_to_the_failed_attempts_also_those_o
     second = App(first.name, bootstrap_servers=kafka.bootstrap_servers, group_id=first.group_id, tracing=provider)
     second.listener(src, output=out, dlq=True, **options)(handle)
     with running(second):
-        wait_for(lambda: [r.value for r in kafka.read(out)] == [b"done"], 30, message="the third attempt's output")
+        wait_for(
+            lambda: [r.value for r in kafka.read(out)] == [b"done"],
+            FIRST_BACKOFF_S + 30,
+            message="the third attempt's output",
+        )
     two, three = _attempts(exporter)
     assert [(s.attributes or {})["kafkatx.attempt"] for s in (one, two, three)] == [1, 2, 3]
     assert [link.context.span_id for link in two.links] == [one.context.span_id]
