@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,14 @@ class PoisonError(Exception):
 
 # How the dead-letter headers name it (kafka_dlt-exception-fqcn).
 POISON_FQCN = f"{PoisonError.__module__}.{PoisonError.__qualname__}"
+
+
+def summed_counts(records: list[Any]) -> Counter[str]:
+    """The totals of per-batch counts (key: a word, value: its count in one batch), as the word count produces them."""
+    total: Counter[str] = Counter()
+    for r in records:
+        total[(r.key or b"").decode()] += int(r.value or b"0")
+    return total
 
 
 def make_app(kafka: KafkaTestKit, *, name: str = "app", instance_id: str = "test", **options: Any) -> App:

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from helpers import summed_counts
 
 pytest.importorskip("pyspark")
 
@@ -93,13 +94,6 @@ def _events(app: App, *types: type) -> dict[type, list[Any]]:
     return seen
 
 
-def _counts(records: list[Any]) -> Counter[str]:
-    total: Counter[str] = Counter()
-    for r in records:
-        total[r.key.decode()] += int(r.value)
-    return total
-
-
 def _done(kafka: KafkaTestKit, group: str, topic: str) -> bool:
     return kafka.caught_up(group, topic)
 
@@ -136,7 +130,7 @@ def test_word_count_is_exact_and_committed_once(kafka: KafkaTestKit, spark_sessi
         wait_for(lambda: _done(kafka, app.group_id, lines_topic), timeout=60, message="all lines committed")
 
     out = kafka.read(counts_topic)
-    assert _counts(out) == expected  # exact: nothing lost, nothing counted twice
+    assert summed_counts(out) == expected  # exact: nothing lost, nothing counted twice
     assert len(out) == sum(e.outputs for e in events[TransactionCommitted])  # each output produced once
     assert len(kafka.read(counts_topic, isolation="read_uncommitted")) == len(out)  # no aborted attempts at all
     assert len(events[TransactionCommitted]) >= 3  # several batches, not one
@@ -181,7 +175,7 @@ def test_poison_records_are_isolated_and_the_rest_commits_once(kafka: KafkaTestK
     out = kafka.read(out_topic)
     good = Counter(v for i, v in enumerate(values) if i not in poison_at)
     assert sorted(r.key.decode() for r in out) == sorted(good)
-    assert _counts(out) == good
+    assert summed_counts(out) == good
     assert [e.attempt for e in events[HandlerFailed]] == [1, 2]
     assert {e.record.offset for e in events[RecordRecovered]} == poison_at
     # Isolation cost: 2 attempts, then about k·(log2(n) + 1) jobs for k poison records.
@@ -203,7 +197,7 @@ def test_bisection_budget_dead_letters_the_suspects(kafka: KafkaTestKit, spark_s
     info = parse_dead_letter_headers(dead[0].headers)
     assert info.exception_fqcn == f"{__name__}.PoisonError"
     assert "max_bisect_jobs=2" in (info.exception_stacktrace or "")
-    assert _counts(kafka.read(out_topic)) == Counter(values[:4] + values[8:])
+    assert summed_counts(kafka.read(out_topic)) == Counter(values[:4] + values[8:])
 
 
 class _SessionThatDies:
@@ -287,7 +281,7 @@ def test_not_retryable_poison_and_failed_recovery(kafka: KafkaTestKit, spark_ses
 
     assert [r.value for r in kafka.read(parked)] == [b"poison-3"]
     committed = kafka.read(out_topic)
-    assert _counts(committed) == Counter(v for v in values if v != "poison-3")
+    assert summed_counts(committed) == Counter(v for v in values if v != "poison-3")
     assert len(events[HandlerFailed]) == 1  # not retryable: no retry, and no 30 s back-off
     # The first transaction (outputs + failed recovery) was aborted, not half-committed.
     assert len(events[RecoveryFailed]) == 1 and len(events[TransactionAborted]) == 1
