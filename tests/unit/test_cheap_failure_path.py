@@ -67,11 +67,11 @@ def _fail(message: str) -> BaseException:
 
 
 def test_a_traceback_is_formatted_as_the_standard_formatter_does_once_per_path() -> None:
-    first, second = _fail("one"), _fail("two")
+    first, second = _fail("the first failure"), _fail("the second failure")  # words no file path holds
     for exc in (first, second):
         expected = "".join(traceback.format_exception(exc)).replace("    ^^^^^^^^^^^^^^^^^^^^^^^\n", "")
         assert format_stacktrace(exc) == expected
-    assert format_stacktrace(first).replace("one", "two") == format_stacktrace(second)
+    assert format_stacktrace(first).replace("first", "second") == format_stacktrace(second)
     chained = Transient("outer")
     chained.__cause__ = first
     text = format_stacktrace(chained)
