@@ -1,4 +1,4 @@
-"""Retry partitions read to their end wait paused until a hop is written to them (listener/loop/drained.py)."""
+"""Retry partitions read to their end wait paused until a hop written to them is due (listener/loop/drained.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ class FakeConsumer:
     def resume(self, partitions: list[TopicPartition]) -> None:
         self.paused.difference_update((p.topic, p.partition) for p in partitions)
 
+    def seek(self, partition: TopicPartition) -> None:
+        self.positions[(partition.topic, partition.partition)] = partition.offset
+
 
 def _setup() -> tuple[DrainedPartitions, FakeConsumer, Consumer]:
     fake = FakeConsumer()
@@ -76,8 +79,12 @@ def test_a_hop_written_wakes_the_partition_and_it_is_paused_again_only_past_the_
     drained, fake, consumer = _setup()
     fake.positions, fake.high = {R0: 5}, {R0: 5}
     drained.pause_read_to_end(consumer, {R0})
-    drained.written(consumer, [R0], {R0})
-    assert fake.paused == set(), "woken for the hop"
+    assert drained.written(consumer, {R0: 1_000}, {R0}) == {R0: 1_000}, "paused here: the caller holds it until due"
+    assert fake.paused == {R0}, "not fetched before the hop is due"
+    drained.held_elsewhere(R0)
+    drained.pause_read_to_end(consumer, {R0})
+    fake.resume([TopicPartition(*R0)])  # the hop is due: the container's timed pause ends
+    drained.resumed([R0])
     drained.pause_read_to_end(consumer, {R0})
     assert fake.paused == set(), "the client has not seen the hop yet (its high watermark is still 5): no pause"
     fake.high[R0] = 7  # the hop and its commit marker fetched
@@ -91,7 +98,7 @@ def test_a_hop_written_wakes_the_partition_and_it_is_paused_again_only_past_the_
 def test_a_hop_written_to_a_partition_still_fetching_holds_off_its_pause_too() -> None:
     drained, fake, consumer = _setup()
     fake.positions, fake.high = {R0: 5}, {R0: 5}
-    drained.written(consumer, [R0], {R0})  # written before the read-to-end check ran
+    assert drained.written(consumer, {R0: 1_000}, {R0}) == {}  # written before the read-to-end check ran
     drained.pause_read_to_end(consumer, {R0})
     assert fake.paused == set()
 
@@ -104,7 +111,7 @@ def test_a_seek_or_a_resume_fetches_a_paused_partition_again_and_unassigned_ones
     assert fake.paused == {R1} and drained.paused == {R1}
     drained.forget([R1])
     assert drained.paused == set()
-    drained.written(consumer, [R1], set())  # not assigned here: nothing to do
+    assert drained.written(consumer, {R1: 1_000}, set()) == {}  # not assigned here: nothing to do
     assert fake.paused == {R1}
 
 
@@ -133,3 +140,57 @@ def test_a_poll_that_brings_records_of_one_retry_partition_pauses_another_read_t
     polled = feed.poll(100, cast(Any, positions))
     assert len(polled) == 1, "the record brought is handed on"
     assert fake.paused == {R0}, "the other partition, read to its end, waits paused meanwhile"
+
+
+def _feed_with_a_drained_partition(now_ms: int) -> tuple[Any, FakeConsumer, dict[tuple[str, int], float]]:
+    from confluent_kafka import Message
+
+    from kafkatx.listener.loop.retry_feed import RetryFeed
+    from kafkatx.retry_topics import RetryTopicPlan
+    from kafkatx.retry_topics.hops import RetryHops
+    from kafkatx.rollback.policy import FailurePolicy
+
+    hops = RetryHops(RetryTopicPlan(FailurePolicy(max_attempts=2, backoff=1.0)), ["t"], "grp", clock=lambda: 0.0)
+    feed = RetryFeed(hops, {"group.id": "grp"}, "listener")
+
+    class Polled(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+            return []
+
+    fake = Polled()
+    feed.consumer, feed.assigned = cast(Consumer, fake), {R0}
+    fake.positions, fake.high = {R0: 5}, {R0: 5}
+    paused_until: dict[tuple[str, int], float] = {}
+    positions = SimpleNamespace(
+        seek=lambda tp, offset: None,
+        pause=lambda tp, seconds: paused_until.__setitem__(tp, seconds),
+        paused_until=paused_until,
+    )
+    feed.poll(100, cast(Any, positions))
+    assert fake.paused == {R0}, "read to its end: paused"
+    return feed, fake, paused_until
+
+
+def test_a_hop_written_to_a_partition_read_to_its_end_is_fetched_when_it_is_due_not_before() -> None:
+    """Fetched at once, the hop would only be found not due and paused again by the gate: the client and the broker
+    would fetch the partition for nothing for a back-off's worth of polls."""
+    import time
+
+    feed, fake, paused_until = _feed_with_a_drained_partition(0)
+    due = int(time.time() * 1000) + 1_000
+    feed.hops.written[R0] = due
+    feed.poll(100, cast(Any, SimpleNamespace(seek=None, pause=paused_until.__setitem__, paused_until=paused_until)))
+    assert fake.paused == {R0}, "still paused: the hop is not due"
+    assert 0.5 < paused_until[R0] <= 1.0, "held by the container's timed pause until the hop is due"
+    feed.resume([R0], cast(Consumer, FakeConsumer()))  # the timed pause ends
+    assert fake.paused == set()
+    fake.positions[R0] = 5
+    feed.poll(100, cast(Any, SimpleNamespace(seek=None, pause=paused_until.__setitem__, paused_until={})))
+    assert fake.paused == set(), "fetched until the client has seen the hop (high watermark past 5)"
+
+
+def test_a_hop_due_already_wakes_its_partition_at_once() -> None:
+    feed, fake, paused_until = _feed_with_a_drained_partition(0)
+    feed.hops.written[R0] = 0  # backoff=0, or a commit slower than the back-off
+    feed.poll(100, cast(Any, SimpleNamespace(seek=None, pause=paused_until.__setitem__, paused_until=paused_until)))
+    assert fake.paused == set() and R0 not in paused_until

@@ -27,7 +27,7 @@ handler, so it commits with the record's offset), its attempt unchanged.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from kafkatx.client.offsets import TP
@@ -41,6 +41,11 @@ from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
 
 __all__ = ["HopTrace", "RetryHops"]
+
+
+#: How many parsed retry records' origins :class:`RetryHops` keeps for their commit at most (about one
+#: transaction's worth of retry records is what it needs).
+_ORIGINS_KEPT = 50_000
 
 
 class HopTrace(Protocol):
@@ -85,6 +90,7 @@ class RetryHops:
         "_listener",
         "_worker",
         "_last",
+        "_origins",
     )
 
     def __init__(
@@ -112,12 +118,16 @@ class RetryHops:
         self.book = RetryKeys(self._origin, self._in_retry if publish is not None else None, key_order=key_order)
         #: ``ordering="key"``: the book, as the gate of key order; None lets records pass each other ("none").
         self.keys = self.book if key_order else None
-        #: The retry partitions hops were written to since the feed last looked (it fetches them again).
-        self.written: set[TP] = set()
+        #: The retry partitions hops were written to since the feed last looked, and when the first is due (epoch
+        #: ms): the feed fetches them then.
+        self.written: dict[TP, int] = {}
         #: With tracing on: the failed attempts' span contexts each hop carries (kafkatx.tracing._hops).
         self.trace = trace
         #: The retry record read back last, by its coordinates, and its view: what :meth:`view` answers for it.
         self._last: tuple[tuple[str, int, int], Record] | None = None
+        #: What :meth:`hop_of` answers for the retry records :meth:`arrived` parsed, by their coordinates: their
+        #: commit reads none of their headers again (taken out as it reads them; cleared past _ORIGINS_KEPT).
+        self._origins: dict[tuple[str, int, int], tuple[TP, bytes | None, int]] = {}
 
     @classmethod
     def of(
@@ -152,10 +162,12 @@ class RetryHops:
             due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
             self._publish(RecordsInRetry(self._listener, self._worker, records, due))
 
-    def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage]) -> None:
+    def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Sequence[ConsumedMessage]) -> None:
         """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
         committed as handled is told (:class:`~kafkatx.events.RetryHandled`)."""
         handled = self.book.committed(txn, offsets, consumed, self.hop_of)
+        if len(self._origins) > _ORIGINS_KEPT:  # parsed in transactions that did not commit (aborted, revoked)
+            self._origins.clear()
         if handled and self._publish is not None:
             for view in handled:
                 self._publish(RetryHandled(self._listener, self._worker, view))
@@ -253,7 +265,9 @@ class RetryHops:
         if self._of_another_group(hop.group):
             return None
         seen = hop.record
-        self._last = ((record.topic, record.partition, record.offset), seen)
+        at = (record.topic, record.partition, record.offset)
+        self._last = (at, seen)
+        self._origins[at] = ((seen.topic, seen.partition), record.raw_key, seen.offset)
         trace = self.trace
         if trace is not None and self.group_id is not None:
             spans = attempt_spans_of(record.headers)
@@ -283,7 +297,7 @@ class RetryHops:
         self._with_spans(view, headers)
         topic = view.topic + level.suffix
         self.book.wrote(view, Place(topic, due_ms))
-        self.written.add((topic, view.partition))
+        self._written_to((topic, view.partition), due_ms)
         return (topic, view.raw_value, view.raw_key, headers, view.partition)
 
     def follow(self, view: Record, place: Place) -> None:
@@ -294,13 +308,21 @@ class RetryHops:
         )
         self._with_spans(view, headers)
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
-        self.written.add((place.topic, view.partition))
+        self._written_to((place.topic, view.partition), place.due_ms)
         self.book.wrote(view, place)
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
 
+    def _written_to(self, tp: TP, due_ms: int) -> None:
+        written = self.written
+        if due_ms < written.get(tp, due_ms + 1):
+            written[tp] = due_ms
+
     def hop_of(self, msg: ConsumedMessage) -> tuple[TP, bytes | None, int] | None:
         """The input partition, key and input offset of a record consumed from a retry topic; None if no hop."""
+        known = self._origins.pop((msg.topic(), msg.partition(), msg.offset()), None)
+        if known is not None:
+            return known
         origin = hop_origin(msg.headers())
         if origin is None or self._of_another_group(origin[3]):
             return None

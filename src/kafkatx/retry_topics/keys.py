@@ -42,8 +42,10 @@ Pure: no I/O, one container's thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import methodcaller
 
 from kafkatx.client.offsets import TP
 from kafkatx.record import ConsumedMessage, Record
@@ -55,6 +57,9 @@ __all__ = ["Place", "RetryKeys"]
 Entries = dict[int, "Place"]
 #: What a retry record consumed is a hop of: ``(input TP, key, input offset)``; None if it is no hop.
 HopOf = Callable[[ConsumedMessage], "tuple[TP, bytes | None, int] | None"]
+
+
+_topic_of = methodcaller("topic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +176,7 @@ class RetryKeys:
         self._current = self._journals[id(txn)] = _Journal()
 
     def committed(
-        self, txn: object, offsets: Mapping[TP, int], consumed: Iterable[ConsumedMessage], hop_of: HopOf
+        self, txn: object, offsets: Mapping[TP, int], consumed: Sequence[ConsumedMessage], hop_of: HopOf
     ) -> list[Record]:
         """Producer ``txn`` committed ``offsets``: the retry records of ``consumed`` below them leave (read from
         their hop headers by ``hop_of``), then the hops it wrote join. Returns the input views of the retry
@@ -181,7 +186,8 @@ class RetryKeys:
             self._current = None
         origin = self._origin
         handled: list[Record] = []
-        for msg in [m for m in consumed if m.topic() in origin]:
+        # The retry records among every record consumed, picked out without a Python step per record.
+        for msg in list(compress(consumed, map(origin.__contains__, map(_topic_of, consumed)))):
             if msg.offset() < offsets.get((msg.topic(), msg.partition()), -1):
                 found = hop_of(msg)
                 if found is not None:

@@ -1,4 +1,4 @@
-"""Retry partitions read to their end wait paused until a hop is written to them.
+"""Retry partitions read to their end wait paused until a hop written to them is due.
 
 A retry partition mostly holds nothing: records arrive there only as hops this
 container writes (the owner of input partition ``(T, p)`` is the only writer
@@ -8,18 +8,23 @@ empty fetch at once (the embedded one: ``fetch.wait.max.ms`` is not honoured)
 turns that into a busy loop of the client and the broker: about a third of a
 core for one listener's retry partitions, taken from the main flow.
 
-So a retry partition whose position reached its high watermark is paused, and
-resumed when a hop is written to it, when the container seeks it (a record
-handled from it is fetched again) or resumes it, or when it is assigned again.
-After a hop, the partition is paused again only once the client has seen the
-high watermark move past what it knew when the hop was written: until then
-the hop may still be on its way, and a pause would leave it unread.
+So a retry partition whose position reached its high watermark is paused. A
+hop written to it is due a back-off later, and nothing before it is in the
+partition: the feed hands the partition to the container's timed pause until
+then (:meth:`DrainedPartitions.written`), so it is fetched once, when there
+is something due to read, rather than fetched for the hop at once and paused
+again at it by the due-time gate. A paused partition is also fetched again
+when the container seeks it (a record handled from it is fetched again) or
+resumes it, or when it is assigned again. After a hop, the partition is
+paused again only once the client has seen the high watermark move past what
+it knew when the hop was written: until then the hop may still be on its way,
+and a pause would leave it unread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -63,15 +68,25 @@ class DrainedPartitions:
             for tp in ends:
                 self._written_at.pop(tp, None)
 
-    def written(self, consumer: Consumer, tps: Iterable[TP], assigned: set[TP]) -> None:
-        """Hops were written to ``tps``: fetch them (again) until the client has read past them."""
-        wake = []
-        for tp in tps:
+    def written(self, consumer: Consumer, due_ms: Mapping[TP, int], assigned: set[TP]) -> dict[TP, int]:
+        """Hops were written to ``due_ms``' partitions (each: when the first of them is due, epoch ms): they are
+        fetched until the client has read past them. Returns those paused here, which stay paused: the caller
+        holds each until its hop is due (then :meth:`resumed`), or fetches it at once (:meth:`fetch_again`)."""
+        sleeping = {}
+        for tp, due in due_ms.items():
             if tp in assigned:
                 self._written_at[tp] = max(self._written_at.get(tp, -1), _cached_high(consumer, tp))
                 if tp in self.paused:
-                    wake.append(tp)
-        self.fetch_again(consumer, wake)
+                    sleeping[tp] = due
+        return sleeping
+
+    def held_elsewhere(self, tp: TP) -> None:
+        """``tp`` stays paused, now by the container's timed pause (which resumes it): no longer read to its end."""
+        self.paused.discard(tp)
+
+    def resumed(self, tps: Iterable[TP]) -> None:
+        """``tps`` were resumed by whoever paused them: fetched until read past any hop written to them."""
+        self.paused.difference_update(tps)
 
     def fetch_again(self, consumer: Consumer | None, tps: Iterable[TP]) -> None:
         """``tps`` must be fetched (sought, resumed, assigned again): those paused here are resumed."""

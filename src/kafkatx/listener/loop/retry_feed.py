@@ -152,7 +152,7 @@ class RetryFeed:
         """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
         mine = [TopicPartition(t, p) for t, p in tps if self._origin and t in self._origin]
         theirs = [TopicPartition(t, p) for t, p in tps if not self._origin or t not in self._origin]
-        self._drained.forget((tp.topic, tp.partition) for tp in mine)  # resumed here, whatever paused them
+        self._drained.resumed((tp.topic, tp.partition) for tp in mine)  # resumed here, whatever paused them
         for consumer, some in ((container_consumer, theirs), (self.consumer, mine)):
             if consumer is not None and some:
                 try:
@@ -244,8 +244,7 @@ class RetryFeed:
         if consumer is None or hops is None or not self.assigned:
             return []
         if hops.written:  # hops written since the last look: their partitions are fetched until read past them
-            self._drained.written(consumer, hops.written, self.assigned)
-            hops.written.clear()
+            self._wake_when_due(consumer, positions)
         msgs = consumer.consume(max_records, 0)
         # Those read to their end are paused before the container handles what this poll brought: left fetching
         # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once.
@@ -264,6 +263,25 @@ class RetryFeed:
         self._gated.update(gate)
         due = {id(m) for m in records if _before_gate(m, gate)}
         return [m for m in msgs if m.error() is not None or id(m) in due]
+
+    def _wake_when_due(self, consumer: Consumer, positions: ContainerPositions) -> None:
+        """The retry partitions hops were written to since the last look: one read to its end stays paused until
+        the first hop written to it is due (the container's timed pause resumes it then; drained.py)."""
+        hops = self.hops
+        assert hops is not None
+        sleeping = self._drained.written(consumer, hops.written, self.assigned)
+        hops.written.clear()
+        if not sleeping:
+            return
+        now_ms = int(time.time() * 1000)
+        at = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in sleeping])}
+        for tp, due_ms in sleeping.items():
+            if due_ms > now_ms:
+                positions.pause(tp, (due_ms - now_ms) / 1000.0)
+            if tp in positions.paused_until and at.get(tp, -1) >= 0 and _seek(consumer, tp, at[tp]):
+                self._drained.held_elsewhere(tp)
+            else:  # due already, or not paused (revoked meanwhile): fetched now
+                self._drained.fetch_again(consumer, (tp,))
 
 
 def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> list[ConsumedMessage]:
@@ -296,6 +314,17 @@ def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> l
     finally:
         scanner.unassign()
     return records
+
+
+def _seek(consumer: Consumer, tp: TP, offset: int) -> bool:
+    """Seek a paused ``tp`` to where it is: librdkafka then fetches it as soon as it is resumed (left as it is, a
+    partition paused at its end was fetched up to a second after its resume). False if it failed (revoked?)."""
+    try:
+        consumer.seek(TopicPartition(tp[0], tp[1], offset))
+    except Exception:
+        log.debug("seek of retry partition %s failed", tp, exc_info=True)
+        return False
+    return True
 
 
 def _before_gate(msg: ConsumedMessage, gate: dict[TP, tuple[int, int]]) -> bool:
