@@ -4,7 +4,7 @@ handler and the recoverer see, where a hop's count comes from, and the due-time 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import tenacity
@@ -14,7 +14,7 @@ from kafkatx import App, DefaultAfterRollbackProcessor, InvalidConfigurationErro
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import HandlerFailed, RecordRecovered, RecordRetryScheduled
 from kafkatx.listener.failure.failed_record import Hold, retry_recovery, settle_failure
-from kafkatx.listener.loop.retry_feed import not_due
+from kafkatx.listener.loop.waiting_retries import WaitingRetries
 from kafkatx.listener.spec import build_spec
 from kafkatx.outputs import PendingOutput
 from kafkatx.recoverers import Recoverer
@@ -174,11 +174,59 @@ class _Msg:
         return self._h
 
 
-def test_the_gate_stops_each_retry_partition_at_its_first_record_not_due() -> None:
+class _Pauses:
+    """The retry consumer's pause and resume, as WaitingRetries calls them."""
+
+    def __init__(self) -> None:
+        self.paused: set[tuple[str, int]] = set()
+        self.sought = []
+
+    def pause(self, partitions: list[Any]) -> None:
+        self.paused.update((p.topic, p.partition) for p in partitions)
+
+    def resume(self, partitions: list[Any]) -> None:
+        self.paused.difference_update((p.topic, p.partition) for p in partitions)
+
+    def seek(self, partition: Any) -> None:
+        self.sought.append((partition.topic, partition.partition, partition.offset))
+
+    sought: list[tuple[str, int, int]]
+
+
+def _offsets(msgs: list[Any]) -> list[tuple[str, int, int]]:
+    return [(m.topic(), m.partition(), m.offset()) for m in msgs]
+
+
+def test_the_gate_hands_on_each_retry_partitions_records_up_to_its_first_one_not_due_and_the_rest_wait_paused() -> None:
+    waiting, consumer = WaitingRetries(), _Pauses()
     msgs = [_Msg("a-retry", 0, 5, 100), _Msg("a-retry", 0, 6, 300), _Msg("a-retry", 0, 7, 200)]
     msgs += [_Msg("a-retry", 1, 1, None), _Msg("a-retry-2000", 0, 3, 250)]
-    assert not_due(msgs, 150) == {("a-retry", 0): (6, 300), ("a-retry-2000", 0): (3, 250)}  # type: ignore[arg-type]
-    assert not_due(msgs, 1000) == {}  # type: ignore[arg-type]
+    due = waiting.sort(cast(Any, consumer), cast(Any, msgs), 150)
+    assert _offsets(due) == [("a-retry", 0, 5), ("a-retry", 1, 1)]
+    assert consumer.paused == {("a-retry", 0), ("a-retry-2000", 0)}, "paused past what waits: nothing fetched twice"
+    assert waiting.next_due_ms() == 250
+    assert waiting.release(cast(Any, consumer), 200) == [], "a-retry[0]'s head (due at 300) holds the one behind it"
+    assert _offsets(waiting.release(cast(Any, consumer), 260)) == [("a-retry-2000", 0, 3)]
+    assert consumer.paused == {("a-retry", 0)}, "none of a-retry-2000[0] waits: it fetches what came after"
+    assert consumer.sought == [("a-retry-2000", 0, 4)], "from past its last waiting record, not where a fetch got to"
+    late = waiting.sort(cast(Any, consumer), cast(Any, [_Msg("a-retry", 0, 8, 100)]), 260)  # fetched before the pause
+    assert late == [], "a record of a partition some of whose records wait waits behind them, due or not"
+    assert _offsets(waiting.release(cast(Any, consumer), 1000)) == [
+        ("a-retry", 0, 6),
+        ("a-retry", 0, 7),
+        ("a-retry", 0, 8),
+    ]
+    assert consumer.paused == set() and waiting.next_due_ms() is None
+    assert consumer.sought[-1] == ("a-retry", 0, 9)
+
+
+def test_waiting_records_of_a_partition_sought_back_are_dropped_and_it_fetches_again() -> None:
+    waiting, consumer = WaitingRetries(), _Pauses()
+    waiting.sort(cast(Any, consumer), cast(Any, [_Msg("a-retry", 0, 6, 300), _Msg("a-retry", 1, 2, 300)]), 150)
+    assert waiting.drop(cast(Any, consumer), [("a-retry", 0)]) == [("a-retry", 0)]
+    assert consumer.paused == {("a-retry", 1)} and ("a-retry", 0) not in waiting
+    assert waiting.drop(None, [("a-retry", 1)]) == [("a-retry", 1)], "revoked: dropped, left as it is"
+    assert len(waiting) == 0
 
 
 def test_a_record_read_back_is_parsed_once_for_its_failure_unless_its_handler_decoded_its_view() -> None:

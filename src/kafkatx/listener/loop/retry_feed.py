@@ -20,8 +20,11 @@ by topic, in one place).
 **The due-time gate.** A retry topic holds records of one delay, in the order
 they failed, so a partition's head is always the record due first. Of what a
 poll brings, each retry partition's records up to the first one not yet due
-are handed on; that partition is sought back to that record and paused until
-it is due (a pause, never a sleep, and never with a transaction open).
+are handed on; that one and the rest of its partition wait in memory, the
+partition paused, and each poll hands on those that came due
+(:mod:`~kafkatx.listener.loop.waiting_retries`; a pause, never a sleep, and
+never with a transaction open; the container's poll waits no longer than the
+next one is due, :meth:`RetryFeed.due_in`).
 
 **The records in retry** (:mod:`kafkatx.retry_topics.keys`: with ``ordering="key"`` the
 keys in retry, with either ordering their count and earliest due time) are rebuilt
@@ -49,12 +52,13 @@ from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaTxError
 from kafkatx.listener.host import ContainerPositions
 from kafkatx.listener.loop.drained import DrainedPartitions
+from kafkatx.listener.loop.waiting_retries import WaitingRetries
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "not_due", "read_to_end"]
+__all__ = ["RetryFeed", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -64,20 +68,6 @@ _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
 #: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
-
-
-def not_due(messages: Iterable[ConsumedMessage], now_ms: int) -> dict[TP, tuple[int, int]]:
-    """The retry partitions of ``messages`` (records, in poll order) whose records are not all due at
-    ``now_ms``: the offset of each one's first record not due, and when that record is due (epoch ms)."""
-    gate: dict[TP, tuple[int, int]] = {}
-    for msg in messages:
-        tp = (msg.topic(), msg.partition())
-        if tp in gate:
-            continue
-        due = due_ms_of(msg.headers())
-        if due > now_ms:
-            gate[tp] = (msg.offset(), due)
-    return gate
 
 
 class RetryFeed:
@@ -98,8 +88,10 @@ class RetryFeed:
         self.assigned: set[TP] = set()
         #: Those of them read to their end, paused until a hop is written to them (drained.py).
         self._drained = DrainedPartitions()
-        #: The retry partitions the last poll paused at a record not due yet: the records before it are due.
-        self._gated: set[TP] = set()
+        #: The records fetched before they were due, waiting in memory (waiting_retries.py).
+        self._waiting = WaitingRetries()
+        #: The retry partitions whose waiting records the last poll handed on: the container handles them.
+        self._released: set[TP] = set()
         #: retry topic -> input topic
         self._origin = (
             {} if hops is None else {retry: topic for topic in hops.inputs for retry in hops.plan.topics(topic)}
@@ -117,6 +109,7 @@ class RetryFeed:
     def close(self) -> None:
         consumers, self.consumer, self._scanner = (self.consumer, self._scanner), None, None
         self._drained.forget(self.assigned)
+        self._waiting.clear()
         self.assigned.clear()
         for consumer in consumers:
             if consumer is not None:
@@ -130,8 +123,16 @@ class RetryFeed:
         return self.consumer if self._origin and tp[0] in self._origin else container_consumer
 
     def sought(self, tp: TP) -> None:
-        """The container sought ``tp``: if it is a retry partition paused as read to its end, fetch it again."""
+        """The container sought ``tp``: if it is a retry partition, what of it waits in memory is fetched again
+        from there, and one paused as read to its end is fetched again."""
+        self._waiting.drop(self.consumer, (tp,))
         self._drained.fetch_again(self.consumer, (tp,))
+
+    def due_in(self) -> float | None:
+        """Seconds until the record waiting in memory due first is due (0 if it is), None if none waits: the
+        container's poll waits no longer."""
+        due_ms = self._waiting.next_due_ms()
+        return None if due_ms is None else max(due_ms / 1000.0 - time.time(), 0.0)
 
     def input_of(self, tp: TP) -> TP:
         """The input partition a retry partition mirrors (``tp`` itself for an input partition)."""
@@ -142,15 +143,16 @@ class RetryFeed:
 
     def held(self, paused: Collection[TP]) -> Collection[TP]:
         """Of the container's ``paused`` partitions, those whose records in the last poll must not be handled: the
-        retry partitions that poll paused at a record not due yet are left out (the records before it, which it
-        handed on, are due; were they held with it, a record due earlier would wait for one due later)."""
-        if not self._gated:
+        retry partitions whose waiting records that poll handed on are left out (they came due in memory)."""
+        if not self._released:
             return paused
-        return [tp for tp in paused if tp not in self._gated]
+        return [tp for tp in paused if tp not in self._released]
 
     def resume(self, tps: list[TP], container_consumer: Consumer) -> None:
         """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
-        mine = [TopicPartition(t, p) for t, p in tps if self._origin and t in self._origin]
+        mine = [
+            TopicPartition(t, p) for t, p in tps if self._origin and t in self._origin and (t, p) not in self._waiting
+        ]
         theirs = [TopicPartition(t, p) for t, p in tps if not self._origin or t not in self._origin]
         self._drained.resumed((tp.topic, tp.partition) for tp in mine)  # resumed here, whatever paused them
         for consumer, some in ((container_consumer, theirs), (self.consumer, mine)):
@@ -227,6 +229,7 @@ class RetryFeed:
             self.hops.book.forget(inputs)  # their next owner rebuilds them from the retry topics
         self.assigned.difference_update(mirrored)
         self._drained.forget(mirrored)
+        self._waiting.drop(None, mirrored)
         consumer = self.consumer
         if consumer is not None:
             try:
@@ -237,32 +240,31 @@ class RetryFeed:
 
     # -- the stage ------------------------------------------------------------------
     def poll(self, max_records: int, positions: ContainerPositions) -> list[Message]:
-        """What the retry partitions have that is due (errors too, for the container to report); a partition whose
-        head is not due is sought back to it and paused until it is due (``positions``: the container's)."""
-        consumer, hops = self.consumer, self.hops
-        self._gated.clear()
+        """What the retry partitions have that is due (errors too, for the container to report): the records
+        waiting in memory that came due, then those of this poll up to each partition's first one not due, which
+        waits in memory with the rest of its partition (``positions``: the container's)."""
+        consumer, hops, waiting = self.consumer, self.hops, self._waiting
+        self._released.clear()
         if consumer is None or hops is None or not self.assigned:
             return []
         if hops.written:  # hops written since the last look: their partitions are fetched until read past them
             self._wake_when_due(consumer, positions)
         msgs = consumer.consume(max_records, 0)
-        # Those read to their end are paused before the container handles what this poll brought: left fetching
-        # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once.
-        self._drained.pause_read_to_end(consumer, self.assigned)
-        if not msgs:
-            return msgs
         now_ms = int(time.time() * 1000)
+        released = waiting.release(consumer, now_ms)  # fetched before the records of this poll: they go first
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
         records = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
-        gate = not_due(records, now_ms)
-        if not gate:
+        due = waiting.sort(consumer, records, now_ms) if records else records
+        # Those read to their end are paused before the container handles what this poll brought: left fetching
+        # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once. Those
+        # whose records wait in memory are paused past them already, and resumed when none waits (a hop written
+        # to one meanwhile is fetched then: drained.py's high watermark rule).
+        self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        if not msgs and not released:
             return msgs
-        for tp, (offset, due_ms) in gate.items():
-            positions.seek(tp, offset)
-            positions.pause(tp, max((due_ms - now_ms) / 1000.0, 0.001))
-        self._gated.update(gate)
-        due = {id(m) for m in records if _before_gate(m, gate)}
-        return [m for m in msgs if m.error() is not None or id(m) in due]
+        self._released.update((m.topic(), m.partition()) for m in released)
+        handed = cast("list[Message]", [*released, *due])
+        return handed if len(records) == len(msgs) else [m for m in msgs if m.error() is not None] + handed
 
     def _wake_when_due(self, consumer: Consumer, positions: ContainerPositions) -> None:
         """The retry partitions hops were written to since the last look: one read to its end stays paused until
@@ -325,11 +327,6 @@ def _seek(consumer: Consumer, tp: TP, offset: int) -> bool:
         log.debug("seek of retry partition %s failed", tp, exc_info=True)
         return False
     return True
-
-
-def _before_gate(msg: ConsumedMessage, gate: dict[TP, tuple[int, int]]) -> bool:
-    held = gate.get((msg.topic(), msg.partition()))
-    return held is None or msg.offset() < held[0]
 
 
 def _fmt(tps: list[TP]) -> str:
