@@ -137,8 +137,8 @@ class ListenerContainer:
         self._unassigned = UnassignedWatch(self, self.consumer_config)
         #: ``retry="topics"``: the retry partitions' consumer (retry_feed.py); without retry topics, it holds none.
         self.retry_hops = RetryHops.of(spec, self.group_id, self.publish, container=self.name, worker=worker)
-        self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name)
-        self._retry_stalls = RetryStalls(self.retry_hops, self.name, worker, self.publish)  # due, not consumed
+        stalls = RetryStalls(self.retry_hops, self.name, worker, self.publish)  # due records not consumed
+        self._feed = RetryFeed(self.retry_hops, self.consumer_config, self.name, stalls)
         self._build_loop(spec)
 
     def _build_loop(self, spec: ListenerSpec) -> None:
@@ -217,7 +217,7 @@ class ListenerContainer:
     @property
     def stalled_retry_partitions(self) -> frozenset[TP]:
         """Retry partitions whose record due first was not consumed for a check interval (retry_stalls.py)."""
-        return frozenset(self._retry_stalls.stalled)
+        return frozenset(self._feed.stalls.stalled)
 
     def blocked_call(self) -> CallInProgress | None:
         """The bounded client call this container's thread is blocked in, if any (for the liveness probe)."""
@@ -537,9 +537,7 @@ class ListenerContainer:
         if self._paused_until:  # wake up when the next pause ends, not a poll later
             timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
         if self._due_retries is not None:  # or when a retry record waiting in memory is due (retry_feed.py)
-            due_in = self._feed.due_in()
-            if due_in is not None:
-                timeout = min(timeout, due_in)
+            timeout = self._feed.wait_at_most(timeout)
         return timeout
 
     def _consume(self, timeout: float) -> list[Message]:
@@ -553,8 +551,6 @@ class ListenerContainer:
             msgs = self._fill(consumer, msgs)
         if self.polled_at >= self._stall_check.due:  # every STALL_CHECK_S (listener/loop/health.py)
             self._stall_check.run(self.polled_at)
-        if self.retry_hops is not None:  # retry partitions with due records not consumed (retry_stalls.py)
-            self._retry_stalls.maybe_run(self.polled_at)
         if not self.assigned:
             self._unassigned.maybe_warn(self.polled_at)
         return msgs

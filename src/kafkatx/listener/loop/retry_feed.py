@@ -24,7 +24,7 @@ are handed on; that one and the rest of its partition wait in memory, the
 partition paused, and each poll hands on those that came due
 (:mod:`~kafkatx.listener.loop.waiting_retries`; a pause, never a sleep, and
 never with a transaction open; the container's poll waits no longer than the
-next one is due, :meth:`RetryFeed.due_in`).
+next one is due, :meth:`RetryFeed.wait_at_most`).
 
 **The records in retry** (:mod:`kafkatx.retry_topics.keys`: with ``ordering="key"`` the
 keys in retry, with either ordering their count and earliest due time) are rebuilt
@@ -52,6 +52,7 @@ from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaTxError
 from kafkatx.listener.host import ContainerPositions
 from kafkatx.listener.loop.drained import DrainedPartitions
+from kafkatx.listener.loop.retry_stalls import RetryStalls
 from kafkatx.listener.loop.waiting_retries import WaitingRetries
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
@@ -73,10 +74,14 @@ REBUILD_TIMEOUT_S = 30.0
 class RetryFeed:
     """The retry partitions mirrored from a container's assignment, on a consumer of their own."""
 
-    def __init__(self, hops: RetryHops | None, consumer_config: dict[str, Any], name: str) -> None:
-        """``hops`` None: a listener without retry topics, for which this feed holds nothing and opens nothing."""
+    def __init__(
+        self, hops: RetryHops | None, consumer_config: dict[str, Any], name: str, stalls: RetryStalls | None = None
+    ) -> None:
+        """``hops`` None: a listener without retry topics, for which this feed holds nothing and opens nothing.
+        ``stalls``: the check of retry partitions whose due records are not consumed, run on each poll."""
         self.hops = hops
         self.name = name
+        self.stalls = stalls if stalls is not None else RetryStalls(hops, name, 0, lambda event: None)
         config = {k: v for k, v in consumer_config.items() if k not in _NOT_FOR_THE_FEED}
         config["auto.offset.reset"] = "earliest"  # no commit yet: every hop written so far is this owner's
         config["enable.auto.commit"] = False
@@ -128,11 +133,11 @@ class RetryFeed:
         self._waiting.drop(self.consumer, (tp,))
         self._drained.fetch_again(self.consumer, (tp,))
 
-    def due_in(self) -> float | None:
-        """Seconds until the record waiting in memory due first is due (0 if it is), None if none waits: the
-        container's poll waits no longer."""
+    def wait_at_most(self, timeout: float) -> float:
+        """``timeout``, or less: the seconds until the record waiting in memory due first is due (the container's
+        poll waits no longer)."""
         due_ms = self._waiting.next_due_ms()
-        return None if due_ms is None else max(due_ms / 1000.0 - time.time(), 0.0)
+        return timeout if due_ms is None else min(timeout, max(due_ms / 1000.0 - time.time(), 0.0))
 
     def input_of(self, tp: TP) -> TP:
         """The input partition a retry partition mirrors (``tp`` itself for an input partition)."""
@@ -245,6 +250,7 @@ class RetryFeed:
         waits in memory with the rest of its partition (``positions``: the container's)."""
         consumer, hops, waiting = self.consumer, self.hops, self._waiting
         self._released.clear()
+        self.stalls.maybe_run(time.monotonic())  # retry partitions with due records not consumed (retry_stalls.py)
         if consumer is None or hops is None or not self.assigned:
             return []
         if hops.written:  # hops written since the last look: their partitions are fetched until read past them
