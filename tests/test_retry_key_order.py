@@ -142,6 +142,30 @@ def test_a_head_dead_lettered_after_its_last_attempt_releases_its_followers_in_o
     assert metrics.registry.get_sample_value("kafkatx_records_in_retry", labels) == 0
 
 
+def test_a_typed_key_is_gated_by_its_bytes_so_its_later_records_follow_in_order(kafka: KafkaTestKit) -> None:
+    """``key_type=``: the handler sees decoded keys, while the keys in retry and the gate go by the key's bytes (the
+    gate runs before decoding); a record of a key in retry follows it, a record of another key does not."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [{"key": b"k", "value": v} for v in (b"first", b"second")] + [{"key": b"j", "value": b"x"}])
+    app = make_app(kafka)
+    calls: list[tuple[str, bytes, int]] = []
+    followed: list[RecordFollowed] = []
+    app.on(RecordFollowed)(followed.append)
+
+    @app.listener(src, output=out, max_attempts=2, backoff=0.3, dlq=True, key_type=str, **TOPICS)
+    def handle(record: Record) -> bytes:
+        calls.append((record.key, record.raw_value or b"", record.attempt))
+        if record.raw_value == b"first" and record.attempt == 1:
+            raise Transient("once")
+        return b"out-" + (record.raw_value or b"")
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(out)) == 3, 30, message="three outputs")
+    assert [c for c in calls if c[0] == "k"] == [("k", b"first", 1), ("k", b"first", 2), ("k", b"second", 1)], calls
+    assert [e.record.raw_value for e in followed if e.record] == [b"second"], "followed, by its key's bytes"
+    assert [r.value for r in kafka.read(out) if r.value != b"out-x"] == [b"out-first", b"out-second"]
+
+
 def test_a_restart_rebuilds_the_keys_in_retry_from_the_topics_order_kept_nothing_lost_or_doubled(
     kafka: KafkaTestKit,
 ) -> None:

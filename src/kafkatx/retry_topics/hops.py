@@ -220,7 +220,9 @@ class RetryHops:
         def in_key_order(record: Record) -> Any:
             if record.topic in origin:
                 return read_back(record)
-            if maybe and record.raw_key in maybe:  # its key may have a record in retry: look it up
+            # Its key may have a record in retry: look it up. ``key`` is still the key's bytes here (runners fill it
+            # from the Message; typed decoding runs inside this gate): ``raw_key`` would cost a property call.
+            if maybe and record.key in maybe:
                 place = ahead(record)
                 if place is not None:
                     follow(record, place)
