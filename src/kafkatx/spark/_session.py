@@ -320,7 +320,11 @@ class SessionLease:
                 return _Shared.session
             existing = _existing_session()
             if existing is not None:
-                log.info("using the SparkSession that already exists in this process (kafkatx will not stop it)")
+                _check_master(existing, settings)
+                log.info(
+                    "using the SparkSession that already exists in this process (master %s; kafkatx will not stop it)",
+                    _master_of(existing) or "unknown",
+                )
                 _Shared.session, _Shared.owned = existing, False
             else:
                 _Shared.session = _build(settings, f"kafkatx-{self._app.name}")
@@ -352,6 +356,28 @@ def _release_shared() -> None:
         except Exception:
             log.warning("stopping the SparkSession failed", exc_info=True)
         log.info("SparkSession stopped in %.1fs", time.perf_counter() - started)
+
+
+def _master_of(session: Any) -> str | None:
+    """The master of a classic SparkSession; None for a Spark Connect one (no SparkContext on the client)."""
+    try:
+        return str(session.sparkContext.master)
+    except Exception:
+        return None
+
+
+def _check_master(existing: Any, settings: SparkSettings) -> None:
+    """A master asked for (``configure(master=...)`` or ``$KAFKATX_SPARK_MASTER``) that the SparkSession already
+    running in this process does not have is an error: a process has one SparkContext, and running the jobs
+    elsewhere than asked without a word would be worse."""
+    wanted = settings.master or os.environ.get(ENV_MASTER)
+    actual = _master_of(existing)
+    if wanted and actual is not None and actual != wanted:
+        raise InvalidConfigurationError(
+            f"a SparkSession with master {actual!r} already runs in this process, and kafkatx was asked for "
+            f"master {wanted!r} (kafkatx.spark.configure(master=...) or ${ENV_MASTER}); a process has one "
+            "SparkContext: pass session= to use the running one, stop it before the App starts, or leave master unset"
+        )
 
 
 def _existing_session() -> Any:
