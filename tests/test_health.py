@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -384,3 +385,45 @@ def test_not_ready_while_no_broker_answers_and_ready_again_once_it_does(tmp_path
 def _unreachable(metrics: str) -> list[float]:
     """The values of kafkatx_cluster_unreachable in an exposition."""
     return [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("kafkatx_cluster_unr")]
+
+
+def test_an_input_partition_held_below_an_open_transaction_is_reported_stalled_and_not_ready_until_it_fetches(
+    kafka: KafkaTestKit, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed producer's transaction left open on an input topic holds read_committed readers below it: the
+    records committed after it are there, and the listener fetches nothing. The container says so (a warning,
+    /readyz 503 naming the partition) and, once the transaction is aborted, handles them and is ready again."""
+    from kafkatx.client.log import client_log
+    from kafkatx.listener.loop import health as loop_health
+
+    monkeypatch.setattr(loop_health, "STALL_CHECK_S", 0.5)  # look twice a second
+    src = kafka.topic()
+    app = make_app(kafka, health_port=0)
+    handled: list[bytes] = []
+
+    @app.listener(src)
+    def handle(record: Record) -> None:
+        handled.append(record.value or b"")
+
+    hanging = confluent_kafka.Producer(
+        {"logger": client_log(), "bootstrap.servers": kafka.bootstrap_servers, "transactional.id": unique_name("open")}
+    )
+    with caplog.at_level(logging.INFO, logger="kafkatx.container"), running(app):
+        kafka.produce(src, [b"first"])
+        wait_for(lambda: handled == [b"first"], 30, message="the listener runs")
+        hanging.init_transactions(10)
+        hanging.begin_transaction()
+        hanging.produce(src, b"never committed")
+        assert hanging.flush(10) == 0  # src[0] offset 1: read_committed readers stop there
+        kafka.produce(src, [b"after"])
+        url = app.health_server.url + "/readyz"  # type: ignore[union-attr]
+        wait_for(lambda: get(url)[0] == 503, 30, message="/readyz says the partition fetches nothing")
+        reason = get(url)[1]["listeners"][0]["containers"][0]["reason"]
+        assert f"{src}[0]" in reason and "fetch(es) nothing" in reason, reason
+        assert "has fetched nothing from it" in caplog.text
+        assert handled == [b"first"]
+
+        hanging.abort_transaction(10)
+        wait_for(lambda: handled == [b"first", b"after"], 30, message="the record after it, once it is aborted")
+        wait_for(lambda: get(url)[0] == 200, 30, message="ready again")
+        assert "is fetching again" in caplog.text
