@@ -20,14 +20,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
-import os
 import pstats
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _callgrind  # noqa: E402
 from micro_hot_path import StubConsumer, StubProducer  # noqa: E402
 
 IN, OUT, PARTITIONS = "micro-in", "micro-out", 8
@@ -166,58 +161,25 @@ def profiled(batch: int, iterations: int) -> None:
 
 
 def inner_callgrind(batch: int, iterations: int) -> None:
-    """Under callgrind: each measured region runs inside sorted(), which toggles collection and dumps."""
-    plan = []
+    """Under callgrind (bench/_callgrind.py): each workload, ``iterations`` transactions."""
+    regions = []
     for name, (fn, msgs, failures) in workloads(batch).items():
         fn(msgs)
         fn(msgs)
 
-        def region(_: Any, fn: Callable[[list[Any]], None] = fn, msgs: list[Any] = msgs) -> int:
+        def region(fn: Callable[[list[Any]], None] = fn, msgs: list[Any] = msgs) -> None:
             for _ in range(iterations):
                 fn(msgs)
-            return 0
 
-        plan.append((name, failures, region))
-    sys.stdout.write("PLAN " + json.dumps([[n, f] for n, f, _ in plan]) + "\n")
-    sys.stdout.flush()
-    for _, _, region in plan:
-        sorted((0,), key=region)
+        regions.append(([name, failures], region))
+    _callgrind.run_regions(regions)
 
 
 def run_callgrind(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
-    tmp = Path(tempfile.mkdtemp(prefix="kafkatx-callgrind-"))
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        "--toggle-collect=builtin_sorted",
-        "--dump-after=builtin_sorted",
-        f"--callgrind-out-file={tmp}/cg.%p",
-        sys.executable,
-        __file__,
-        "--inner-callgrind",
-        "--batch",
-        str(args.batch),
-        "--iterations",
-        str(args.cg_iterations),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-    plan_line = [line for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
-    if proc.returncode != 0 or not plan_line:
-        raise SystemExit(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    plan = json.loads(plan_line[0][5:])
-    dumps = sorted(tmp.glob("cg.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
-    totals = []
-    for path in dumps:
-        m = re.search(r"^(?:summary|totals): (\d+)", path.read_text(errors="replace"), re.M)
-        totals.append(int(m.group(1)) if m else 0)
-    totals = totals[-len(plan) :]
-    shutil.rmtree(tmp, ignore_errors=True)
+    inner = ["--batch", str(args.batch), "--iterations", str(args.cg_iterations)]
     return {
         name: {"per_unit": total / args.cg_iterations, "failures": failures}
-        for (name, failures), total in zip(plan, totals)
+        for (name, failures), total in _callgrind.measure(__file__, inner)
     }
 
 

@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import _callgrind  # bench/_callgrind.py (this script's folder is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 OUT = "micro-out"
@@ -340,8 +338,8 @@ def timed(shapes: list[str], msgs: list[Any], iterations: int, repeat: int) -> d
 
 
 def inner_callgrind(shapes: list[str], msgs: list[Any], iterations: int) -> None:
-    """Under callgrind: each measured region runs inside sorted(), which toggles collection and dumps."""
-    plan = []
+    """Under callgrind (bench/_callgrind.py): each shape's two sides, ``iterations`` batches each."""
+    regions = []
     for shape in shapes:
         ktx, raw = setup(shape)
         shape_msgs = inputs(shape, msgs)
@@ -349,55 +347,20 @@ def inner_callgrind(shapes: list[str], msgs: list[Any], iterations: int) -> None
             fn(shape_msgs)
             fn(shape_msgs)  # warm-up: caches, lazy imports, topic metadata
 
-            def region(_: Any, fn: Callable[[list[Any]], None] = fn, shape_msgs: list[Any] = shape_msgs) -> int:
+            def region(fn: Callable[[list[Any]], None] = fn, shape_msgs: list[Any] = shape_msgs) -> None:
                 for _ in range(iterations):
                     fn(shape_msgs)
-                return 0
 
-            plan.append((shape, side, region))
-    sys.stdout.write("PLAN " + json.dumps([[s, side] for s, side, _ in plan]) + "\n")
-    sys.stdout.flush()
-    for _, _, region in plan:
-        sorted((0,), key=region)
+            regions.append(([shape, side], region))
+    _callgrind.run_regions(regions)
 
 
 def run_callgrind(args: argparse.Namespace, shapes: list[str]) -> dict[str, dict[str, float]]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
-    tmp = Path(tempfile.mkdtemp(prefix="kafkatx-callgrind-"))
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        "--toggle-collect=builtin_sorted",
-        "--dump-after=builtin_sorted",
-        f"--callgrind-out-file={tmp}/cg.%p",
-        sys.executable,
-        __file__,
-        "--inner-callgrind",
-        "--shapes",
-        ",".join(shapes),
-        "--batch",
-        str(args.batch),
-        "--iterations",
-        str(args.cg_iterations),
-    ]
-    env = {**os.environ, "PYTHONMALLOC": "malloc"} if args.malloc else dict(os.environ)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    plan_line = [line for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
-    if proc.returncode != 0 or not plan_line:
-        raise SystemExit(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    plan = json.loads(plan_line[0][5:])
-    dumps = sorted(tmp.glob("cg.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
-    totals = []
-    for path in dumps:
-        m = re.search(r"^(?:summary|totals): (\d+)", path.read_text(errors="replace"), re.M)
-        totals.append(int(m.group(1)) if m else 0)
-    totals = totals[-len(plan) :]
-    shutil.rmtree(tmp, ignore_errors=True)
+    inner = ["--shapes", ",".join(shapes), "--batch", str(args.batch), "--iterations", str(args.cg_iterations)]
+    env = {**os.environ, "PYTHONMALLOC": "malloc"} if args.malloc else None
     out: dict[str, dict[str, float]] = {}
     per = args.cg_iterations * args.batch
-    for (shape, side), total in zip(plan, totals):
+    for (shape, side), total in _callgrind.measure(__file__, inner, env):
         out.setdefault(shape, {})[side] = total / per
     return out
 
