@@ -11,7 +11,7 @@ import linecache
 import struct
 import traceback
 from dataclasses import dataclass
-from types import CodeType, TracebackType
+from types import CodeType, FrameType, TracebackType
 
 from kafkatx.record import Headers, Record
 from kafkatx.rollback.classifier import cause_chain, exception_fqcn
@@ -84,21 +84,30 @@ def format_stacktrace(exc: BaseException, chain: list[BaseException] | None = No
     return "".join(parts)
 
 
-#: The text of a traceback's frames, by the path through the code it took (each frame's code and line).
-_FRAMES: dict[tuple[tuple[CodeType, int | None], ...], str] = {}
+#: The text of a traceback's frames, by the path through the code it took: each frame's code object (by identity:
+#: hashing a code object hashes its constants, recursively) and line, with the code objects, which the entry keeps
+#: alive so that their ids cannot be reused while it is kept.
+_FRAMES: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
 _FRAMES_KEPT = 512
 
 
 def _frames_text(tb: TracebackType) -> str:
     """``Traceback (most recent call last):`` and a ``File ..., line ..., in ...`` line (and its source line) per
     frame: the same text for the same path, so it is kept by the path's code objects and line numbers."""
-    walked = list(traceback.walk_tb(tb))
-    path = tuple((frame.f_code, lineno) for frame, lineno in walked)
-    text = _FRAMES.get(path)
-    if text is not None:
-        return text
+    frames: list[tuple[FrameType, int]] = []
+    path: list[int] = []
+    at: TracebackType | None = tb
+    while at is not None:
+        frame, lineno = at.tb_frame, at.tb_lineno
+        frames.append((frame, lineno))
+        path += (id(frame.f_code), lineno)
+        at = at.tb_next
+    key = tuple(path)
+    known = _FRAMES.get(key)
+    if known is not None:
+        return known[1]
     parts = ["Traceback (most recent call last):\n"]
-    for frame, lineno in walked:
+    for frame, lineno in frames:
         code = frame.f_code
         parts.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
         line = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
@@ -107,7 +116,7 @@ def _frames_text(tb: TracebackType) -> str:
     text = "".join(parts)
     if len(_FRAMES) >= _FRAMES_KEPT:
         _FRAMES.clear()
-    _FRAMES[path] = text
+    _FRAMES[key] = (tuple(frame.f_code for frame, _ in frames), text)
     return text
 
 
