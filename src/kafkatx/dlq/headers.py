@@ -11,7 +11,7 @@ import linecache
 import struct
 import traceback
 from dataclasses import dataclass
-from types import CodeType, FrameType, TracebackType
+from types import CodeType, TracebackType
 
 from kafkatx.record import Headers, Record
 from kafkatx.rollback.classifier import cause_chain, exception_fqcn
@@ -85,28 +85,29 @@ def format_stacktrace(exc: BaseException, chain: list[BaseException] | None = No
 
 
 #: The text of a traceback's frames, by the path through the code it took: each frame's code object (by identity:
-#: hashing a code object hashes its constants, recursively) and line, with the code objects, which the entry keeps
-#: alive so that their ids cannot be reused while it is kept.
+#: hashing a code object hashes its constants, recursively) and instruction (``tb_lasti``: ``tb_lineno`` is worked
+#: out from the code's line table, a scan that cost more than the rest of a failure in a long function), with the
+#: code objects, which the entry keeps alive so that their ids cannot be reused while it is kept.
 _FRAMES: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
 _FRAMES_KEPT = 512
 
 
 def _frames_text(tb: TracebackType) -> str:
     """``Traceback (most recent call last):`` and a ``File ..., line ..., in ...`` line (and its source line) per
-    frame: the same text for the same path, so it is kept by the path's code objects and line numbers."""
-    frames: list[tuple[FrameType, int]] = []
+    frame: the same text for the same path, so it is kept by the path's code objects and instructions."""
+    tbs: list[TracebackType] = []
     path: list[int] = []
     at: TracebackType | None = tb
     while at is not None:
-        frame, lineno = at.tb_frame, at.tb_lineno
-        frames.append((frame, lineno))
-        path += (id(frame.f_code), lineno)
+        tbs.append(at)
+        path += (id(at.tb_frame.f_code), at.tb_lasti)
         at = at.tb_next
     key = tuple(path)
     known = _FRAMES.get(key)
     if known is not None:
         return known[1]
     parts = ["Traceback (most recent call last):\n"]
+    frames = [(at.tb_frame, at.tb_lineno) for at in tbs]
     for frame, lineno in frames:
         code = frame.f_code
         parts.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
