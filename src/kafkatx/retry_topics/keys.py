@@ -45,7 +45,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import methodcaller
+
+from confluent_kafka import Message
 
 from kafkatx.client.offsets import TP
 from kafkatx.record import ConsumedMessage, Record
@@ -59,7 +60,14 @@ Entries = dict[int, "Place"]
 HopOf = Callable[[ConsumedMessage], "tuple[TP, bytes | None, int] | None"]
 
 
-_topic_of = methodcaller("topic")
+def _retry_records(consumed: Sequence[ConsumedMessage], origin: Mapping[str, str]) -> list[ConsumedMessage]:
+    """The records of ``consumed`` from retry topics, picked out without a Python step per record (a commit looks
+    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C."""
+    try:
+        topics = list(map(Message.topic, consumed))  # type: ignore[arg-type]
+    except TypeError:  # not confluent-kafka Messages (a test's own): through their own topic()
+        topics = [m.topic() for m in consumed]
+    return list(compress(consumed, map(origin.__contains__, topics)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +194,7 @@ class RetryKeys:
             self._current = None
         origin = self._origin
         handled: list[Record] = []
-        # The retry records among every record consumed, picked out without a Python step per record.
-        for msg in list(compress(consumed, map(origin.__contains__, map(_topic_of, consumed)))):
+        for msg in _retry_records(consumed, origin):
             if msg.offset() < offsets.get((msg.topic(), msg.partition()), -1):
                 found = hop_of(msg)
                 if found is not None:
