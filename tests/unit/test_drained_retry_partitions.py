@@ -194,3 +194,38 @@ def test_a_hop_due_already_wakes_its_partition_at_once() -> None:
     feed.hops.written[R0] = 0  # backoff=0, or a commit slower than the back-off
     feed.poll(100, cast(Any, SimpleNamespace(seek=None, pause=paused_until.__setitem__, paused_until=paused_until)))
     assert fake.paused == set() and R0 not in paused_until
+
+
+def test_a_retry_partition_sought_while_the_container_holds_it_paused_stays_paused() -> None:
+    """Its waiting records are dropped (fetched again from the offset sought), but it is resumed only when the
+    container's hold ends: resumed at the seek, it would fetch during the hold, and each record fetched would be
+    sought back again."""
+    import time
+
+    feed, fake, paused_until = _feed_with_a_drained_partition(0)
+    fake.positions[R0] = 5
+    waiting_record = _hop_message(R0, 6, due_ms=int(time.time() * 1000) + 60_000)
+    feed._waiting.sort(cast(Consumer, fake), [waiting_record], int(time.time() * 1000))
+    assert R0 in feed._waiting and fake.paused == {R0}
+    feed.sought(R0, held=True)
+    assert R0 not in feed._waiting and fake.paused == {R0}, "dropped, still paused: the hold goes on"
+    feed.resume([R0], cast(Consumer, FakeConsumer()))  # the hold ends
+    assert fake.paused == set()
+    feed._waiting.sort(cast(Consumer, fake), [waiting_record], int(time.time() * 1000))
+    feed.sought(R0)
+    assert R0 not in feed._waiting and fake.paused == set(), "not held: fetched again at once"
+
+
+def _hop_message(tp: tuple[str, int], offset: int, due_ms: int) -> Any:
+    from confluent_kafka import Message
+
+    from kafkatx.retry_topics.headers import BACKOFF_TIMESTAMP
+
+    return Message(
+        topic=tp[0],
+        partition=tp[1],
+        offset=offset,
+        key=b"k",
+        value=b"v",
+        headers=[(BACKOFF_TIMESTAMP, due_ms.to_bytes(8, "big"))],
+    )

@@ -444,7 +444,7 @@ class ListenerContainer:
         consumer = self._positions_of(tp)
         if consumer is None:
             return
-        self._feed.sought(tp)  # a retry partition paused as read to its end is fetched again
+        self._feed.sought(tp, held=tp in self._paused_until)  # a retry partition's waiting records: fetched again
         try:
             consumer.seek(TopicPartition(tp[0], tp[1], offset))
         except Exception as exc:  # revoked meanwhile: its new owner starts from the committed offset

@@ -127,11 +127,13 @@ class RetryFeed:
         """The consumer that fetches ``tp``: this one for a retry partition, else the container's."""
         return self.consumer if self._origin and tp[0] in self._origin else container_consumer
 
-    def sought(self, tp: TP) -> None:
+    def sought(self, tp: TP, held: bool = False) -> None:
         """The container sought ``tp``: if it is a retry partition, what of it waits in memory is fetched again
-        from there, and one paused as read to its end is fetched again."""
-        self._waiting.drop(self.consumer, (tp,))
-        self._drained.fetch_again(self.consumer, (tp,))
+        from there, and one paused as read to its end is fetched again; resumed now unless the container ``held``
+        it paused (then when its pause ends, :meth:`resume`)."""
+        consumer = None if held else self.consumer
+        self._waiting.drop(consumer, (tp,))
+        self._drained.fetch_again(consumer, (tp,))
 
     def wait_at_most(self, timeout: float) -> float:
         """``timeout``, or less: the seconds until the record waiting in memory due first is due (the container's
