@@ -536,8 +536,6 @@ class ListenerContainer:
         timeout = min(max(self.spec.max_batch_ms, 10), 500) / 1000.0
         if self._paused_until:  # wake up when the next pause ends, not a poll later
             timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
-        if self._due_retries is not None:  # or when a retry record waiting in memory is due (retry_feed.py)
-            timeout = self._feed.wait_at_most(timeout)
         return timeout
 
     def _consume(self, timeout: float) -> list[Message]:

@@ -23,8 +23,11 @@ poll brings, each retry partition's records up to the first one not yet due
 are handed on; that one and the rest of its partition wait in memory, the
 partition paused, and each poll hands on those that came due
 (:mod:`~kafkatx.listener.loop.waiting_retries`; a pause, never a sleep, and
-never with a transaction open; the container's poll waits no longer than the
-next one is due, :meth:`RetryFeed.wait_at_most`).
+never with a transaction open). A record is handed on at the first poll after
+it is due: at most a poll's wait (``max_batch_ms``) late. Waking the poll for
+each due time instead made the loop's turns, and so its transactions, small
+while retries came due every few milliseconds (run 4t: 283 transactions
+instead of 55 for 200,000 records, the main flow 0.31x run 2 instead of 0.41x).
 
 **The records in retry** (:mod:`kafkatx.retry_topics.keys`: with ``ordering="key"`` the
 keys in retry, with either ordering their count and earliest due time) are rebuilt
@@ -134,12 +137,6 @@ class RetryFeed:
         consumer = None if held else self.consumer
         self._waiting.drop(consumer, (tp,))
         self._drained.fetch_again(consumer, (tp,))
-
-    def wait_at_most(self, timeout: float) -> float:
-        """``timeout``, or less: the seconds until the record waiting in memory due first is due (the container's
-        poll waits no longer)."""
-        due_ms = self._waiting.next_due_ms()
-        return timeout if due_ms is None else min(timeout, max(due_ms / 1000.0 - time.time(), 0.0))
 
     def input_of(self, tp: TP) -> TP:
         """The input partition a retry partition mirrors (``tp`` itself for an input partition)."""

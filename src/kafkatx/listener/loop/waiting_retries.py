@@ -108,10 +108,6 @@ class WaitingRetries:
                 except Exception:
                     log.debug("seek of resumed retry partition %s failed (revoked?)", tp, exc_info=True)
 
-    def next_due_ms(self) -> int | None:
-        """When the waiting record due first is due (epoch ms), or None when none waits."""
-        return min((q[0][0] for q in self._waiting.values()), default=None)
-
     def drop(self, consumer: Consumer | None, tps: Iterable[TP]) -> list[TP]:
         """Forget the waiting records of ``tps`` (sought back, revoked); the partitions that had some are resumed
         on ``consumer`` (None: not resumed, e.g. being unassigned). Returns those partitions."""
