@@ -141,17 +141,21 @@ def main() -> None:
         .load()
     )
     staged, topic_option = _stage(df, args)
-    query = (
+    writer = (
         staged.writeStream.format("kafkatx")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option(topic_option, args.dst)
         .option("checkpointLocation", args.checkpoint)
         .trigger(availableNow=True)
-        .start()
     )
-    print("started", flush=True)
-    query.awaitTermination()
-    failure = query.exception()
+    for start in range(3):  # Spark gives a Python worker 10 s to start: restart from the checkpoint if it was slower
+        query = writer.start()
+        print("started", flush=True)
+        query.awaitTermination()
+        failure = query.exception()
+        if failure is None or "Python worker failed to connect back" not in str(failure) or start == 2:
+            break
+        print(f"restarting after a slow Python worker start: {failure}", flush=True)
     spark.stop()
     if failure is not None:
         print(f"failed: {failure}", flush=True)

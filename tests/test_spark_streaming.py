@@ -36,16 +36,34 @@ def _query(spark: Any, kit: KafkaTestKit, src: str, dst: str, checkpoint: Path, 
     for name, value in {"subscribe": src, "startingOffsets": "earliest", **source}.items():
         reader = reader.option(name, value)
     df = reader.load().selectExpr("key", "upper(CAST(value AS STRING)) AS value")
-    query = (
+    writer = (
         df.writeStream.format("kafkatx")
         .option("kafka.bootstrap.servers", kit.bootstrap_servers)
         .option("topic", dst)
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination(120)
-    assert query.exception() is None, query.exception()
+    _run_to_the_end(writer, 120)
+
+
+_SLOW_WORKER_START = "Python worker failed to connect back"
+
+
+def _run_to_the_end(writer: Any, timeout: float) -> None:
+    """Run an availableNow query to its end, started again from its checkpoint if a Python worker started too slowly.
+
+    Spark gives a Python worker 10 s (hard-coded) to start and connect back; on a loaded 2-core machine the query
+    can die of that before reading anything. Starting it again from the checkpoint is what a user does, and the
+    exactly-once assertions after it hold across such a restart, so they still test the sink.
+    """
+    for start in range(3):
+        query = writer.start()
+        query.awaitTermination(timeout)
+        failure = query.exception()
+        if failure is None or _SLOW_WORKER_START not in str(failure) or start == 2:
+            break
+        logging.getLogger(__name__).warning("query %s died of a slow Python worker start; starting it again", query.id)
+    assert failure is None, failure
 
 
 def test_a_query_from_the_source_to_the_sink_writes_every_record_once(
@@ -161,16 +179,14 @@ def test_map_records_writes_outputs_once_retries_in_place_and_dead_letters_what_
         .load()
     )
     mapped = streaming.map_records(df, handle, output=dst, max_attempts=3, backoff=0.01, not_retryable=[_Poison])
-    query = (
+    writer = (
         mapped.writeStream.format("kafkatx")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("markerTopic", dst)
         .option("checkpointLocation", str(tmp_path / "chk"))
         .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination(180)
-    assert query.exception() is None, query.exception()
+    _run_to_the_end(writer, 180)
 
     out = Counter(kafka.values(dst))
     ok = [v for _, v in records if v.startswith(b"ok")]
