@@ -626,6 +626,27 @@ def run_kafkatx(cfg: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def profile_the_container_thread(path: str) -> None:
+    """cProfile each listener container's thread, its stats written to ``path`` (``BENCH_PROFILE=path``; the
+    processing thread alone, so the figures are its own, not the broker's or librdkafka's)."""
+    import cProfile
+
+    from kafkatx.listener.loop.container import ListenerContainer
+
+    main = ListenerContainer._main
+
+    def profiled(self: Any) -> None:
+        profiler = cProfile.Profile(time.thread_time)  # CPU: waiting on the broker is not the thread's cost
+        profiler.enable()
+        try:
+            main(self)
+        finally:
+            profiler.disable()
+            profiler.dump_stats(f"{path}.{self.name}")
+
+    ListenerContainer._main = profiled  # type: ignore[method-assign]
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     level = os.environ.get("BENCH_LOG_LEVEL", "WARNING").upper()
@@ -638,6 +659,8 @@ def main() -> None:
     if kind == "raw":
         res = run_raw(cfg)
     elif kind == "kafkatx":
+        if os.environ.get("BENCH_PROFILE"):
+            profile_the_container_thread(os.environ["BENCH_PROFILE"])
         res = run_kafkatx(cfg)
     else:
         raise SystemExit(f"unknown run kind {kind!r}")
