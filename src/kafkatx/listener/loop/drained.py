@@ -24,11 +24,12 @@ and a pause would leave it unread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
 from kafkatx.client.offsets import TP
+from kafkatx.client.partitions import quietly, topic_partitions
 
 __all__ = ["DrainedPartitions"]
 
@@ -51,7 +52,7 @@ class DrainedPartitions:
         fetching = [tp for tp in assigned if tp not in self.paused]
         if not fetching:
             return
-        positions = {(p.topic, p.partition): p.offset for p in consumer.position(_partitions(fetching))}
+        positions = {(p.topic, p.partition): p.offset for p in consumer.position(topic_partitions(fetching))}
         unread = [tp for tp in fetching if positions.get(tp, -1) < 0 and tp not in self._start]
         if unread:
             self._start.update(_starts(consumer, unread))
@@ -63,7 +64,7 @@ class DrainedPartitions:
             if 0 <= high <= position and high > self._written_at.get(tp, -1):
                 ends.append(tp)
         if ends:
-            _call(consumer.pause, ends)
+            quietly(consumer.pause, ends)
             self.paused.update(ends)
             for tp in ends:
                 self._written_at.pop(tp, None)
@@ -94,7 +95,7 @@ class DrainedPartitions:
         if wake:
             self.paused.difference_update(wake)
             if consumer is not None:
-                _call(consumer.resume, wake)
+                quietly(consumer.resume, wake)
 
     def forget(self, tps: Iterable[TP]) -> None:
         """``tps`` are no longer assigned."""
@@ -104,14 +105,10 @@ class DrainedPartitions:
             self._start.pop(tp, None)
 
 
-def _partitions(tps: Iterable[TP]) -> list[TopicPartition]:
-    return [TopicPartition(t, p) for t, p in tps]
-
-
 def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
     """Where fetching ``tps`` starts: the group's committed offset, else the partition's first (earliest)."""
     try:
-        committed = consumer.committed(_partitions(tps), timeout=5)
+        committed = consumer.committed(topic_partitions(tps), timeout=5)
     except Exception:
         log.debug("committed offsets of retry partitions %s unknown", tps, exc_info=True)
         return {}
@@ -135,10 +132,3 @@ def _cached_high(consumer: Consumer, tp: TP) -> int:
     except Exception:
         return -1
     return -1 if offsets is None else int(offsets[1])
-
-
-def _call(method: Callable[[list[TopicPartition]], object], tps: list[TP]) -> None:
-    try:
-        method(_partitions(tps))
-    except Exception:
-        log.debug("pause/resume of retry partitions %s failed (revoked?)", tps, exc_info=True)

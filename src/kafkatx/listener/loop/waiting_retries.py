@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, TopicPartition
 
 from kafkatx.client.offsets import TP
+from kafkatx.client.partitions import quietly
 from kafkatx.record import ConsumedMessage
 from kafkatx.retry_topics.headers import due_ms_of
 
@@ -73,7 +74,7 @@ class WaitingRetries:
                 queue.append((due_ms_of(msg.headers()), msg))
             self._next[tp] = msg.offset() + 1
         if newly:
-            _call(consumer.pause, newly)
+            quietly(consumer.pause, newly)
         return due
 
     def release(self, consumer: Consumer, now_ms: int) -> list[ConsumedMessage]:
@@ -91,7 +92,7 @@ class WaitingRetries:
         for tp in emptied:
             del self._waiting[tp]
         if emptied:
-            _call(consumer.resume, emptied)
+            quietly(consumer.resume, emptied)
             self._fetch_from_next(consumer, emptied)
         return out
 
@@ -115,16 +116,9 @@ class WaitingRetries:
         for tp in dropped:
             self._next.pop(tp, None)
         if dropped and consumer is not None:
-            _call(consumer.resume, dropped)
+            quietly(consumer.resume, dropped)
         return dropped
 
     def clear(self) -> None:
         self._waiting.clear()
         self._next.clear()
-
-
-def _call(method: object, tps: list[TP]) -> None:
-    try:
-        method([TopicPartition(t, p) for t, p in tps])  # type: ignore[operator]
-    except Exception:
-        log.debug("pause/resume of retry partitions %s failed (revoked?)", tps, exc_info=True)
