@@ -207,12 +207,12 @@ def test_a_retry_partition_sought_while_the_container_holds_it_paused_stays_paus
     waiting_record = _hop_message(R0, 6, due_ms=int(time.time() * 1000) + 60_000)
     feed._waiting.sort(cast(Consumer, fake), [waiting_record], int(time.time() * 1000))
     assert R0 in feed._waiting and fake.paused == {R0}
-    feed.sought(R0, held=True)
+    feed.sought(R0, 6, held=True)
     assert R0 not in feed._waiting and fake.paused == {R0}, "dropped, still paused: the hold goes on"
     feed.resume([R0], cast(Consumer, FakeConsumer()))  # the hold ends
     assert fake.paused == set()
     feed._waiting.sort(cast(Consumer, fake), [waiting_record], int(time.time() * 1000))
-    feed.sought(R0)
+    feed.sought(R0, 6)
     assert R0 not in feed._waiting and fake.paused == set(), "not held: fetched again at once"
 
 
@@ -229,3 +229,89 @@ def _hop_message(tp: tuple[str, int], offset: int, due_ms: int) -> Any:
         value=b"v",
         headers=[(BACKOFF_TIMESTAMP, due_ms.to_bytes(8, "big"))],
     )
+
+
+def test_a_retry_partition_whose_position_ran_past_undelivered_records_is_fetched_again_after_the_last_delivered() -> (
+    None
+):
+    """The embedded broker can make a read_committed consumer skip records it never delivered (a fetch that starts
+    past the marker of the same producer's aborted transaction): refetch() seeks back to after the last record it
+    delivered, not to where the consumer's position ran; nothing delivered is fetched twice."""
+    import time
+
+    feed, fake, paused_until = _feed_with_a_drained_partition(0)
+    positions = cast(Any, SimpleNamespace(paused_until=paused_until))
+    now_ms = int(time.time() * 1000)
+
+    class Delivering(FakeConsumer):
+        batch: list[Any] = []
+
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            batch, self.batch = self.batch, []
+            return batch
+
+    fake2 = Delivering()
+    fake2.positions, fake2.high = {R0: 0}, {R0: 13}
+    feed.consumer = cast(Consumer, fake2)
+    fake2.batch = [_hop_message(R0, offset, due_ms=now_ms - 1) for offset in (0, 1, 2, 3)]
+    assert len(feed.poll(100, positions)) == 4
+    fake2.positions[R0] = 13  # the broker made it skip 7..12
+    assert feed.refetch(R0, positions) and fake2.positions[R0] == 4, "after the last record it delivered"
+    assert R0 not in fake2.paused
+
+    feed.sought(R0, 9)  # the container sought it (a rewind): fetched from there
+    fake2.positions[R0] = 13
+    assert feed.refetch(R0, positions) and fake2.positions[R0] == 9
+
+    fake2.positions[R0] = 13
+    assert feed.refetch(R0, positions, from_start=True) and fake2.positions[R0] == -2, "from its start"
+    fake2.batch = [_hop_message(R0, offset, due_ms=now_ms - 1) for offset in (0, 1, 9, 10)]
+    assert [m.offset() for m in feed.poll(100, positions)] == [9, 10], "what it delivered already is left out"
+    fake2.batch = [_hop_message(R0, 3, due_ms=now_ms - 1)]  # sought back by the container later: delivered again
+    feed.sought(R0, 3)
+    assert [m.offset() for m in feed.poll(100, positions)] == [3]
+
+    paused_until[R0] = time.monotonic() + 60  # the container holds it: its hold's end fetches it
+    assert not feed.refetch(R0, positions)
+    del paused_until[R0]
+    fake2.batch = [_hop_message(R0, 20, due_ms=now_ms + 60_000)]  # fetched before due: it waits in memory
+    feed.poll(100, positions)
+    assert R0 in feed._waiting and not feed.refetch(R0, positions), "its records wait in memory: not refetched"
+    assert not feed.refetch(("t-retry", 7), positions), "not a partition of this feed"
+
+
+def test_a_due_record_not_consumed_has_its_partition_fetched_again_then_from_its_start_then_is_reported_stalled() -> (
+    None
+):
+    from kafkatx.listener.loop import retry_stalls
+    from kafkatx.listener.loop.retry_stalls import REFETCH_AFTER_S, RETRY_STALL_CHECK_S, RetryStalls
+
+    heads = {R0: (1_000, ("t", 0), 5, 2)}  # due at 1 s (epoch ms), input t[0]@5, 2 records in retry
+    hops = SimpleNamespace(book=SimpleNamespace(heads=lambda: heads))
+    clock = [1.0]
+    events: list[Any] = []
+    stalls = RetryStalls(cast(Any, hops), "listener", 0, events.append, clock=lambda: clock[0])
+    refetched: list[tuple[tuple[str, int], bool]] = []
+
+    def refetch(tp: tuple[str, int], from_start: bool) -> bool:
+        refetched.append((tp, from_start))
+        return True
+
+    stalls.run(100.0, refetch)  # first seen
+    stalls.run(100.0 + REFETCH_AFTER_S - 0.1, refetch)
+    assert refetched == [], "not yet: the same record for less than REFETCH_AFTER_S"
+    clock[0] = 1.0 + RETRY_STALL_CHECK_S
+    stalls.run(100.0 + REFETCH_AFTER_S, refetch)
+    stalls.run(100.0 + REFETCH_AFTER_S + 1, refetch)
+    assert refetched == [(R0, False)], "once, after the last record delivered"
+    stalls.run(100.0 + 2 * REFETCH_AFTER_S, refetch)
+    stalls.run(100.0 + 3 * REFETCH_AFTER_S, refetch)
+    assert refetched == [(R0, False), (R0, True)], "then once from the partition's start, and no more"
+    assert events == [] and stalls.stalled == {}
+    clock[0] = 1.0 + 2 * RETRY_STALL_CHECK_S
+    stalls.run(100.0 + RETRY_STALL_CHECK_S, refetch)
+    assert stalls.stalled and len(events) == 1 and len(refetched) == 2
+    heads[R0] = (2_000, ("t", 0), 6, 1)  # consumed: the next record heads it
+    stalls.run(100.0 + RETRY_STALL_CHECK_S + 1, refetch)
+    assert stalls.stalled == {} and len(events) == 2, "reported flowing again"
+    assert retry_stalls._interval() == min(REFETCH_AFTER_S, RETRY_STALL_CHECK_S)

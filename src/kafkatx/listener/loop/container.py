@@ -444,7 +444,7 @@ class ListenerContainer:
         consumer = self._positions_of(tp)
         if consumer is None:
             return
-        self._feed.sought(tp, held=tp in self._paused_until)  # a retry partition's waiting records: fetched again
+        self._feed.sought(tp, offset, held=tp in self._paused_until)  # a retry partition's waiting records: again
         try:
             consumer.seek(TopicPartition(tp[0], tp[1], offset))
         except Exception as exc:  # revoked meanwhile: its new owner starts from the committed offset

@@ -100,6 +100,11 @@ class RetryFeed:
         self._waiting = WaitingRetries()
         #: The retry partitions whose waiting records the last poll handed on: the container handles them.
         self._released: set[TP] = set()
+        #: Per retry partition, the offset after the last record this consumer delivered (or where it was sought):
+        #: where a partition whose position ran past undelivered records is fetched again from (:meth:`refetch`).
+        self._delivered: dict[TP, int] = {}
+        #: Retry partitions fetched again from their start: their records below this offset were delivered already.
+        self._skip_below: dict[TP, int] = {}
         #: retry topic -> input topic
         self._origin = (
             {} if hops is None else {retry: topic for topic in hops.inputs for retry in hops.plan.topics(topic)}
@@ -130,10 +135,13 @@ class RetryFeed:
         """The consumer that fetches ``tp``: this one for a retry partition, else the container's."""
         return self.consumer if self._origin and tp[0] in self._origin else container_consumer
 
-    def sought(self, tp: TP, held: bool = False) -> None:
-        """The container sought ``tp``: if it is a retry partition, what of it waits in memory is fetched again
-        from there, and one paused as read to its end is fetched again; resumed now unless the container ``held``
-        it paused (then when its pause ends, :meth:`resume`)."""
+    def sought(self, tp: TP, offset: int, held: bool = False) -> None:
+        """The container sought ``tp`` to ``offset``: if it is a retry partition, what of it waits in memory is
+        fetched again from there, and one paused as read to its end is fetched again; resumed now unless the
+        container ``held`` it paused (then when its pause ends, :meth:`resume`)."""
+        if tp in self.assigned:
+            self._delivered[tp] = offset
+            self._skip_below.pop(tp, None)
         consumer = None if held else self.consumer
         self._waiting.drop(consumer, (tp,))
         self._drained.fetch_again(consumer, (tp,))
@@ -196,6 +204,7 @@ class RetryFeed:
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
         starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
+        self._delivered.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
         try:
             read = read_to_end(scanner, starts, self.name)
@@ -234,6 +243,9 @@ class RetryFeed:
         self.assigned.difference_update(mirrored)
         self._drained.forget(mirrored)
         self._waiting.drop(None, mirrored)
+        for tp in mirrored:
+            self._delivered.pop(tp, None)
+            self._skip_below.pop(tp, None)
         consumer = self.consumer
         if consumer is not None:
             try:
@@ -249,7 +261,8 @@ class RetryFeed:
         waits in memory with the rest of its partition (``positions``: the container's)."""
         consumer, hops, waiting = self.consumer, self.hops, self._waiting
         self._released.clear()
-        self.stalls.maybe_run(time.monotonic())  # retry partitions with due records not consumed (retry_stalls.py)
+        # retry partitions with due records not consumed (retry_stalls.py): fetched again, then reported
+        self.stalls.maybe_run(time.monotonic(), lambda tp, start: self.refetch(tp, positions, start))
         if consumer is None or hops is None or not self.assigned:
             return []
         if hops.written:  # hops written since the last look: their partitions are fetched until read past them
@@ -259,6 +272,12 @@ class RetryFeed:
         released = waiting.release(consumer, now_ms)  # fetched before the records of this poll: they go first
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
         records = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
+        if records and self._skip_below:
+            records = self._unseen(records)
+        if records:
+            delivered = self._delivered
+            for record in records:
+                delivered[(record.topic(), record.partition())] = record.offset() + 1
         due = waiting.sort(consumer, records, now_ms) if records else records
         # Those read to their end are paused before the container handles what this poll brought: left fetching
         # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once. Those
@@ -269,7 +288,57 @@ class RetryFeed:
             return msgs
         self._released.update((m.topic(), m.partition()) for m in released)
         handed = cast("list[Message]", [*released, *due])
-        return handed if len(records) == len(msgs) else [m for m in msgs if m.error() is not None] + handed
+        errors = [m for m in msgs if m.error() is not None]
+        return handed if not errors else errors + handed
+
+    def _unseen(self, records: list[ConsumedMessage]) -> list[ConsumedMessage]:
+        """``records`` but those a partition fetched again from its start had delivered already."""
+        skip = self._skip_below
+        unseen = []
+        for record in records:
+            tp = (record.topic(), record.partition())
+            below = skip.get(tp)
+            if below is not None:
+                if record.offset() < below:
+                    continue
+                del skip[tp]
+            unseen.append(record)
+        return unseen
+
+    def refetch(self, tp: TP, positions: ContainerPositions, from_start: bool = False) -> bool:
+        """Fetch retry partition ``tp`` again from after the last record this consumer delivered of it: its due
+        record was not consumed. True if it did; not while its records wait in memory or the container holds it.
+
+        On the embedded broker a read_committed fetch that starts past the marker of a producer's aborted
+        transaction skips that producer's later records, committed ones too (docs/BROKERS.md): the consumer's
+        position runs past hops that were never delivered. It happens to a retry partition after a restart
+        aborted its predecessor's open transaction holding a hop, and the same producer (same transactional id)
+        wrote the next hops. A fetch from an offset before the marker sees it and delivers them: after the last
+        record delivered, or, ``from_start``, from the partition's start (an older abort's marker; the records
+        delivered already are left out). On Apache Kafka the fetch is only repeated (a transaction left open
+        holds the partition all the same)."""
+        consumer = self.consumer
+        offset = self._delivered.get(tp)
+        if consumer is None or offset is None or tp not in self.assigned:
+            return False
+        if tp in self._waiting or tp in positions.paused_until:
+            return False
+        try:
+            consumer.seek(TopicPartition(tp[0], tp[1], OFFSET_BEGINNING if from_start else offset))
+        except Exception:
+            log.debug("refetch of retry partition %s failed (revoked?)", tp, exc_info=True)
+            return False
+        if from_start:
+            self._skip_below[tp] = offset
+        self._drained.fetch_again(consumer, (tp,))
+        log.info(
+            "listener %s: retry partition %s[%d]: its due record was not consumed; fetching it again from %s",
+            self.name,
+            tp[0],
+            tp[1],
+            f"its start (delivered up to offset {offset})" if from_start else f"offset {offset}",
+        )
+        return True
 
     def _wake_when_due(self, consumer: Consumer, positions: ContainerPositions) -> None:
         """The retry partitions hops were written to since the last look: one read to its end stays paused until
