@@ -13,6 +13,33 @@ logging.getLogger("kafkatx").setLevel(logging.DEBUG)
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def _in_the_spark_group(nodeid: str) -> bool:
+    """Whether a test runs in the one worker that runs Spark: its file or its name says spark."""
+    return "spark" in nodeid.split("[", 1)[0].lower()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Two workers (``-n 2`` in pyproject's addopts) share the tests one at a time, except the Spark tests, which
+    run one after the other on one worker: one local Spark (a JVM and its Python workers) at a time, next to the
+    other worker's broker tests. (xdist's own ``--dist loadgroup`` does this by renaming the tests, which pytest 9.2
+    no longer lets it do, so the grouping is by name here and checked against the ``spark`` marker below.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for on the command line
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "spark" if _in_the_spark_group(nodeid) else nodeid
+
+    return SparkTogether(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    misnamed = [i.nodeid for i in items if i.get_closest_marker("spark") and not _in_the_spark_group(i.nodeid)]
+    if misnamed:
+        raise pytest.UsageError(f"marked spark, but neither file nor name says spark (see conftest.py): {misnamed}")
+
+
 @pytest.fixture
 def pg_engine(postgres: Any) -> Iterator[Any]:
     """A SQLAlchemy engine on the session's PostgreSQL server (see kafkatx.testing's ``postgres``)."""
