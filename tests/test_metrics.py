@@ -239,7 +239,11 @@ def test_status_line_counts_rate_and_clears_on_stop() -> None:
     assert status.processed == 500  # stopped: no longer counting
 
 
-def test_status_line_live_on_a_terminal_shares_it_with_logging(kafka: KafkaTestKit) -> None:
+def test_status_line_live_on_a_terminal_shares_it_with_logging(
+    kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A terminal wide enough for the whole line (it is cut to the width; pytest-xdist's workers set COLUMNS=80).
+    monkeypatch.setenv("COLUMNS", "200")
     topic = kafka.topic()
     app = App(unique_name("st"), bootstrap_servers=kafka.bootstrap_servers, instance_id="s1")
 
