@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -87,7 +88,12 @@ def test_bad_port_rejected() -> None:
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
-def test_no_orphan_when_the_owner_dies(tmp_path: Path, how: str) -> None:
+def test_no_orphan_when_the_owner_dies(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A temporary directory of its own: a broker started meanwhile by another test (pytest -n 2) removes a dead
+    # owner's directory from the shared one, which is the rule under test, but not this test's to see.
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     script = textwrap.dedent(
         """
         import sys
@@ -97,9 +103,13 @@ def test_no_orphan_when_the_owner_dies(tmp_path: Path, how: str) -> None:
         sys.stdin.readline()  # the owner lives until the test has seen its broker alive, then exits or is killed
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "TMPDIR": str(private)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdin is not None and proc.stdout is not None
     pid_text, data_dir = proc.stdout.readline().split()
+    assert Path(data_dir).parent == private
     broker_pid = int(pid_text)
     assert _alive(broker_pid)
     if how == "sigkill":
