@@ -148,3 +148,63 @@ def test_map_records_names_the_source_columns_a_dataframe_lacks_before_any_task_
         map_records(Frame(), lambda record: None, output="out")
     with pytest.raises(ValueError, match="max_attempts"):
         map_records(Frame(), lambda record: None, max_attempts=0)
+
+
+def test_the_columns_of_sparks_own_kafka_source_are_the_contract_of_the_source_and_of_map_records() -> None:
+    """A query moves between Spark's JVM Kafka source (a real cluster) and the "kafkatx" format by changing the
+    format's name: the kafkatx source gives the columns Spark's integration guide lists, in its order and types,
+    and map_records takes rows of exactly those columns, as Spark hands them to Python (Arrow: 32-bit partition and
+    timestampType, microsecond timestamps in the session's time zone)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from kafkatx.spark._stream_source import source_schema
+
+    documented = [  # "Each row in the source has the following schema" (Structured Streaming + Kafka guide)
+        ("key", BinaryType()),
+        ("value", BinaryType()),
+        ("topic", StringType()),
+        ("partition", IntegerType()),
+        ("offset", LongType()),
+        ("timestamp", TimestampType()),
+        ("timestampType", IntegerType()),
+    ]
+    headers = ("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])))
+    for include, expected in (("false", documented), ("true", [*documented, headers])):
+        schema = source_schema({"includeHeaders": include})
+        assert [(f.name, f.dataType) for f in schema.fields] == expected, include
+
+    arrow = to_arrow_schema(source_schema({"includeHeaders": "true"}), timezone="Europe/Paris")
+    stamp = datetime.datetime(2026, 1, 1, 12, tzinfo=datetime.timezone.utc)
+    jvm_rows = pa.RecordBatch.from_pylist(
+        [
+            {
+                "key": b"k",
+                "value": b"v",
+                "topic": "in",
+                "partition": 3,
+                "offset": 7,
+                "timestamp": stamp,
+                "timestampType": 1,
+                "headers": [{"key": "h", "value": b"1"}],
+            }
+        ],
+        schema=arrow,
+    )
+    assert jvm_rows.schema.field("partition").type == pa.int32() and jvm_rows.schema.field("timestamp").type.tz
+    seen: list[Record] = []
+    rows = _rows(_mapper(lambda record: seen.append(record) or record.value), jvm_rows)
+    [record] = seen
+    assert (record.topic, record.partition, record.offset, record.key, record.value) == ("in", 3, 7, b"k", b"v")
+    assert record.timestamp == int(stamp.timestamp() * 1000) and record.timestamp_type == "LogAppendTime"
+    assert record.headers == [("h", b"1")]
+    assert [(r["topic"], r["value"]) for r in rows] == [("out", b"v")]
