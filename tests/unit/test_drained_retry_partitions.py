@@ -103,6 +103,20 @@ def test_a_hop_written_to_a_partition_still_fetching_holds_off_its_pause_too() -
     assert fake.paused == set()
 
 
+def test_a_fetching_partition_that_read_its_hop_before_the_hop_was_looked_at_is_paused_at_its_end() -> None:
+    """The mark a hop must pass is the high watermark before the container handled the poll that wrote it. Taken
+    when the hop is looked at (the next poll, its transaction committed), it already held the hop whenever the
+    partition, fetching, read it meanwhile: read to its end, it was then fetched in a loop until another hop."""
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5}, {R0: 7}  # fetching, two records left
+    drained.pause_read_to_end(consumer, {R0})
+    drained.before_handling(consumer, {R0})  # then the container handles the poll; a hop is written to R0
+    fake.positions, fake.high = {R0: 9}, {R0: 9}  # committed; the client fetched it and everything before it
+    assert drained.written(consumer, {R0: 1_000}, {R0}) == {}
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == {R0}, "read past its hop: paused, not fetched in a loop"
+
+
 def test_a_seek_or_a_resume_fetches_a_paused_partition_again_and_unassigned_ones_are_forgotten() -> None:
     drained, fake, consumer = _setup()
     fake.positions, fake.high = {R0: 5, R1: 5}, {R0: 5, R1: 5}

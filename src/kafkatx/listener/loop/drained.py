@@ -17,8 +17,12 @@ again at it by the due-time gate. A paused partition is also fetched again
 when the container seeks it (a record handled from it is fetched again) or
 resumes it, or when it is assigned again. After a hop, the partition is
 paused again only once the client has seen the high watermark move past what
-it knew when the hop was written: until then the hop may still be on its way,
-and a pause would leave it unread.
+it knew before the hop was written: until then the hop may still be on its way,
+and a pause would leave it unread. That mark is taken at each feed poll, before
+the container handles what it brought (:meth:`DrainedPartitions.before_handling`):
+taken when the hop is looked at, after its transaction committed, it could
+already include the hop (a fetching partition fetched it meanwhile), and the
+partition, read to its end, was then fetched in a loop until the next hop.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class DrainedPartitions:
         self._written_at: dict[TP, int] = {}
         #: Where fetching starts for those with no record read yet (librdkafka's position is unset until one is).
         self._start: dict[TP, int] = {}
+        #: The high watermarks the client knew at the last feed poll: hops written after it land above them.
+        self._high_before: dict[TP, int] = {}
 
     def pause_read_to_end(self, consumer: Consumer, assigned: Iterable[TP]) -> None:
         """Pause the partitions of ``assigned`` whose position reached their high watermark (as last fetched)."""
@@ -74,12 +80,19 @@ class DrainedPartitions:
         fetched until the client has read past them. Returns those paused here, which stay paused: the caller
         holds each until its hop is due (then :meth:`resumed`), or fetches it at once (:meth:`fetch_again`)."""
         sleeping = {}
+        before = self._high_before
         for tp, due in due_ms.items():
             if tp in assigned:
-                self._written_at[tp] = max(self._written_at.get(tp, -1), _cached_high(consumer, tp))
+                high = before[tp] if tp in before else _cached_high(consumer, tp)
+                self._written_at[tp] = max(self._written_at.get(tp, -1), high)
                 if tp in self.paused:
                     sleeping[tp] = due
         return sleeping
+
+    def before_handling(self, consumer: Consumer, assigned: Iterable[TP]) -> None:
+        """Note the high watermarks the client knows now, before the container handles a poll: a hop it writes
+        to one of ``assigned`` lands above its mark, so a high watermark past the mark means the hop was fetched."""
+        self._high_before = {tp: _cached_high(consumer, tp) for tp in assigned}
 
     def held_elsewhere(self, tp: TP) -> None:
         """``tp`` stays paused, now by the container's timed pause (which resumes it): no longer read to its end."""
@@ -103,6 +116,7 @@ class DrainedPartitions:
             self.paused.discard(tp)
             self._written_at.pop(tp, None)
             self._start.pop(tp, None)
+            self._high_before.pop(tp, None)
 
 
 def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:

@@ -284,6 +284,7 @@ class RetryFeed:
         # whose records wait in memory are paused past them already, and resumed when none waits (a hop written
         # to one meanwhile is fetched then: drained.py's high watermark rule).
         self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        self._drained.before_handling(consumer, self.assigned)
         if not msgs and not released:
             return msgs
         self._released.update((m.topic(), m.partition()) for m in released)
