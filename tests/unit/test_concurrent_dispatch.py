@@ -184,7 +184,9 @@ def test_time_running_out_commits_a_prefix_and_rewinds_the_rest() -> None:
         runner.close()
     (committed,) = host.producer.committed
     done = committed.offsets[("in", 0)]
-    assert 2 <= done < 20
+    # At least the first record: the budget is checked once a record has started. Two in flight make two likely,
+    # but not certain: a loaded machine may let the 30 ms pass before the second one starts.
+    assert 1 <= done < 20
     assert host.producer.committed_values == [b"k%d:%d" % (i, i) for i in range(done)]
     assert host.seeks == [(("in", 0), done)], "the rest is fetched again"
 
