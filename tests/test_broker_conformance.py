@@ -302,6 +302,48 @@ def test_kip447_offset_fetch_waits_for_pending_transactional_offsets(
         reader.close()
 
 
+def test_an_empty_fetch_waits_fetch_wait_max_ms(request: pytest.FixtureRequest, kafka: KafkaTestKit) -> None:
+    """A fetch with nothing to return is held by the broker up to ``fetch.wait.max.ms`` (``fetch.min.bytes``
+    unmet), so a consumer at the end of its partitions sends a few fetches a second, not thousands.
+
+    noida-db answers at once, and librdkafka fetches again at once: a consumer read to its end spins, in the client
+    and in the broker (docs/BROKERS.md). Why the retry consumer pauses retry partitions read to their end
+    (listener/loop/drained.py), and why idle CPU on the embedded broker is not kafkatx's."""
+    import json
+    import time
+
+    _noida_gap(request, "an empty fetch is answered at once, not after fetch.wait.max.ms")
+    topic = kafka.topic()
+    stats: list[dict[str, object]] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": unique_name("g"),
+            "log_level": 3,
+            "fetch.wait.max.ms": 500,
+            "statistics.interval.ms": 1000,
+            "stats_cb": lambda js: stats.append(json.loads(js)),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])  # an empty partition, fetched from its start
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(stats) < 4:
+            consumer.poll(0.2)
+    finally:
+        consumer.close()
+    assert len(stats) >= 4, "librdkafka's statistics came every second"
+
+    def fetches(s: dict[str, object]) -> int:
+        brokers = s["brokers"]
+        assert isinstance(brokers, dict)
+        return sum(int(b.get("req", {}).get("Fetch", 0)) for b in brokers.values())
+
+    seconds = (int(str(stats[-1]["age"])) - int(str(stats[0]["age"]))) / 1e6
+    per_second = (fetches(stats[-1]) - fetches(stats[0])) / seconds
+    assert per_second <= 10, f"{per_second:.0f} empty fetches a second with fetch.wait.max.ms=500"
+
+
 def test_a_closed_static_members_partitions_move_after_the_session_timeout(
     request: pytest.FixtureRequest, kafka: KafkaTestKit
 ) -> None:
