@@ -156,6 +156,31 @@ def test_a_poll_that_brings_records_of_one_retry_partition_pauses_another_read_t
     assert fake.paused == {R0}, "the other partition, read to its end, waits paused meanwhile"
 
 
+def test_a_poll_that_brings_an_error_hands_it_on_before_the_records() -> None:
+    """The container reports a client error before it handles anything of the poll."""
+    from confluent_kafka import KafkaError, Message
+
+    from kafkatx.listener.loop.retry_feed import RetryFeed
+    from kafkatx.retry_topics import RetryTopicPlan
+    from kafkatx.retry_topics.hops import RetryHops
+    from kafkatx.rollback.policy import FailurePolicy
+
+    hops = RetryHops(RetryTopicPlan(FailurePolicy(max_attempts=2, backoff=1.0)), ["t"], "grp", clock=lambda: 0.0)
+    feed = RetryFeed(hops, {"group.id": "grp"}, "listener")
+    error = Message(topic="t-retry", partition=0, error=KafkaError(KafkaError._TRANSPORT))
+
+    class Polled(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+            return [Message(topic="t-retry", partition=1, offset=2, key=b"k", value=b"v", headers=[]), error]
+
+    fake = Polled()
+    feed.consumer, feed.assigned = cast(Consumer, fake), {R0, R1}
+    fake.positions, fake.high = {R0: 0, R1: 3}, {R0: 5, R1: 7}
+    positions = SimpleNamespace(seek=lambda tp, offset: None, pause=lambda tp, seconds: None, paused_until={})
+    polled = feed.poll(100, cast(Any, positions))
+    assert [m.error() is not None for m in polled] == [True, False]
+
+
 def _feed_with_a_drained_partition(now_ms: int) -> tuple[Any, FakeConsumer, dict[tuple[str, int], float]]:
     from confluent_kafka import Message
 

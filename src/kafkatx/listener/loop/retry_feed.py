@@ -272,6 +272,7 @@ class RetryFeed:
         released = waiting.release(consumer, now_ms)  # fetched before the records of this poll: they go first
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
         records = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
+        errors = [m for m in msgs if m.error() is not None] if len(records) != len(msgs) else None
         if records and self._skip_below:
             records = self._unseen(records)
         if records:
@@ -289,8 +290,7 @@ class RetryFeed:
             return msgs
         self._released.update((m.topic(), m.partition()) for m in released)
         handed = cast("list[Message]", [*released, *due])
-        errors = [m for m in msgs if m.error() is not None]
-        return handed if not errors else errors + handed
+        return handed if errors is None else errors + handed
 
     def _unseen(self, records: list[ConsumedMessage]) -> list[ConsumedMessage]:
         """``records`` but those a partition fetched again from its start had delivered already."""
