@@ -151,8 +151,11 @@ def main() -> None:
     for start in range(3):  # Spark gives a Python worker 10 s to start: restart from the checkpoint if it was slower
         query = writer.start()
         print("started", flush=True)
-        query.awaitTermination()
-        failure = query.exception()
+        try:
+            query.awaitTermination()
+            failure = query.exception()
+        except Exception as died:  # awaitTermination raises what the query died of
+            failure = died
         if failure is None or "Python worker failed to connect back" not in str(failure) or start == 2:
             break
         print(f"restarting after a slow Python worker start: {failure}", flush=True)

@@ -58,8 +58,11 @@ def _run_to_the_end(writer: Any, timeout: float) -> None:
     """
     for start in range(3):
         query = writer.start()
-        query.awaitTermination(timeout)
-        failure = query.exception()
+        try:
+            query.awaitTermination(timeout)
+            failure = query.exception()
+        except Exception as died:  # awaitTermination raises what the query died of
+            failure = died
         if failure is None or _SLOW_WORKER_START not in str(failure) or start == 2:
             break
         logging.getLogger(__name__).warning("query %s died of a slow Python worker start; starting it again", query.id)
