@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from process_helpers import ChildOutput
 
 from kafkatx.testing import KafkaTestKit, unique_name, wait_for
 
@@ -74,24 +75,24 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(
     proc = supervisor(
         tmp_path, env, "--workers", "2", "--instance-id", "sup", "--bootstrap-servers", kafka.bootstrap_servers
     )
-    lines: list[str] = []
+    output = ChildOutput(proc)
     try:
-        assert proc.stdout is not None
         pids: dict[str, int] = {}
         assigned: set[str] = set()
         deadline = time.monotonic() + 60
         # Both workers own partitions before the records come: else a slow start leaves sup-0 without any, the
         # other worker copies everything, and sup-0 is killed before it made progress.
-        while (len(pids) < 2 or assigned != {"sup-0", "sup-1"}) and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
+        while len(pids) < 2 or assigned != {"sup-0", "sup-1"}:
+            line = output.next_line(deadline)
+            if line is None:
+                break
             m = re.search(r"worker (sup-\d) started \(pid (\d+)\)", line)
             if m:
                 pids[m.group(1)] = int(m.group(2))
             m = re.search(r"\[(sup-\d)\] .* assigned \S+\[\d+\]", line)  # not "assigned nothing"
             if m:
                 assigned.add(m.group(1))
-        assert set(pids) == {"sup-0", "sup-1"} and assigned == {"sup-0", "sup-1"}, "".join(lines)
+        assert set(pids) == {"sup-0", "sup-1"} and assigned == {"sup-0", "sup-1"}, output.text()
         kafka.produce(src, [{"value": b"a%d" % i, "partition": i % 4} for i in range(400)])
         wait_for(lambda: kafka.caught_up(name, src), 60, message="the two workers caught up")
         os.kill(pids["sup-0"], signal.SIGKILL)
@@ -99,12 +100,10 @@ def test_workers_share_the_partitions_and_a_killed_one_comes_back_under_its_id(
         wait_for(lambda: kafka.caught_up(name, src), 60, message="caught up again after the kill")
     finally:
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-        lines.append(rest)
-    output = "".join(lines)
-    assert proc.returncode == 0, output
+        output.rest(timeout=60)
+    assert proc.returncode == 0, output.text()
     # It had committed records before the kill: a crash after progress, restarted without counting.
-    assert "worker sup-0 exited with code -9 after making progress; restarting it under the same id" in output
+    assert "worker sup-0 exited with code -9 after making progress; restarting it under the same id" in output.text()
     assert Counter(kafka.values(out)) == Counter(
         b"out-" + v for v in [b"a%d" % i for i in range(400)] + [b"b%d" % i for i in range(400)]
     ), "exactly once"
@@ -174,19 +173,19 @@ def test_under_workers_each_text_log_line_names_its_worker(kafka: KafkaTestKit, 
         tmp_path, env, "--workers", "2", "--instance-id", "wlog", "--bootstrap-servers", kafka.bootstrap_servers
     )
     started: set[str] = set()
-    lines: list[str] = []
+    output = ChildOutput(proc)
     try:
-        assert proc.stdout is not None
         deadline = time.monotonic() + 60
-        while started != {"wlog-0", "wlog-1"} and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
+        while started != {"wlog-0", "wlog-1"}:
+            line = output.next_line(deadline)
+            if line is None:
+                break
             m = re.search(r" \[(wlog-\d)\] INFO +kafkatx\.app: app .* started", line)
             if m:
                 started.add(m.group(1))
     finally:
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-    assert started == {"wlog-0", "wlog-1"}, "".join(lines)
-    worker_lines = [line for line in lines + rest.splitlines(True) if "kafkatx.container" in line]
+        output.rest(timeout=60)
+    assert started == {"wlog-0", "wlog-1"}, output.text()
+    worker_lines = [line for line in output.lines if "kafkatx.container" in line]
     assert worker_lines and all(re.search(r" \[wlog-\d\] ", line) for line in worker_lines), "".join(worker_lines)
