@@ -50,6 +50,23 @@ def pg_engine(postgres: Any) -> Iterator[Any]:
     engine.dispose()
 
 
+@pytest.fixture(autouse=True)
+def _configured_logging_taken_off() -> Iterator[None]:
+    """A command run in-process (``main(["run", ...])``, ``kafkatx dlq ...``) configures logging to the stderr
+    pytest captured for that test: left on the root logger, its handler writes to a closed file in every later
+    test ("--- Logging error ---" and a stack in each failure's output). Taken off here, levels put back."""
+    root, kafkatx_logger = logging.getLogger(), logging.getLogger("kafkatx")
+    levels = root.level, kafkatx_logger.level
+    yield
+    configured = [h for h in root.handlers if getattr(h, "_kafkatx_configured", False)]  # kafkatx.logging's mark
+    for handler in configured:
+        root.removeHandler(handler)
+    if configured:
+        root.setLevel(levels[0])
+        kafkatx_logger.setLevel(levels[1])
+        logging.captureWarnings(False)
+
+
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     """Put the root logger and kafkatx's loggers back as they were, for tests that configure logging.
