@@ -14,6 +14,8 @@ import textwrap
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -231,15 +233,25 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@contextmanager
+def _output_shown_on_failure(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """A failing wait or assertion stops the command and prints what it wrote (shown with the failure): the
+    supervisor's and its workers' lines say why they were not ready."""
+    try:
+        yield
+    except BaseException:
+        print(f"--- the command's output ---\n{stop(proc)}")
+        raise
+
+
 def test_kafkatx_run_serves_the_probes_on_the_port_it_is_given(kafka: KafkaTestKit, tmp_path: Path) -> None:
     port = free_port()
     proc = run_command(kafka, tmp_path, "--health-port", str(port), "--bootstrap-servers", kafka.bootstrap_servers)
-    try:
+    with _output_shown_on_failure(proc):
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="the run's App ready")
         assert get(url + "/livez")[0] == 200
-    finally:
-        out = stop(proc)
+    out = stop(proc)
     assert proc.returncode == 0, out
     assert f"health probes at http://127.0.0.1:{port}" in out
 
@@ -249,7 +261,7 @@ def test_kafkatx_run_not_ready_after_sets_the_bound_of_readyz(kafka: KafkaTestKi
     port = free_port()
     args = ("--health-port", str(port), "--not-ready-after", "1.5", "--bootstrap-servers", kafka.bootstrap_servers)
     proc = run_command(kafka, tmp_path, *args, src=src)
-    try:
+    with _output_shown_on_failure(proc):
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(url + "/readyz")[0] == 200, 60, message="the run's App ready")
         kafka.produce(src, [b"stuck"])
@@ -258,8 +270,7 @@ def test_kafkatx_run_not_ready_after_sets_the_bound_of_readyz(kafka: KafkaTestKi
         assert get(url + "/livez")[0] == 200, "a handler taking long is not dead"
         (tmp_path / "release").touch()
         wait_for(lambda: get(url + "/readyz")[0] == 200, 30, message="ready again once the batch is done")
-    finally:
-        out = stop(proc)
+    out = stop(proc)
     assert proc.returncode == 0, out
 
 
@@ -298,7 +309,7 @@ def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestK
         "--bootstrap-servers",
         kafka.bootstrap_servers,
     )
-    try:
+    with _output_shown_on_failure(proc):
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(url + "/readyz")[0] == 200, 90, message="both workers ready")
         status, body = get(url + "/readyz")
@@ -315,8 +326,7 @@ def test_the_supervisor_serves_one_port_reporting_every_worker(kafka: KafkaTestK
         assert get(url + "/livez")[0] == 200, "a worker being restarted made the supervisor not live"
         wait_for(lambda: get(url + "/readyz")[0] == 200, 90, message="ready again after the restart")
         assert get(url + "/readyz")[1]["workers"][0]["pid"] != killed
-    finally:
-        out = stop(proc)
+    out = stop(proc)
     assert proc.returncode == 0, out
 
 
@@ -328,7 +338,7 @@ def test_the_supervisor_serves_every_workers_metrics_on_the_metrics_port_and_the
     health, metrics = free_port(), free_port()
     args = ("--workers", "2", "--instance-id", "hm", "--health-port", str(health), "--metrics-port", str(metrics))
     proc = run_command(kafka, tmp_path, *args, "--bootstrap-servers", kafka.bootstrap_servers)
-    try:
+    with _output_shown_on_failure(proc):
         wait_for(lambda: get(f"http://127.0.0.1:{health}/readyz")[0] == 200, 90, message="both workers ready")
         for url in (f"http://127.0.0.1:{metrics}/metrics", f"http://127.0.0.1:{health}/metrics"):
             status, text = get(url)
@@ -340,8 +350,7 @@ def test_the_supervisor_serves_every_workers_metrics_on_the_metrics_port_and_the
                 for s in family.samples
             }
             assert workers == {"hm-0", "hm-1"}, (url, text[:2000])
-    finally:
-        out = stop(proc)
+    out = stop(proc)
     assert proc.returncode == 0, out
 
 
