@@ -7,6 +7,7 @@ import re
 import subprocess
 import threading
 import time
+from typing import IO
 
 
 def read_until(
@@ -43,8 +44,8 @@ class ChildOutput:
         self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
         self._thread.start()
 
-    def _pump(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
             self._queue.put(line)
         self._queue.put(None)
 
