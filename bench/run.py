@@ -1087,9 +1087,9 @@ def main(argv: list[str] | None = None) -> int:
         inputs: dict[str, tuple[str, int]] = {}
         if any(RUNS[k]["input"] == "main" for k in args.runs):
             inputs["main"] = (create_topic(bs, "bench-in", parts), n_main)
-            t = preload(bs, "bench-in", n_main, parts, args.size, args.poison_every)
+            loaded_s = preload(bs, "bench-in", n_main, parts, args.size, args.poison_every)
             w = warm_up(bs, "bench-in", n_main)
-            print(f"# preloaded {n_main:,} records in {t:.1f}s; warm-up read in {w:.1f}s", flush=True)
+            print(f"# preloaded {n_main:,} records in {loaded_s:.1f}s; warm-up read in {w:.1f}s", flush=True)
         if any(RUNS[k]["input"] == "small" for k in args.runs):
             inputs["small"] = (create_topic(bs, "bench-in-small", parts), n_small)
             preload(bs, "bench-in-small", n_small, parts, args.size, 0)
