@@ -354,3 +354,21 @@ def test_a_due_record_not_consumed_has_its_partition_fetched_again_then_from_its
     stalls.run(100.0 + RETRY_STALL_CHECK_S + 1, refetch)
     assert stalls.stalled == {} and len(events) == 2, "reported flowing again"
     assert retry_stalls._interval() == min(REFETCH_AFTER_S, RETRY_STALL_CHECK_S)
+
+
+def test_the_paused_partitions_are_split_by_the_consumer_that_fetches_them() -> None:
+    """A poll's input records are checked against the paused input partitions only, and the retry records against
+    the paused retry partitions only (less those whose waiting records the poll handed on): a retry partition held
+    paused for its next due time, as one mostly is, must not make the container look at every input record."""
+    from kafkatx.listener.loop.retry_feed import RetryFeed
+    from kafkatx.retry_topics import RetryTopicPlan
+    from kafkatx.retry_topics.hops import RetryHops
+    from kafkatx.rollback.policy import FailurePolicy
+
+    hops = RetryHops(RetryTopicPlan(FailurePolicy(max_attempts=2, backoff=1.0)), ["t"], "grp", clock=lambda: 0.0)
+    feed = RetryFeed(hops, {"group.id": "grp"}, "listener")
+    feed._released.add(R1)
+    paused = {("t", 0): 1.0, R0: 2.0, R1: 3.0}
+    assert feed.inputs_of(paused) == [("t", 0)]
+    assert feed.held(paused) == [R0], "R1's waiting records came due: what the poll brought of it is handled"
+    assert feed.inputs_of({R0: 1.0}) == [], "only retry partitions paused: the input records need no look"

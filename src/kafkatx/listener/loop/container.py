@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -519,15 +519,16 @@ class ListenerContainer:
     def _poll(self) -> None:
         """Poll a batch and hand it on; when nothing came, the idle stage (listener/loop/idle.py)."""
         msgs = self._consume(self._poll_timeout())
-        if self._due_retries is not None:
-            msgs += self._due_retries()
-        if not msgs:
+        retries = self._due_retries() if self._due_retries is not None else None
+        if not msgs and not retries:
             self._idle.run(self._handled_at)
             self.brokers.probe(self.consumer)
             return
         if self.brokers.down_since is not None:  # records came: the cluster answers again
             self.brokers.answered()
-        batch = self._usable(msgs)
+        batch = self._usable(msgs, self._paused_until if retries is None else self._feed.inputs_of(self._paused_until))
+        if retries:  # the retry consumer's, checked against the retry partitions paused only
+            batch += self._usable(retries, self._feed.held(self._paused_until))
         if batch:
             self._handle_batch(batch)
 
@@ -553,12 +554,12 @@ class ListenerContainer:
             self._unassigned.maybe_warn(self.polled_at)
         return msgs
 
-    def _usable(self, msgs: list[Message]) -> list[ConsumedMessage]:
-        """``msgs`` but the errors (each reported to the reactions) and the records of partitions paused since
-        they were fetched (sought back, so that they come after the pause): all of them, usually. A retry
-        partition paused by the poll's due-time gate keeps the records it handed on (RetryFeed.held)."""
-        if self._paused_until or any(m.error() is not None for m in msgs):
-            paused = self._paused_until if self.retry_hops is None else self._feed.held(self._paused_until)
+    def _usable(self, msgs: list[Message], paused: Collection[TP]) -> list[ConsumedMessage]:
+        """``msgs`` (of one consumer) but the errors (each reported to the reactions) and the records of the
+        ``paused`` partitions it fetches, paused since they were fetched (sought back, so that they come after the
+        pause): all of them, usually. Asked per consumer, so that a retry partition held paused does not make
+        every poll of the input look at each record, nor the reverse."""
+        if paused or any(m.error() is not None for m in msgs):
             return records_to_handle(self, msgs, self.reactions.consumer_error, paused)
         return cast("list[ConsumedMessage]", msgs)  # no error: each has a topic, partition and offset
 

@@ -153,12 +153,16 @@ class RetryFeed:
         origin = self._origin.get(tp[0])
         return tp if origin is None else (origin, tp[1])
 
-    def held(self, paused: Collection[TP]) -> Collection[TP]:
-        """Of the container's ``paused`` partitions, those whose records in the last poll must not be handled: the
-        retry partitions whose waiting records that poll handed on are left out (they came due in memory)."""
-        if not self._released:
-            return paused
-        return [tp for tp in paused if tp not in self._released]
+    def held(self, paused: Collection[TP]) -> list[TP]:
+        """Of the container's ``paused`` partitions, the retry partitions whose records in the last poll must not be
+        handled: those whose waiting records that poll handed on are left out (they came due in memory)."""
+        origin, released = self._origin, self._released
+        return [tp for tp in paused if tp[0] in origin and tp not in released]
+
+    def inputs_of(self, paused: Collection[TP]) -> list[TP]:
+        """Of the container's ``paused`` partitions, the input partitions (fetched by the container's consumer)."""
+        origin = self._origin
+        return [tp for tp in paused if tp[0] not in origin]
 
     def resume(self, tps: list[TP], container_consumer: Consumer) -> None:
         """Resume ``tps``, each on the consumer that fetches it (a pause's end)."""
