@@ -24,8 +24,12 @@ without a rebalance (no other copier's assignment changes: their logs) and
 commit on them again, the dead-letter topic stays empty, no transaction is left open once every copier has
 stopped (no partition of the output or the dead-letter topic with its last stable offset below its high watermark:
 issue 42's hanging transactions), and
-there are variants where copiers come back under new ids, and where the
-broker restarts while copiers are bounced.
+there are variants where copiers come back under new ids, where the
+broker restarts while copiers are bounced, and with ``retry="topics"``, where
+the failed records (and the records of their key behind them) wait in the
+retry topic while their copier is killed or stopped: each key's records are
+then checked in input order (keys of 50 records: with one key per partition,
+the whole partition would go through the retry topic, docs/RETRY_TOPICS.md).
 
 The variants here must pass on the embedded broker: a test that a broker gap
 may excuse cannot catch kafkatx losing or duplicating records. The variants
@@ -86,8 +90,12 @@ APP = textwrap.dedent(
 
     # backoff=0: the failed record's second attempt comes at once, as in Kafka's copier (the 1 s default
     # back-off paused a partition for a second at each of these aborts).
+    # RETRY="topics": the failed record hops to SRC-retry in the transaction that commits its offset, and with one
+    # key per partition every record behind it in its partition follows it there (key order), so that much of the
+    # copy goes through the retry topic while copiers are bounced.
     @app.listener(os.environ["SRC"], max_batch_records=200, fencing=os.environ["FENCING"], max_attempts=5, dlq=True,
-                  backoff=0, in_flight=int(os.environ.get("IN_FLIGHT", "1")))
+                  backoff=float(os.environ["BACKOFF"]), retry=os.environ["RETRY"],
+                  in_flight=int(os.environ.get("IN_FLIGHT", "1")))
     def copy(record: Record) -> Output:
         time.sleep(SLEEP_S)  # slow enough that bounces land inside transactions
         # Kafka's copier aborts about a third of its transactions at random. Here a record fails its first
@@ -145,6 +153,11 @@ class Scenario:
     abort_every: int = 600
     live_view_complete: bool = False  # also require the live consumer to have seen every record
     in_flight: int = 1  # records of a copier handled at once (docs/CONCURRENCY.md)
+    retry: Literal["rollback", "topics"] = "rollback"  # "topics": failed records wait in SRC-retry (RETRY_TOPICS.md)
+    backoff: float = 0.0  # the wait before a failed record's next attempt
+    # Records of a partition per key, in runs of this many (0: one key per partition). Each key's outputs must come
+    # in input order; with one key per partition, that is the partition's order (Kafka's check).
+    key_run: int = 0
 
 
 @dataclass
@@ -345,8 +358,10 @@ class Feeder:
     (its end minus its committed offset) gets ``chunk`` more, numbered on from the seed, so that a copier never runs
     out of work before its bounces have happened. ``ends`` (shared with Progress) follows what was delivered."""
 
-    def __init__(self, bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, low: int) -> None:
-        self.ends, self.progress, self.low, self.topic = ends, progress, low, topic
+    def __init__(
+        self, bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, low: int, key_run: int = 0
+    ) -> None:
+        self.ends, self.progress, self.low, self.topic, self.key_run = ends, progress, low, topic, key_run
         self.next = dict(ends)  # each partition's next sequence number: the seed numbers 0.. within a partition
         self.fed = 0
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "log_level": 0})
@@ -366,7 +381,11 @@ class Feeder:
                 if self.next[p] - latest.get(p, 0) < self.low:
                     for seq in range(self.next[p], self.next[p] + self.low):
                         self._producer.produce(
-                            self.topic, b"%d:%08d" % (p, seq), key=b"%d" % p, partition=p, on_delivery=self._delivered
+                            self.topic,
+                            b"%d:%08d" % (p, seq),
+                            key=key_of(p, seq, self.key_run),
+                            partition=p,
+                            on_delivery=self._delivered,
                         )
                     self.next[p] += self.low
                     self.fed += self.low
@@ -399,6 +418,7 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
     try:
         src, out = kafka.topic(partitions=s.partitions), kafka.topic(partitions=s.partitions)
         kafka.topic(partitions=s.partitions, name=src + "-dlt")
+        retry_topics = [kafka.topic(partitions=s.partitions, name=src + "-retry")] if s.retry == "topics" else []
         name = unique_name("bounce")
         (tmp_path / "bounce_app.py").write_text(APP)
         # Copiers that come back under new ids use dynamic membership: a static member that never returns keeps
@@ -415,12 +435,18 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
             "SLEEP_S": str(s.sleep_s),
             "ABORT_EVERY": str(s.abort_every),
             "IN_FLIGHT": str(s.in_flight),
+            "RETRY": s.retry,
+            "BACKOFF": str(s.backoff),
         }
         p_of = [i % s.partitions for i in range(s.records)]
         kafka.produce(
             src,
             [
-                {"key": b"%d" % p, "value": b"%d:%08d" % (p, i // s.partitions), "partition": p}
+                {
+                    "key": key_of(p, i // s.partitions, s.key_run),
+                    "value": b"%d:%08d" % (p, i // s.partitions),
+                    "partition": p,
+                }
                 for i, p in enumerate(p_of)
             ],
         )
@@ -498,7 +524,14 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         if s.copier_failure is not None:
             # The input keeps flowing until every bounce has happened: a copier that is not bounced meanwhile
             # (the others' restarts can be slow) cannot finish its partitions before its own bounces.
-            feeder = Feeder(broker.bootstrap_servers, src, ends, progress, low=max(200, s.records // s.partitions // 4))
+            feeder = Feeder(
+                broker.bootstrap_servers,
+                src,
+                ends,
+                progress,
+                low=max(200, s.records // s.partitions // 4),
+                key_run=s.key_run,
+            )
             total = s.rounds * s.copiers
             for n in range(total):
                 i = n % s.copiers
@@ -545,6 +578,13 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 fail(Stalled, f"not everything was copied within {COPY_TIMEOUT_S:.0f}s of the last bounce")
             time.sleep(0.2)
+        if retry_topics:  # every input offset committed; the records waiting in the retry topic are not output yet
+            fed = sum(kafka.end_offsets(src).values())
+            while len(kafka.read(out)) < fed:
+                check_alive()
+                if time.monotonic() > deadline:
+                    fail(Stalled, f"the retry topic's records were not all copied within {COPY_TIMEOUT_S:.0f}s")
+                time.sleep(1.0)
         stats["copied_s"] = round(time.monotonic() - started, 1)
         copied = time.time()
         check_alive()
@@ -554,11 +594,17 @@ def run_bounce_test(tmp_path: Path, s: Scenario) -> dict[str, Any]:
         for b in bounces:
             b.recovered_s, b.all_recovered_s = progress.recovery(b, every=False), progress.recovery(b, every=True)
         stats["bounces"] = [asdict(b) | {"committed": None} for b in bounces]
-        check_nothing_open(broker.bootstrap_servers, [out, src + "-dlt"])
-        check_copy(kafka, src, out, s.partitions)
+        check_nothing_open(broker.bootstrap_servers, [out, src + "-dlt", *retry_topics])
+        check_copy(kafka, src, out, s.partitions, s.key_run)
         live.finish(kafka.end_offsets(out))
         stats["live"] = check_live_view(
-            kafka, src, out, live.seen, complete=s.live_view_complete, caught_up=live.caught_up.is_set()
+            kafka,
+            src,
+            out,
+            live.seen,
+            complete=s.live_view_complete,
+            caught_up=live.caught_up.is_set(),
+            key_run=s.key_run,
         )
         if s.copier_failure is not None and s.broker is None and not s.new_ids:
             stuck = [b.what for b in bounces if b.partitions and b.recovered_s is None]
@@ -615,8 +661,23 @@ def check_nothing_open(bootstrap: str, topics: list[str], within: float = 15.0) 
         source.close()
 
 
-def check_copy(kafka: KafkaTestKit, src: str, out: str, partitions: int) -> None:
-    """Output equals input: nothing missing, nothing twice, nothing extra, each partition's records in input order."""
+def key_of(partition: int, seq: int, key_run: int) -> bytes:
+    """The key of a partition's ``seq``-th input record: the partition's number, or with ``key_run`` one key per run
+    of that many records."""
+    return b"%d" % partition if not key_run else b"%d:%d" % (partition, seq // key_run)
+
+
+def in_key_order(partition: int, values: list[bytes], key_run: int) -> bool:
+    """``values`` (one partition's, as read) keep each key's records in input order (the sequence numbers rise)."""
+    by_key: dict[bytes, list[bytes]] = defaultdict(list)
+    for v in values:
+        by_key[key_of(partition, int(v.split(b":")[1]), key_run)].append(v)
+    return all(vs == sorted(vs) for vs in by_key.values())
+
+
+def check_copy(kafka: KafkaTestKit, src: str, out: str, partitions: int, key_run: int = 0) -> None:
+    """Output equals input: nothing missing, nothing twice, nothing extra, each key's records in input order (with
+    one key per partition, each partition's)."""
     inputs = kafka.read(src)
     outputs = kafka.read(out)
     counts = Counter(r.value or b"" for r in outputs)
@@ -640,7 +701,7 @@ def check_copy(kafka: KafkaTestKit, src: str, out: str, partitions: int) -> None
         by_partition[r.partition].append(r.value or b"")
     for partition, values in by_partition.items():
         assert all(v.startswith(b"%d:" % partition) for v in values), "records stayed in their partition"
-        assert values == sorted(values), f"partition {partition}: output order differs from input order"
+        assert in_key_order(partition, values, key_run), f"partition {partition}: output order differs from input order"
     dead = kafka.read(src + "-dlt")
     assert not dead, f"{len(dead)} records were dead-lettered, e.g. {[d.value for d in dead[:5]]}"
 
@@ -653,6 +714,7 @@ def check_live_view(
     *,
     complete: bool,
     caught_up: bool,
+    key_run: int = 0,
 ) -> dict[str, Any]:
     """What the consumer that read the output during the copy saw: never a record twice, never out of order,
     never a record that is not input. It must also have seen everything (Kafka's check) when ``complete``:
@@ -675,7 +737,7 @@ def check_live_view(
                 f"the live consumer saw {len(twice)} records twice in partition {partition}, e.g. at offsets {at}; "
                 f"in the log now (read_uncommitted, last copy): {final}; read_committed now: {committed}"
             )
-        assert values == sorted(values), f"the live consumer saw partition {partition} out of order"
+        assert in_key_order(partition, values, key_run), f"the live consumer saw partition {partition} out of order"
         assert set(values) <= inputs[partition], "the live consumer saw records that are not input records"
     for partition, expected in inputs.items():
         missing += len(expected - {v for _, v in seen.get(partition, [])})
@@ -727,6 +789,27 @@ def test_bounced_copiers_handling_50_records_at_once_copy_exactly_once(tmp_path:
     )
 
 
+@pytest.mark.bounce
+@pytest.mark.timeout(300)
+def test_bounced_copiers_with_records_in_retry_topics_copy_exactly_once(tmp_path: Path) -> None:
+    """Issue 40: records waiting in a retry topic (and the records of their key behind them) through SIGTERMs and
+    SIGKILLs: each copied once, in input order."""
+    run_bounce_test(
+        tmp_path,
+        Scenario(
+            records=12_000,
+            partitions=3,
+            rounds=2,
+            copier_failure="mixed",
+            sleep_s=0.001,
+            abort_every=300,
+            retry="topics",
+            backoff=0.2,
+            key_run=50,
+        ),
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The full matrix (-m bounce): every variant that needs only what the embedded broker does right.
 
@@ -753,6 +836,15 @@ def _matrix() -> list[Any]:
             Scenario(copier_failure="clean", new_ids=True, fencing="partition"), id="copiers-clean-new-ids-partition"
         )
     )
+    # Retry topics (issue 40): copiers killed and stopped while records wait in the retry topic, and with them every
+    # record behind them in their partition (one key per partition, key order).
+    for fencing in ("group", "partition"):
+        params.append(
+            pytest.param(
+                Scenario(copier_failure="mixed", fencing=fencing, retry="topics", backoff=0.2, key_run=50),
+                id=f"copiers-mixed-{fencing}-retry-topics",
+            )
+        )
     params.append(
         pytest.param(
             Scenario(copier_failure="hard", fencing="partition", live_view_complete=True),
