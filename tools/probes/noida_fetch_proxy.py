@@ -7,11 +7,15 @@
 Not used by kafkatx. It tests the diagnosis in docs/BROKERS.md: noida lists
 every aborted transaction of a partition in every read_committed
 FetchResponse, also those whose ABORT marker lies before the fetch offset,
-and librdkafka then drops all later records of that producer. noida already
-removes aborted records from read_committed responses itself, so the list
-carries nothing a client needs; if the diagnosis is right, a consumer that
-reads through this proxy (list emptied, everything else byte for byte)
-loses nothing.
+and librdkafka then drops all later records of that producer; if the
+diagnosis is right, a consumer that reads through this proxy (list emptied,
+everything else byte for byte) loses nothing.
+
+Not safe as a stand-in for a Kafka broker: noida does not always leave
+aborted records out of a read_committed response, and the list is then what
+keeps them out. Read through this proxy, a retry topic written by copiers
+that were killed mid-transaction returned 300 aborted records that a direct
+read leaves out (docs/BROKERS.md).
 
 The proxy rewrites Fetch responses v4-v13 (v12+ are flexible versions) and
 passes every other byte through; it is bench/kafka_proxy.py's wire proxy
