@@ -90,9 +90,8 @@ APP = textwrap.dedent(
 
     # backoff=0: the failed record's second attempt comes at once, as in Kafka's copier (the 1 s default
     # back-off paused a partition for a second at each of these aborts).
-    # RETRY="topics": the failed record hops to SRC-retry in the transaction that commits its offset, and with one
-    # key per partition every record behind it in its partition follows it there (key order), so that much of the
-    # copy goes through the retry topic while copiers are bounced.
+    # RETRY="topics": the failed record hops to SRC-retry in the transaction that commits its offset, and every
+    # record of its key behind it follows it there (key order), so that copiers are bounced with records in retry.
     @app.listener(os.environ["SRC"], max_batch_records=200, fencing=os.environ["FENCING"], max_attempts=5, dlq=True,
                   backoff=float(os.environ["BACKOFF"]), retry=os.environ["RETRY"],
                   in_flight=int(os.environ.get("IN_FLIGHT", "1")))
