@@ -372,3 +372,48 @@ def test_the_paused_partitions_are_split_by_the_consumer_that_fetches_them() -> 
     assert feed.inputs_of(paused) == [("t", 0)]
     assert feed.held(paused) == [R0], "R1's waiting records came due: what the poll brought of it is handled"
     assert feed.inputs_of({R0: 1.0}) == [], "only retry partitions paused: the input records need no look"
+
+
+def test_a_partition_at_its_end_with_a_hop_not_seen_yet_is_returned_to_wait_for_the_hop_to_be_due() -> None:
+    """Left fetching until the client saw the hop, a partition at its end was fetched in a loop until the hop's
+    transaction committed and was read (a broker that answers an empty fetch at once): the caller holds it instead."""
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5}, {R0: 7}  # fetching, two records left
+    drained.pause_read_to_end(consumer, {R0})
+    drained.before_handling(consumer, {R0})
+    fake.positions[R0] = 7  # read to the end; a hop due at 9_000 was written meanwhile
+    assert drained.written(consumer, {R0: 9_000}, {R0}) == {}, "not paused here: fetching"
+    assert drained.pause_read_to_end(consumer, {R0}) == {R0: (7, 9_000)}, "its position, and when its hop is due"
+    assert fake.paused == set() and drained.paused == set(), "the caller holds it, not the read-to-end pause"
+    fake.positions, fake.high = {R0: 9}, {R0: 9}  # the hop and its commit marker read
+    assert drained.pause_read_to_end(consumer, {R0}) == {}
+    assert fake.paused == {R0}, "read past its hop: paused as read to its end"
+
+
+def test_a_partition_sought_counts_from_where_it_was_sought_until_a_record_of_it_is_read() -> None:
+    """librdkafka gives no position between a seek and the next record delivered: a partition whose waiting
+    records were all handed on, sought past them to its end, was not seen at its end and was fetched in a loop."""
+    import time
+
+    feed, fake, paused_until = _feed_with_a_drained_partition(0)
+
+    class Seeking(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            return []
+
+        def seek(self, partition: TopicPartition) -> None:
+            self.positions.pop((partition.topic, partition.partition), None)  # unset until a record is read
+
+    seeking = Seeking()
+    seeking.positions, seeking.high = {R0: 6}, {R0: 8}
+    feed.consumer = cast(Consumer, seeking)
+    feed._drained.fetch_again(seeking, [R0])
+    now_ms = int(time.time() * 1000)
+    feed._waiting.sort(cast(Consumer, seeking), [_hop_message(R0, 6, due_ms=now_ms + 50)], now_ms)
+    assert seeking.paused == {R0}, "its record waits in memory, the partition paused past it"
+    seeking.high[R0] = 7
+    time.sleep(0.06)  # the record comes due
+    positions = cast(Any, SimpleNamespace(paused_until={}, pause=lambda tp, seconds: None))
+    assert [m.offset() for m in feed.poll(100, positions)] == [6]
+    assert R0 not in seeking.positions, "sought past the record it handed on: librdkafka gives no position"
+    assert seeking.paused == {R0}, "paused as read to its end: sought to 7, the high watermark"

@@ -15,14 +15,29 @@ then (:meth:`DrainedPartitions.written`), so it is fetched once, when there
 is something due to read, rather than fetched for the hop at once and paused
 again at it by the due-time gate. A paused partition is also fetched again
 when the container seeks it (a record handled from it is fetched again) or
-resumes it, or when it is assigned again. After a hop, the partition is
-paused again only once the client has seen the high watermark move past what
-it knew before the hop was written: until then the hop may still be on its way,
-and a pause would leave it unread. That mark is taken at each feed poll, before
+resumes it, or when it is assigned again.
+
+A hop the client has not seen yet is one written since the high watermark it
+knows: the partition is read to its end only once the client has seen the
+high watermark move past the mark taken before the hop was written. A
+partition at its end with such hops waits for the first of them to be due the
+same way (:meth:`DrainedPartitions.pause_read_to_end` returns it, the feed hands
+it to the container's timed pause), and is fetched on while one is due already
+(its transaction commits within the poll). Left fetching until it saw them,
+a partition resumed for a due record was fetched in a loop between the feed's
+polls (run 4t: ten thousand empty fetches a second, about a third of a core
+of the client and the broker taken from the main flow). The mark is taken at each feed poll, before
 the container handles what it brought (:meth:`DrainedPartitions.before_handling`):
 taken when the hop is looked at, after its transaction committed, it could
 already include the hop (a fetching partition fetched it meanwhile), and the
 partition, read to its end, was then fetched in a loop until the next hop.
+
+librdkafka reports no position for a partition between a seek and the first
+record it delivers after it, so every seek of a retry partition is told here
+(:meth:`DrainedPartitions.sought_to`): its position is where it was sought until
+a record is read. Counted as unknown, a partition resumed past its waiting
+records could not be seen at its end, and was fetched in a loop until its next
+hop came.
 """
 
 from __future__ import annotations
@@ -46,34 +61,47 @@ class DrainedPartitions:
     def __init__(self) -> None:
         #: Paused here: read to their end, nothing written to them since.
         self.paused: set[TP] = set()
-        #: Written to: the high watermark known then; paused again only once the client knows a higher one.
-        self._written_at: dict[TP, int] = {}
-        #: Where fetching starts for those with no record read yet (librdkafka's position is unset until one is).
+        #: The hops written and not seen yet, per partition: (the high watermark the client knew before the hop was
+        #: written, when the hop is due in epoch ms). Seen once the client knows a higher high watermark.
+        self._unseen: dict[TP, list[tuple[int, int]]] = {}
+        #: Where fetching starts for those with no record read since they were assigned or sought (librdkafka's
+        #: position is unset until one is).
         self._start: dict[TP, int] = {}
         #: The high watermarks the client knew at the last feed poll: hops written after it land above them.
         self._high_before: dict[TP, int] = {}
 
-    def pause_read_to_end(self, consumer: Consumer, assigned: Iterable[TP]) -> None:
-        """Pause the partitions of ``assigned`` whose position reached their high watermark (as last fetched)."""
+    def pause_read_to_end(self, consumer: Consumer, assigned: Iterable[TP]) -> dict[TP, tuple[int, int]]:
+        """Pause the partitions of ``assigned`` whose position reached their high watermark (as last fetched) and
+        that have no hop the client has not seen. Returns those at their end but for such hops, each with its
+        position and when the first of those hops is due (epoch ms): the caller holds each paused until then, or
+        leaves it fetching if one is due already."""
         fetching = [tp for tp in assigned if tp not in self.paused]
         if not fetching:
-            return
+            return {}
         positions = {(p.topic, p.partition): p.offset for p in consumer.position(topic_partitions(fetching))}
         unread = [tp for tp in fetching if positions.get(tp, -1) < 0 and tp not in self._start]
         if unread:
             self._start.update(_starts(consumer, unread))
-        ends = []
+        ends, waking = [], {}
         for tp in fetching:
             position = positions.get(tp, -1)
             position = position if position >= 0 else self._start.get(tp, -1)
             high = _cached_high(consumer, tp)
-            if 0 <= high <= position and high > self._written_at.get(tp, -1):
+            if not 0 <= high <= position:
+                continue
+            unseen = self._unseen.get(tp)
+            if unseen:
+                unseen = [hop for hop in unseen if hop[0] >= high]  # a higher high watermark seen: the hop was read
+            if unseen:
+                self._unseen[tp] = unseen
+                waking[tp] = (position, min(due for _mark, due in unseen))
+            else:
+                self._unseen.pop(tp, None)
                 ends.append(tp)
         if ends:
             quietly(consumer.pause, ends)
             self.paused.update(ends)
-            for tp in ends:
-                self._written_at.pop(tp, None)
+        return waking
 
     def written(self, consumer: Consumer, due_ms: Mapping[TP, int], assigned: set[TP]) -> dict[TP, int]:
         """Hops were written to ``due_ms``' partitions (each: when the first of them is due, epoch ms): they are
@@ -84,7 +112,7 @@ class DrainedPartitions:
         for tp, due in due_ms.items():
             if tp in assigned:
                 high = before[tp] if tp in before else _cached_high(consumer, tp)
-                self._written_at[tp] = max(self._written_at.get(tp, -1), high)
+                self._unseen.setdefault(tp, []).append((high, due))
                 if tp in self.paused:
                     sleeping[tp] = due
         return sleeping
@@ -93,6 +121,15 @@ class DrainedPartitions:
         """Note the high watermarks the client knows now, before the container handles a poll: a hop it writes
         to one of ``assigned`` lands above its mark, so a high watermark past the mark means the hop was fetched."""
         self._high_before = {tp: _cached_high(consumer, tp) for tp in assigned}
+
+    def sought_to(self, tp: TP, offset: int) -> None:
+        """``tp`` was sought to ``offset`` (a logical offset such as the start: fetched from offset 0, as far as
+        the read-to-end check goes): its position until a record of it is read."""
+        self._start[tp] = max(offset, 0)
+
+    def position_known(self, tp: TP) -> int:
+        """Where ``tp`` was last sought or started, for a partition librdkafka gives no position (-1 if unknown)."""
+        return self._start.get(tp, -1)
 
     def held_elsewhere(self, tp: TP) -> None:
         """``tp`` stays paused, now by the container's timed pause (which resumes it): no longer read to its end."""
@@ -114,7 +151,7 @@ class DrainedPartitions:
         """``tps`` are no longer assigned."""
         for tp in tps:
             self.paused.discard(tp)
-            self._written_at.pop(tp, None)
+            self._unseen.pop(tp, None)
             self._start.pop(tp, None)
             self._high_before.pop(tp, None)
 

@@ -142,6 +142,7 @@ class RetryFeed:
         if tp in self.assigned:
             self._delivered[tp] = offset
             self._skip_below.pop(tp, None)
+            self._drained.sought_to(tp, offset)
         consumer = None if held else self.consumer
         self._waiting.drop(consumer, (tp,))
         self._drained.fetch_again(consumer, (tp,))
@@ -273,7 +274,8 @@ class RetryFeed:
             self._wake_when_due(consumer, positions)
         msgs = consumer.consume(max_records, 0)
         now_ms = int(time.time() * 1000)
-        released = waiting.release(consumer, now_ms)  # fetched before the records of this poll: they go first
+        # fetched before the records of this poll: they go first
+        released = waiting.release(consumer, now_ms, self._drained.sought_to)
         # Narrowed as in positions.records_to_handle: a Message without an error has a topic, partition, offset.
         records = cast("list[ConsumedMessage]", [m for m in msgs if m.error() is None])
         errors = [m for m in msgs if m.error() is not None] if len(records) != len(msgs) else None
@@ -288,7 +290,9 @@ class RetryFeed:
         # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once. Those
         # whose records wait in memory are paused past them already, and resumed when none waits (a hop written
         # to one meanwhile is fetched then: drained.py's high watermark rule).
-        self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        waking = self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        if waking:  # at their end but for hops not seen yet: held until the first of those is due
+            self._hold_until_due(consumer, positions, {tp: due for tp, (_at, due) in waking.items()})
         self._drained.before_handling(consumer, self.assigned)
         if not msgs and not released:
             return msgs
@@ -335,6 +339,7 @@ class RetryFeed:
             return False
         if from_start:
             self._skip_below[tp] = offset
+        self._drained.sought_to(tp, 0 if from_start else offset)
         self._drained.fetch_again(consumer, (tp,))
         log.info(
             "listener %s: retry partition %s[%d]: its due record was not consumed; fetching it again from %s",
@@ -352,14 +357,22 @@ class RetryFeed:
         assert hops is not None
         sleeping = self._drained.written(consumer, hops.written, self.assigned)
         hops.written.clear()
-        if not sleeping:
-            return
+        if sleeping:
+            self._hold_until_due(consumer, positions, sleeping)
+
+    def _hold_until_due(self, consumer: Consumer, positions: ContainerPositions, due: dict[TP, int]) -> None:
+        """Hold each partition of ``due`` (at its end, or paused as read to it) paused by the container until its
+        time (epoch ms), sought to where it is so that it is fetched as soon as the hold ends; one due already is
+        fetched now."""
         now_ms = int(time.time() * 1000)
-        at = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in sleeping])}
-        for tp, due_ms in sleeping.items():
+        at = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in due])}
+        for tp, due_ms in due.items():
             if due_ms > now_ms:
                 positions.pause(tp, (due_ms - now_ms) / 1000.0)
-            if tp in positions.paused_until and at.get(tp, -1) >= 0 and _seek(consumer, tp, at[tp]):
+            offset = at.get(tp, -1)
+            offset = offset if offset >= 0 else self._drained.position_known(tp)
+            if tp in positions.paused_until and offset >= 0 and _seek(consumer, tp, offset):
+                self._drained.sought_to(tp, offset)
                 self._drained.held_elsewhere(tp)
             else:  # due already, or not paused (revoked meanwhile): fetched now
                 self._drained.fetch_again(consumer, (tp,))

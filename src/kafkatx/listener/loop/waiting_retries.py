@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -77,9 +77,11 @@ class WaitingRetries:
             quietly(consumer.pause, newly)
         return due
 
-    def release(self, consumer: Consumer, now_ms: int) -> list[ConsumedMessage]:
+    def release(
+        self, consumer: Consumer, now_ms: int, sought: Callable[[TP, int], None] | None = None
+    ) -> list[ConsumedMessage]:
         """The waiting records due at ``now_ms``, in offset order per partition; a partition none of whose records
-        waits any more is resumed (it fetches what came after them)."""
+        waits any more is resumed (it fetches what came after them; ``sought`` is told where from)."""
         if not self._waiting:
             return []
         out: list[ConsumedMessage] = []
@@ -93,10 +95,10 @@ class WaitingRetries:
             del self._waiting[tp]
         if emptied:
             quietly(consumer.resume, emptied)
-            self._fetch_from_next(consumer, emptied)
+            self._fetch_from_next(consumer, emptied, sought)
         return out
 
-    def _fetch_from_next(self, consumer: Consumer, tps: list[TP]) -> None:
+    def _fetch_from_next(self, consumer: Consumer, tps: list[TP], sought: Callable[[TP, int], None] | None) -> None:
         """Seek resumed ``tps`` past their last waiting record. Left to librdkafka, a partition paused with a fetch
         under way went on from where that fetch left off, and the record it had brought was never delivered (its
         position read -1001 after the resume); the partition was then paused as read to its end, that record
@@ -108,6 +110,9 @@ class WaitingRetries:
                     consumer.seek(TopicPartition(tp[0], tp[1], offset))
                 except Exception:
                     log.debug("seek of resumed retry partition %s failed (revoked?)", tp, exc_info=True)
+                    continue
+                if sought is not None:
+                    sought(tp, offset)
 
     def drop(self, consumer: Consumer | None, tps: Iterable[TP]) -> list[TP]:
         """Forget the waiting records of ``tps`` (sought back, revoked); the partitions that had some are resumed
