@@ -417,3 +417,17 @@ def test_a_partition_sought_counts_from_where_it_was_sought_until_a_record_of_it
     assert [m.offset() for m in feed.poll(100, positions)] == [6]
     assert R0 not in seeking.positions, "sought past the record it handed on: librdkafka gives no position"
     assert seeking.paused == {R0}, "paused as read to its end: sought to 7, the high watermark"
+
+
+def test_hops_written_while_the_client_learns_nothing_new_are_kept_as_one_mark() -> None:
+    """A partition held paused for a long back-off learns no high watermark while a hop is written to it every
+    transaction: what waits for the client to see them stays one entry (the first hop, due first)."""
+    drained, fake, consumer = _setup()
+    fake.positions, fake.high = {R0: 5}, {R0: 5}
+    for due in range(1_000, 101_000, 1_000):
+        drained.written(consumer, {R0: due}, {R0})
+    assert drained.pause_read_to_end(consumer, {R0}) == {R0: (5, 1_000)}
+    assert len(drained._unseen[R0]) == 1
+    fake.high[R0] = 9  # fetched: the client knows a higher high watermark
+    drained.written(consumer, {R0: 200_000}, {R0})
+    assert drained._unseen[R0] == [(9, 200_000)], "those seen are let go"

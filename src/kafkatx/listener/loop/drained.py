@@ -112,7 +112,11 @@ class DrainedPartitions:
         for tp, due in due_ms.items():
             if tp in assigned:
                 high = before[tp] if tp in before else _cached_high(consumer, tp)
-                self._unseen.setdefault(tp, []).append((high, due))
+                seen = _cached_high(consumer, tp)  # those below what the client knows now were read
+                unseen = [hop for hop in self._unseen.get(tp, ()) if hop[0] >= seen]
+                if not unseen or unseen[-1][0] != high:  # one per mark: the first written is due first
+                    unseen.append((high, due))
+                self._unseen[tp] = unseen
                 if tp in self.paused:
                     sleeping[tp] = due
         return sleeping
