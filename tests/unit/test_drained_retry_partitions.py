@@ -150,7 +150,7 @@ def test_a_poll_that_brings_records_of_one_retry_partition_pauses_another_read_t
     fake = Polled()
     feed.consumer, feed.assigned = cast(Consumer, fake), {R0, R1}
     fake.positions, fake.high = {R0: 5, R1: 3}, {R0: 5, R1: 7}
-    positions = SimpleNamespace(seek=lambda tp, offset: None, pause=lambda tp, seconds: None)
+    positions = SimpleNamespace(seek=lambda tp, offset: None, pause=lambda tp, seconds: None, paused_until={})
     polled = feed.poll(100, cast(Any, positions))
     assert len(polled) == 1, "the record brought is handed on"
     assert fake.paused == {R0}, "the other partition, read to its end, waits paused meanwhile"
@@ -210,17 +210,21 @@ def _feed_with_a_drained_partition(now_ms: int) -> tuple[Any, FakeConsumer, dict
     return feed, fake, paused_until
 
 
-def test_a_hop_written_to_a_partition_read_to_its_end_is_fetched_when_it_is_due_not_before() -> None:
+def test_a_hop_written_to_a_partition_read_to_its_end_is_fetched_shortly_before_it_is_due() -> None:
     """Fetched at once, the hop would only be found not due and paused again by the gate: the client and the broker
     would fetch the partition for nothing for a back-off's worth of polls."""
     import time
+
+    from kafkatx.listener.loop.retry_feed import WAKE_EARLY_MS
 
     feed, fake, paused_until = _feed_with_a_drained_partition(0)
     due = int(time.time() * 1000) + 1_000
     feed.hops.written[R0] = due
     feed.poll(100, cast(Any, SimpleNamespace(seek=None, pause=paused_until.__setitem__, paused_until=paused_until)))
     assert fake.paused == {R0}, "still paused: the hop is not due"
-    assert 0.5 < paused_until[R0] <= 1.0, "held by the container's timed pause until the hop is due"
+    assert 0.5 < paused_until[R0] <= 1.0 - WAKE_EARLY_MS / 1000, (
+        "held by the container's timed pause until shortly before the hop is due"
+    )
     feed.resume([R0], cast(Consumer, FakeConsumer()))  # the timed pause ends
     assert fake.paused == set()
     fake.positions[R0] = 5

@@ -72,6 +72,9 @@ _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
 #: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
+#: How long before a held retry partition's next record is due its hold ends: the fetch after a resume takes a
+#: while, and a record fetched early waits in memory (its partition paused) for its time.
+WAKE_EARLY_MS = 300
 
 
 class RetryFeed:
@@ -290,9 +293,11 @@ class RetryFeed:
         # while it does, they would be fetched in a loop on a broker that answers an empty fetch at once. Those
         # whose records wait in memory are paused past them already, and resumed when none waits (a hop written
         # to one meanwhile is fetched then: drained.py's high watermark rule).
-        waking = self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        ends = self._drained.pause_read_to_end(consumer, [tp for tp in self.assigned if tp not in waiting])
+        held = positions.paused_until
+        waking = {tp: due for tp, (_at, due) in ends.items() if tp not in held}  # a hold under way goes on
         if waking:  # at their end but for hops not seen yet: held until the first of those is due
-            self._hold_until_due(consumer, positions, {tp: due for tp, (_at, due) in waking.items()})
+            self._hold_until_due(consumer, positions, waking)
         self._drained.before_handling(consumer, self.assigned)
         if not msgs and not released:
             return msgs
@@ -367,8 +372,9 @@ class RetryFeed:
         now_ms = int(time.time() * 1000)
         at = {(p.topic, p.partition): p.offset for p in consumer.position([TopicPartition(*tp) for tp in due])}
         for tp, due_ms in due.items():
-            if due_ms > now_ms:
-                positions.pause(tp, (due_ms - now_ms) / 1000.0)
+            wake_ms = due_ms - WAKE_EARLY_MS
+            if wake_ms > now_ms:
+                positions.pause(tp, (wake_ms - now_ms) / 1000.0)
             offset = at.get(tp, -1)
             offset = offset if offset >= 0 else self._drained.position_known(tp)
             if tp in positions.paused_until and offset >= 0 and _seek(consumer, tp, offset):
