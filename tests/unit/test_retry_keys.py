@@ -261,3 +261,37 @@ def test_each_retry_partitions_record_due_first_is_what_the_stall_check_compares
         ("orders-retry-1000", 0): (5, ("orders", 0), 3, 2),
         ("orders-retry-2000", 1): (8, ("orders", 1), 4, 1),
     }
+
+
+def test_records_written_to_the_retry_topics_again_without_being_handled_are_said_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A key whose record in retry fails again before its followers are read back sends them through the retry
+    topics once more: with few keys per partition, most of the flow, many times over (docs/RETRY_TOPICS.md, "A key
+    that never drains"). Nothing else shows it, so it is said, naming the key, at most every few minutes."""
+    from kafkatx.retry_topics import hops as hops_module
+
+    now = [1000.0]
+    plan = RetryTopicPlan(FailurePolicy(max_attempts=3, backoff=1.0))
+    hops = RetryHops(plan, ["orders"], "grp", clock=lambda: now[0], key_order=True, listener="copier")
+    keys = _keys(hops)
+    followers = range(1, 2 * hops_module.REWRITES_WARNED + 1)
+    keys.rebuilt(
+        ("orders", 0),
+        [(b"hot", 0, Place("orders-retry", 5))] + [(b"hot", o, Place("orders-retry", 5)) for o in followers],
+    )
+    keys.began(A)
+    called: list[Record] = []
+    with caplog.at_level("WARNING", logger="kafkatx.container"):
+        for offset in followers:  # read back while their head is still in retry: each follows it again
+            _run(called.append, hops, _as_record(_read_back(_input(offset, b"hot"), 100 + offset)))
+        _run(called.append, hops, _as_record(_read_back(_input(5_000, b"cold"), 5_000)))  # its own head: it runs
+    assert [r.key for r in called] == [b"cold"]
+    [warning] = [r for r in caplog.records if "followed their key's record in retry again" in r.getMessage()]
+    assert "copier" in warning.getMessage() and "b'hot'" in warning.getMessage()
+    assert f"{hops_module.REWRITES_WARNED} record(s)" in warning.getMessage(), "once, not at every rewrite after it"
+    caplog.clear()
+    now[0] += hops_module.REWRITE_WARNING_EVERY_S
+    with caplog.at_level("WARNING", logger="kafkatx.container"):
+        _run(called.append, hops, _as_record(_read_back(_input(1, b"hot"), 900)))
+    assert any("followed their key's record in retry again" in r.getMessage() for r in caplog.records), "said again"

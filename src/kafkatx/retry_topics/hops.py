@@ -26,7 +26,9 @@ handler, so it commits with the record's offset), its attempt unchanged.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -43,9 +45,17 @@ from kafkatx.rollback.policy import FailurePolicy
 __all__ = ["HopTrace", "RetryHops"]
 
 
+log = logging.getLogger("kafkatx.container")
+
 #: How many parsed retry records' origins :class:`RetryHops` keeps for their commit at most (about one
 #: transaction's worth of retry records is what it needs).
 _ORIGINS_KEPT = 50_000
+#: Records written to a retry topic again without being handled (their key's record in retry failed again
+#: before they were read back) that make a warning, and how often it is said at most.
+REWRITES_WARNED = 100
+REWRITE_WARNING_EVERY_S = 300.0
+#: How many keys the warning counts rewrites of between two warnings (it names the busiest).
+_REWRITTEN_KEYS_KEPT = 1_000
 
 
 class HopTrace(Protocol):
@@ -91,6 +101,10 @@ class RetryHops:
         "_worker",
         "_last",
         "_origins",
+        "_rewrites",
+        "_rewritten_keys",
+        "_rewrites_since",
+        "_warned_at",
     )
 
     def __init__(
@@ -128,6 +142,12 @@ class RetryHops:
         #: What :meth:`hop_of` answers for the retry records :meth:`arrived` parsed, by their coordinates: their
         #: commit reads none of their headers again (taken out as it reads them; cleared past _ORIGINS_KEPT).
         self._origins: dict[tuple[str, int, int], tuple[TP, bytes | None, int]] = {}
+        #: Records read back that followed their key's head again (written again, not handled), and of which keys,
+        #: since the last warning about them (:meth:`_rewritten`).
+        self._rewrites = 0
+        self._rewritten_keys: Counter[bytes | None] = Counter()
+        self._rewrites_since = clock()
+        self._warned_at: float | None = None
 
     @classmethod
     def of(
@@ -211,6 +231,8 @@ class RetryHops:
             place = ahead(seen)
             if place is not None:
                 follow(seen, place)
+                if retried:
+                    self._rewritten(seen)
                 return None
             result = handler(seen)
             if retried:
@@ -314,6 +336,40 @@ class RetryHops:
         self.book.wrote(view, place)
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
+
+    def _rewritten(self, view: Record) -> None:
+        """``view``, read back from a retry topic, followed its key's head again: written to the retry topic once
+        more without being handled. Counted, and said in a warning (at most every
+        :data:`REWRITE_WARNING_EVERY_S`) once :data:`REWRITES_WARNED` add up: a key whose records keep arriving
+        while one of them fails again and again sends its whole flow through the retry topics, many times over,
+        and nothing else shows it (docs/RETRY_TOPICS.md, "A key that never drains")."""
+        self._rewrites += 1
+        keys = self._rewritten_keys
+        if view.raw_key in keys or len(keys) < _REWRITTEN_KEYS_KEPT:
+            keys[view.raw_key] += 1
+        if self._rewrites < REWRITES_WARNED:
+            return
+        now = self._clock()
+        if self._warned_at is not None and now - self._warned_at < REWRITE_WARNING_EVERY_S:
+            return
+        ((key, times),) = keys.most_common(1)
+        log.warning(
+            "listener %s: %d record(s) read back from the retry topics in the last %.0fs followed their key's record "
+            "in retry again (it failed again before they were read back), so they were written to the retry topics "
+            'again without being handled; the most of them of key %r (%d). With ordering="key" every record of a '
+            "key that keeps arriving while one of its records is in retry goes through the retry topics, and again "
+            "at each new failure of that record: with few keys per partition, that is most of the flow. "
+            'retry="rollback" holds the partition instead, ordering="none" lets records pass '
+            '(docs/RETRY_TOPICS.md, "A key that never drains").',
+            self._listener,
+            self._rewrites,
+            now - self._rewrites_since,
+            key if key is None or len(key) <= 64 else key[:64] + b"...",
+            times,
+        )
+        self._warned_at = self._rewrites_since = now
+        self._rewrites = 0
+        keys.clear()
 
     def _written_to(self, tp: TP, due_ms: int) -> None:
         written = self.written
