@@ -25,8 +25,8 @@ same way (:meth:`DrainedPartitions.pause_read_to_end` returns it, the feed hands
 it to the container's timed pause), and is fetched on while one is due already
 (its transaction commits within the poll). Left fetching until it saw them,
 a partition resumed for a due record was fetched in a loop between the feed's
-polls (run 4t: ten thousand empty fetches a second, about a third of a core
-of the client and the broker taken from the main flow). The mark is taken at each feed poll, before
+polls (run 4t: about ten thousand empty fetches a second on the embedded
+broker; docs/BENCHMARKS.md). The mark is taken at each feed poll, before
 the container handles what it brought (:meth:`DrainedPartitions.before_handling`):
 taken when the hop is looked at, after its transaction committed, it could
 already include the hop (a fetching partition fetched it meanwhile), and the
