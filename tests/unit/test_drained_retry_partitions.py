@@ -412,11 +412,10 @@ def test_a_partition_sought_counts_from_where_it_was_sought_until_a_record_of_it
     seeking.positions, seeking.high = {R0: 6}, {R0: 8}
     feed.consumer = cast(Consumer, seeking)
     feed._drained.fetch_again(seeking, [R0])
-    now_ms = int(time.time() * 1000)
-    feed._waiting.sort(cast(Consumer, seeking), [_hop_message(R0, 6, due_ms=now_ms + 50)], now_ms)
+    due_ms = int(time.time() * 1000)  # due now: sorted a second before, it waited; the poll below hands it on
+    feed._waiting.sort(cast(Consumer, seeking), [_hop_message(R0, 6, due_ms=due_ms)], due_ms - 1_000)
     assert seeking.paused == {R0}, "its record waits in memory, the partition paused past it"
     seeking.high[R0] = 7
-    time.sleep(0.06)  # the record comes due
     positions = cast(Any, SimpleNamespace(paused_until={}, pause=lambda tp, seconds: None))
     assert [m.offset() for m in feed.poll(100, positions)] == [6]
     assert R0 not in seeking.positions, "sought past the record it handed on: librdkafka gives no position"
