@@ -14,6 +14,7 @@ from helpers import POISON_FQCN, PoisonError, make_app
 from tenacity import wait_exponential
 
 from kafkatx import App, DeadLetterPublishingRecoverer, InvalidConfigurationError, Record
+from kafkatx.dlq import replay_dlq
 from kafkatx.dlq.headers import parse_dead_letter_headers
 from kafkatx.events import RecordRetryScheduled
 from kafkatx.retry_topics.headers import ATTEMPTS
@@ -207,6 +208,45 @@ def test_always_failing_is_dead_lettered_after_max_attempts_naming_the_original_
     assert (info.original_topic, info.original_partition, info.original_offset) == (src, 0, 0)
     assert info.exception_fqcn == POISON_FQCN and info.attempts == 1
     assert [h.value for h in kafka.read(src + "-retry")] == [b"always", b"always"], "no hop for the fatal record"
+
+
+def test_a_record_dead_lettered_through_the_retry_topics_and_replayed_to_its_topic_runs_from_attempt_1_once(
+    kafka: KafkaTestKit,
+) -> None:
+    """The operator's path after a fix: ``kafkatx dlq replay`` puts the dead letter back on its input topic, and
+    the running listener handles it as a new record (attempt 1, not its old count, not a hop), its output once."""
+    src, out = kafka.topic(partitions=2), kafka.topic(partitions=2)
+    kafka.produce(
+        src,
+        [
+            {"key": b"a", "value": b"ok-0", "partition": 0},
+            {"key": b"b", "value": b"broken", "partition": 1, "headers": [("own", b"h")]},
+            {"key": b"b", "value": b"ok-1", "partition": 1},  # follows its key's record in retry (key order)
+        ],
+    )
+    app = make_app(kafka)
+    fixed = threading.Event()
+    calls: list[tuple[bytes, int]] = []
+
+    @app.listener(src, output=out, max_attempts=3, backoff=0.2, dlq=True, retry="topics", ordering="key")
+    def handle(record: Record) -> bytes:
+        calls.append((record.value or b"", record.attempt))
+        if record.value == b"broken" and not fixed.is_set():
+            raise Transient("not yet fixed")
+        return b"out-" + (record.value or b"")
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(src + "-dlt")) == 1, 30, message="the dead letter")
+        wait_for(lambda: len(kafka.read(out)) == 2, 30, message="the other records' outputs")
+        fixed.set()
+        assert replay_dlq(kafka.bootstrap_servers, src + "-dlt").replayed == 1
+        wait_for(lambda: len(kafka.read(out)) == 3, 30, message="the replayed record's output")
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="every input offset committed")
+    assert Counter(kafka.values(out)) == Counter([b"out-ok-0", b"out-ok-1", b"out-broken"]), "each output once"
+    assert [a for v, a in calls if v == b"broken"] == [1, 2, 3, 1], "replayed: a new record, from attempt 1"
+    assert len(kafka.read(src + "-dlt")) == 1, "not dead-lettered again"
+    replayed = [r for r in kafka.read(src) if r.value == b"broken"][-1]
+    assert replayed.header("own") == b"h" and replayed.header(ATTEMPTS) is None, "no hop header on the input topic"
 
 
 def test_a_restart_with_records_in_retry_does_each_exactly_once_and_attempts_never_go_back(
