@@ -131,6 +131,20 @@ def test_a_head_read_back_runs_and_releases_its_followers_once_its_retry_offset_
     assert keys.in_retry() == 0
 
 
+def test_a_commit_of_input_partitions_only_leaves_the_retry_records_it_did_not_commit_in_retry() -> None:
+    hops = _hops()
+    keys = _keys(hops)
+    keys.rebuilt(("orders", 0), [(b"k", 0, Place("orders-retry", 5))])
+    head = _read_back(_input(0, b"k"), 10, exc=TimeoutError("t"))
+    consumed = cast("list[ConsumedMessage]", [head])
+    keys.began(A)
+    keys.committed(A, {("orders", 0): 7}, consumed, hops.hop_of)  # the retry partition's offset is not in it
+    assert keys.keys_in_retry(("orders", 0)) == {b"k": [0]}, "not committed: still in retry"
+    keys.began(A)
+    keys.committed(A, {("orders", 0): 8, ("orders-retry", 0): 11}, consumed, hops.hop_of)
+    assert keys.in_retry() == 0
+
+
 def test_a_head_that_hops_again_keeps_its_followers_behind_it_in_its_new_level() -> None:
     plan = RetryTopicPlan(FailurePolicy(max_attempts=4, backoff=lambda state: float(state.attempt_number)))
     hops = RetryHops(plan, ["orders"], "grp", clock=lambda: 1000.0, key_order=True)

@@ -60,9 +60,15 @@ Entries = dict[int, "Place"]
 HopOf = Callable[[ConsumedMessage], "tuple[TP, bytes | None, int] | None"]
 
 
-def _retry_records(consumed: Sequence[ConsumedMessage], origin: Mapping[str, str]) -> list[ConsumedMessage]:
+def _retry_records(
+    consumed: Sequence[ConsumedMessage], origin: Mapping[str, str], offsets: Mapping[TP, int]
+) -> list[ConsumedMessage]:
     """The records of ``consumed`` from retry topics, picked out without a Python step per record (a commit looks
-    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C."""
+    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C. None when
+    the commit's ``offsets`` hold no retry partition (a transaction of input records only, as on clean data):
+    then it committed no retry record, and the records are not looked at."""
+    if not any(tp[0] in origin for tp in offsets):
+        return []
     try:
         topics = list(map(Message.topic, consumed))  # type: ignore[arg-type]
     except TypeError:  # not confluent-kafka Messages (a test's own): through their own topic()
@@ -194,7 +200,7 @@ class RetryKeys:
             self._current = None
         origin = self._origin
         handled: list[Record] = []
-        for msg in _retry_records(consumed, origin):
+        for msg in _retry_records(consumed, origin, offsets):
             if msg.offset() < offsets.get((msg.topic(), msg.partition()), -1):
                 found = hop_of(msg)
                 if found is not None:
