@@ -64,8 +64,8 @@ def _retry_records(
     consumed: Sequence[ConsumedMessage], origin: Mapping[str, str], offsets: Mapping[TP, int]
 ) -> list[ConsumedMessage]:
     """The records of ``consumed`` from retry topics, picked out without a Python step per record (a commit looks
-    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C. None when
-    the commit's ``offsets`` hold no retry partition (a transaction of input records only, as on clean data):
+    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C. None of them
+    when the commit's ``offsets`` hold no retry partition (a transaction of input records only, as on clean data):
     then it committed no retry record, and the records are not looked at."""
     if not any(tp[0] in origin for tp in offsets):
         return []
