@@ -20,6 +20,7 @@ from kafkatx.outputs import PendingOutput
 from kafkatx.recoverers import Recoverer
 from kafkatx.retry_topics import RetryTopicPlan, hop_headers, parse_hop
 from kafkatx.retry_topics.hops import RetryHops
+from kafkatx.retry_topics.keys import Place
 from kafkatx.rollback.policy import FailurePolicy
 
 TOPICS: dict[str, Any] = {"retry": "topics", "ordering": "none"}
@@ -242,3 +243,90 @@ def test_a_record_read_back_is_parsed_once_for_its_failure_unless_its_handler_de
     assert hops.arrived(other) is other
     foreign = hop_headers(Record("orders", 0, 7, b"k", b"v", [], 5), None, group_id="theirs", next_attempt=1, due_ms=1)
     assert hops.arrived(Record("orders-retry", 0, 4, b"k", b"v", foreign)) is None, "another group's hop passes"
+
+
+def _read_back(output: PendingOutput | None, offset: int = 0) -> Record:
+    """A hop as the retry consumer hands it over: its topic, partition, bytes and headers, at ``offset``."""
+    assert output is not None
+    topic, value, key, headers, partition = output
+    return Record(topic, partition or 0, offset, key, value, list(headers or []))
+
+
+def test_a_hop_read_back_by_the_container_that_wrote_it_is_its_input_view_as_parsing_its_headers_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The container remembers the input view of each hop it wrote (its first header names which): read back, the
+    hop is not parsed, and the handler gets exactly what parsing gives another container (another process)."""
+    writer = _hops(max_attempts=3, backoff=1.0)
+    record = Record(
+        "orders", 2, 41, b"k", b"v", [("own", b"h"), ("kafka_dlt-original-topic", b"x")], 5, "LogAppendTime"
+    )
+    hop = _read_back(writer.hop(record, TimeoutError("t"), 1, 1.0), 17)
+    assert hop.headers[0][0] == "kafkatx_retry-hop" and len(hop.headers[0][1]) == 16
+    parsed = _hops(max_attempts=3, backoff=1.0).arrived(hop)  # another process: from the headers
+    assert parsed is not None
+    assert (parsed.topic, parsed.partition, parsed.offset, parsed.attempt) == ("orders", 2, 41, 2)
+    assert parsed.headers == [("own", b"h")], "kafkatx's and Spring's headers are hidden from the handler"
+
+    def no_parsing(record: Record) -> None:
+        raise AssertionError("a hop this container wrote was parsed")
+
+    monkeypatch.setattr("kafkatx.retry_topics.hops.parse_hop", no_parsing)
+    remembered = writer.arrived(hop)
+    assert remembered is not None
+    fields = ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "timestamp_type", "attempt")
+    assert [getattr(remembered, f) for f in fields] == [getattr(parsed, f) for f in fields]
+    assert (remembered.raw_key, remembered.raw_value) == (b"k", b"v")
+    assert writer.hop_of(cast(Any, _Message(hop))) == (("orders", 2), b"k", 41), "its commit finds its input record"
+    monkeypatch.undo()
+    again = writer.arrived(hop)  # read again (its transaction aborted, fetched again): parsed, the same view
+    assert again is not None and [getattr(again, f) for f in fields] == [getattr(parsed, f) for f in fields]
+
+
+def test_a_record_following_its_key_is_remembered_too_and_its_attempt_unchanged() -> None:
+    from kafkatx.context import bind_sink
+
+    writer = _hops(max_attempts=3, backoff=1.0)
+    sent: list[PendingOutput] = []
+    record = Record("orders", 0, 8, b"k", b"v", [], 5, attempt=2)
+    previous = bind_sink(_Sink(sent))
+    try:
+        writer.follow(record, Place("orders-retry", 1_000))
+    finally:
+        bind_sink(previous)
+    (output,) = sent
+    seen = writer.arrived(_read_back(output))
+    assert seen is not None and (seen.topic, seen.offset, seen.attempt, seen.headers) == ("orders", 8, 2, [])
+
+
+@dataclass
+class _Sink:
+    """Where ``send()`` puts what a handler sends (the record's buffer in a container)."""
+
+    sent: list[PendingOutput]
+    serializer: Any = None
+
+    def add(self, output: PendingOutput) -> None:
+        self.sent.append(output)
+
+
+@dataclass
+class _Message:
+    """What a commit reads of a consumed retry record."""
+
+    record: Record
+
+    def topic(self) -> str:
+        return self.record.topic
+
+    def partition(self) -> int:
+        return self.record.partition
+
+    def offset(self) -> int:
+        return self.record.offset
+
+    def key(self) -> bytes | None:
+        return self.record.raw_key
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self.record.headers

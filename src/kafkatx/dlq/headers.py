@@ -69,7 +69,7 @@ def format_stacktrace(exc: BaseException, chain: list[BaseException] | None = No
     same way for many records pays for the source lines once. ``chain``: ``exc``'s cause chain, if the caller has it.
     """
     if chain is None:
-        chain = list(cause_chain(exc))
+        chain = cause_chain(exc)
     parts: list[str] = []
     for i, link in enumerate(reversed(chain)):
         if i:
@@ -165,7 +165,7 @@ def dead_letter_headers(
         and k != ATTEMPTS
         and (keep_history or not k.startswith(_ORIGINAL_PREFIX))
     ]
-    chain = list(cause_chain(exception))
+    chain = cause_chain(exception)
     root = chain[-1]
     stack = format_stacktrace(exception, chain).encode("utf-8", "replace")
     if len(stack) > max_stacktrace_bytes:

@@ -9,7 +9,9 @@ retry-topic headers:
 - ``retry_topic-backoff-timestamp``: when it is due, epoch milliseconds;
 - ``retry_topic-original-timestamp``: the input record's timestamp, epoch milliseconds.
 
-and, with tracing on, kafkatx's ``kafkatx_retry-attempt-spans``: the span contexts of the record's failed
+kafkatx's ``kafkatx_retry-hop`` (first, 16 bytes: which hop of the process that wrote it this is; that process
+hands its own hops back to the handler from memory instead of parsing these headers again,
+:class:`~kafkatx.retry_topics.hops.RetryHops`), and, with tracing on, kafkatx's ``kafkatx_retry-attempt-spans``: the span contexts of the record's failed
 attempts (W3C ``traceparent`` values, comma-separated), so that its next attempt links to them wherever it
 runs (:mod:`kafkatx.tracing._hops`).
 
@@ -32,10 +34,12 @@ __all__ = [
     "BACKOFF_TIMESTAMP",
     "ORIGINAL_TIMESTAMP",
     "ATTEMPT_SPANS",
+    "HOP_ID",
     "RetryHop",
     "due_ms_of",
     "hop_headers",
     "hop_origin",
+    "own_headers",
     "parse_hop",
 ]
 
@@ -43,6 +47,7 @@ ATTEMPTS = "retry_topic-attempts"
 BACKOFF_TIMESTAMP = "retry_topic-backoff-timestamp"
 ORIGINAL_TIMESTAMP = "retry_topic-original-timestamp"
 ATTEMPT_SPANS = "kafkatx_retry-attempt-spans"
+HOP_ID = "kafkatx_retry-hop"
 
 _RETRY_PREFIXES = ("retry_topic-", "kafkatx_retry-")
 _DLT_PREFIXES = ("kafka_dlt-", "kafkatx_dlt-")
@@ -89,6 +94,11 @@ def hop_headers(
         (ORIGINAL_TIMESTAMP, _java_big_integer(record.timestamp)),
     ]
     return headers
+
+
+def own_headers(headers: Headers) -> Headers:
+    """Of a record's ``headers``, those that are its own: what :func:`parse_hop` gives back of a hop of it."""
+    return [(k, v) for k, v in headers if not k.startswith(_HIDDEN)]
 
 
 def _provenance(record: Record, group_id: str | None) -> Headers:

@@ -27,6 +27,7 @@ handler, so it commits with the record's offset), its attempt unchanged.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,7 +38,15 @@ from kafkatx.context import send
 from kafkatx.events import Event, RecordFollowed, RecordsInRetry, RetryHandled
 from kafkatx.outputs import PendingOutput
 from kafkatx.record import ConsumedMessage, Headers, Record
-from kafkatx.retry_topics.headers import ATTEMPT_SPANS, attempt_spans_of, hop_headers, hop_origin, parse_hop
+from kafkatx.retry_topics.headers import (
+    ATTEMPT_SPANS,
+    HOP_ID,
+    attempt_spans_of,
+    hop_headers,
+    hop_origin,
+    own_headers,
+    parse_hop,
+)
 from kafkatx.retry_topics.keys import Place, RetryKeys
 from kafkatx.retry_topics.plan import RetryTopicPlan
 from kafkatx.rollback.policy import FailurePolicy
@@ -50,6 +59,12 @@ log = logging.getLogger("kafkatx.container")
 #: How many parsed retry records' origins :class:`RetryHops` keeps for their commit at most (about one
 #: transaction's worth of retry records is what it needs).
 _ORIGINS_KEPT = 50_000
+#: How many of its hops not read back yet :class:`RetryHops` remembers at most (a hop leaves when it is read back;
+#: those never read back here, of transactions that aborted or partitions revoked, are dropped past this).
+_SENT_KEPT = 50_000
+#: What :class:`RetryHops` remembers of a hop it wrote: the input view's topic, partition, offset, own headers,
+#: timestamp and timestamp type, and the attempt the hop's delivery is.
+_Sent = tuple[str, int, int, Headers, int, str, int]
 #: Records written to a retry topic again without being handled (their key's record in retry failed again
 #: before they were read back) that make a warning, and how often it is said at most.
 REWRITES_WARNED = 100
@@ -101,6 +116,9 @@ class RetryHops:
         "_worker",
         "_last",
         "_origins",
+        "_sent",
+        "_token",
+        "_hops_sent",
         "_rewrites",
         "_rewritten_keys",
         "_rewrites_since",
@@ -142,6 +160,11 @@ class RetryHops:
         #: What :meth:`hop_of` answers for the retry records :meth:`arrived` parsed, by their coordinates: their
         #: commit reads none of their headers again (taken out as it reads them; cleared past _ORIGINS_KEPT).
         self._origins: dict[tuple[str, int, int], tuple[TP, bytes | None, int]] = {}
+        #: The hops written here and not read back yet, by their ``kafkatx_retry-hop`` header (this object's random
+        #: token and a count): what each carries of its input view, so that reading it back parses no header.
+        self._sent: dict[bytes, _Sent] = {}
+        self._token = os.urandom(8)
+        self._hops_sent = 0
         #: Records read back that followed their key's head again (written again, not handled), and of which keys,
         #: since the last warning about them (:meth:`_rewritten`).
         self._rewrites = 0
@@ -282,13 +305,32 @@ class RetryHops:
     def arrived(self, record: Record) -> Record | None:
         """:meth:`view` of a record consumed from a retry topic, its headers parsed once; None for a hop another
         consumer group wrote (:meth:`foreign`). With tracing on, tracing is told the failed attempts' span contexts
-        the hop carries."""
-        hop = parse_hop(record)
-        if hop is None:  # not written by a hop (someone produced to the retry topic): handled as it is
-            return None if self.foreign(record.headers) else record
-        if self._of_another_group(hop.group):
-            return None
-        seen = hop.record
+        the hop carries. A hop written here (its first header names one in :attr:`_sent`) is not parsed: its view
+        is built from what was remembered of it, the same fields :func:`parse_hop` reads from its headers."""
+        headers = record.headers
+        sent = self._sent.pop(headers[0][1], None) if headers and headers[0][0] == HOP_ID else None
+        if sent is not None:
+            topic, partition, offset, own, timestamp, timestamp_type, attempt = sent
+            seen = Record(
+                topic,
+                partition,
+                offset,
+                record.key,
+                record.value,
+                own,
+                timestamp,
+                timestamp_type,
+                attempt=attempt,
+                raw_key=record.raw_key,
+                raw_value=record.raw_value,
+            )
+        else:
+            hop = parse_hop(record)
+            if hop is None:  # not written by a hop (someone produced to the retry topic): handled as it is
+                return None if self.foreign(headers) else record
+            if self._of_another_group(hop.group):
+                return None
+            seen = hop.record
         at = (record.topic, record.partition, record.offset)
         self._last = (at, seen)
         self._origins[at] = ((seen.topic, seen.partition), record.raw_key, seen.offset)
@@ -318,6 +360,7 @@ class RetryHops:
             return None
         due_ms = self.now_ms() + round(delay * 1000)
         headers = hop_headers(view, exception, group_id=self.group_id, next_attempt=failures + 1, due_ms=due_ms)
+        headers.insert(0, (HOP_ID, self._remember(view, failures + 1)))
         self._with_spans(view, headers)
         topic = view.topic + level.suffix
         self.book.wrote(view, Place(topic, due_ms))
@@ -327,15 +370,34 @@ class RetryHops:
     def follow(self, view: Record, place: Place) -> None:
         """Send ``view`` behind its key's head, to ``place`` (the head's retry topic, due when it is), in the
         handler's transaction (as its ``send()``): no attempt spent, no failure to name."""
-        headers = hop_headers(
-            view, None, group_id=self.group_id, next_attempt=max(view.attempt, 1), due_ms=place.due_ms
-        )
+        attempt = max(view.attempt, 1)
+        headers = hop_headers(view, None, group_id=self.group_id, next_attempt=attempt, due_ms=place.due_ms)
+        headers.insert(0, (HOP_ID, self._remember(view, attempt)))
         self._with_spans(view, headers)
         send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         self._written_to((place.topic, view.partition), place.due_ms)
         self.book.wrote(view, place)
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
+
+    def _remember(self, view: Record, attempt: int) -> bytes:
+        """The ``kafkatx_retry-hop`` header of a hop of ``view`` whose delivery is ``attempt``, remembered with what
+        :meth:`arrived` hands back for it."""
+        self._hops_sent += 1
+        hop_id = self._token + self._hops_sent.to_bytes(8, "big")
+        sent = self._sent
+        if len(sent) >= _SENT_KEPT:
+            sent.clear()  # hops never read back here: those still to come are parsed
+        sent[hop_id] = (
+            view.topic,
+            view.partition,
+            view.offset,
+            own_headers(view.headers),
+            view.timestamp,
+            view.timestamp_type,
+            attempt,
+        )
+        return hop_id
 
     def _rewritten(self, view: Record) -> None:
         """``view``, read back from a retry topic, followed its key's head again: written to the retry topic once

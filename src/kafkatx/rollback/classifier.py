@@ -8,7 +8,7 @@ record is recovered at its first failure.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from tenacity import RetryCallState
 from tenacity.retry import retry_base
@@ -36,19 +36,25 @@ DEFAULT_NOT_RETRYABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def cause_chain(exc: BaseException) -> Iterator[BaseException]:
-    """The exception, then its causes (``__cause__``, else ``__context__``), without cycles."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
+def cause_chain(exc: BaseException) -> list[BaseException]:
+    """The exception, then its causes (``__cause__``, else ``__context__``), without cycles.
+
+    A list built by a plain loop, not a generator: a failure asks for it several times (its verdict, the outage
+    check, its headers), and most exceptions have no cause at all."""
+    chain = [exc]
+    current = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if current is None:
+        return chain
+    seen = {id(exc)}
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        yield current
+        chain.append(current)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return chain
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    *_, last = cause_chain(exc)
-    return last
+    return cause_chain(exc)[-1]
 
 
 def exception_fqcn(exc: BaseException) -> str:

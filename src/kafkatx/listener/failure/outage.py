@@ -82,7 +82,10 @@ _HELD_POLL_S = 0.2
 def is_outage(exc: BaseException, outages: Iterable[type[BaseException]]) -> bool:
     """True if ``exc`` or anything on its cause chain says a dependency is down (not the record's failure)."""
     kinds: tuple[type[BaseException], ...] = (DependencyUnavailable, *outages)
-    return any(isinstance(link, kinds) for link in cause_chain(exc))
+    for link in cause_chain(exc):
+        if isinstance(link, kinds):
+            return True
+    return False
 
 
 def first_delay(policy: FailurePolicy) -> float:
@@ -119,6 +122,8 @@ class ListenerOutage:
     ) -> None:
         self.listener = listener
         self.outages = tuple(outages)
+        #: What :meth:`matches` looks for on a failure's cause chain (asked of every failure).
+        self._kinds: tuple[type[BaseException], ...] = (DependencyUnavailable, *self.outages)
         self.first_delay = first_delay
         self.max_delay = max(max_delay, first_delay)
         self.max_outage = max_outage
@@ -140,7 +145,10 @@ class ListenerOutage:
     # -- what the containers ask --------------------------------------------------------
     def matches(self, exc: BaseException) -> bool:
         """True if ``exc`` means a dependency is down (see :func:`is_outage`)."""
-        return is_outage(exc, self.outages)
+        for link in cause_chain(exc):
+            if isinstance(link, self._kinds):
+                return True
+        return False
 
     def report(self, worker: int, exc: BaseException, record: Record | None) -> float:
         """A dependency is down (``exc``) while ``record`` was handled: pause the listener. Returns the wait.
