@@ -9,11 +9,12 @@ retry-topic headers:
 - ``retry_topic-backoff-timestamp``: when it is due, epoch milliseconds;
 - ``retry_topic-original-timestamp``: the input record's timestamp, epoch milliseconds.
 
-kafkatx's ``kafkatx_retry-hop`` (first, 16 bytes: which hop of the process that wrote it this is; that process
-hands its own hops back to the handler from memory instead of parsing these headers again,
-:class:`~kafkatx.retry_topics.hops.RetryHops`), and, with tracing on, kafkatx's ``kafkatx_retry-attempt-spans``: the span contexts of the record's failed
-attempts (W3C ``traceparent`` values, comma-separated), so that its next attempt links to them wherever it
-runs (:mod:`kafkatx.tracing._hops`).
+kafkatx's ``kafkatx_retry-hop`` (first, 16 bytes: which hop of the process that wrote it this is; that
+process hands its own hops back to the handler from memory instead of parsing these headers again,
+:class:`~kafkatx.retry_topics.hops.RetryHops`), and, with tracing on, kafkatx's
+``kafkatx_retry-attempt-spans``: the span contexts of the record's failed attempts (W3C ``traceparent``
+values, comma-separated), so that its next attempt links to them wherever it runs
+(:mod:`kafkatx.tracing._hops`).
 
 Spring writes the two timestamps as Java's ``BigInteger.toByteArray()`` (big-endian two's complement, as
 few bytes as the value needs); so does kafkatx, and it reads any length. The handler never sees these

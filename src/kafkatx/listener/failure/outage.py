@@ -81,7 +81,11 @@ _HELD_POLL_S = 0.2
 
 def is_outage(exc: BaseException, outages: Iterable[type[BaseException]]) -> bool:
     """True if ``exc`` or anything on its cause chain says a dependency is down (not the record's failure)."""
-    kinds: tuple[type[BaseException], ...] = (DependencyUnavailable, *outages)
+    return _caused_by(exc, (DependencyUnavailable, *outages))
+
+
+def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """True if ``exc`` or anything on its cause chain is one of ``kinds``."""
     for link in cause_chain(exc):
         if isinstance(link, kinds):
             return True
@@ -145,10 +149,7 @@ class ListenerOutage:
     # -- what the containers ask --------------------------------------------------------
     def matches(self, exc: BaseException) -> bool:
         """True if ``exc`` means a dependency is down (see :func:`is_outage`)."""
-        for link in cause_chain(exc):
-            if isinstance(link, self._kinds):
-                return True
-        return False
+        return _caused_by(exc, self._kinds)
 
     def report(self, worker: int, exc: BaseException, record: Record | None) -> float:
         """A dependency is down (``exc``) while ``record`` was handled: pause the listener. Returns the wait.
