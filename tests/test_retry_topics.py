@@ -210,6 +210,39 @@ def test_always_failing_is_dead_lettered_after_max_attempts_naming_the_original_
     assert [h.value for h in kafka.read(src + "-retry")] == [b"always", b"always"], "no hop for the fatal record"
 
 
+def test_a_hop_its_retry_topic_refuses_dead_letters_its_record_saying_why_and_the_partition_goes_on(
+    kafka: KafkaTestKit,
+) -> None:
+    """A record near its topic's size limit fails, and its hop (the record plus the hop's headers) is larger than the
+    retry topic takes: the broker refuses it at the commit. The record is dead-lettered naming the refusal and the
+    retry topic, the records around it are output once each, the retry topic holds nothing, and the App goes on."""
+    src, out = kafka.topic(partitions=1), kafka.topic(partitions=1)
+    kafka.topic(name=src + "-retry", config={"max.message.bytes": "3000"})
+    kafka.topic(name=src + "-dlt")
+    kafka.produce(src, [(b"a", b"ok-a"), (b"big", b"x" * 2500), (b"b", b"ok-b")])
+    app = make_app(kafka)
+
+    @app.listener(src, output=out, max_attempts=3, backoff=1.0, dlq=True, **TOPICS)
+    def handle(record: Record) -> bytes:
+        value = record.value or b""
+        if value.startswith(b"x"):
+            raise Transient("worth a retry, but its hop is too large for the retry topic")
+        return b"out-" + value
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(src + "-dlt")) == 1, 30, message="the big record dead-lettered")
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="the input committed")
+        assert app.failure is None, app.failure
+    assert Counter(kafka.values(out)) == Counter([b"out-ok-a", b"out-ok-b"]), "each other record's output once"
+    (dead,) = kafka.read(src + "-dlt")
+    info = parse_dead_letter_headers(dead.headers)
+    assert dead.value == b"x" * 2500 and (info.original_topic, info.original_offset) == (src, 1)
+    assert info.exception_fqcn == "kafkatx.errors.OutputRefusedError", info.exception_fqcn
+    assert info.exception_message is not None and src + "-retry" in info.exception_message
+    assert "MSG_SIZE_TOO_LARGE" in info.exception_message, info.exception_message
+    assert kafka.read(src + "-retry") == [], "the refused hop never committed"
+
+
 def test_a_record_dead_lettered_through_the_retry_topics_and_replayed_to_its_topic_runs_from_attempt_1_once(
     kafka: KafkaTestKit,
 ) -> None:
