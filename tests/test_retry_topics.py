@@ -210,6 +210,29 @@ def test_always_failing_is_dead_lettered_after_max_attempts_naming_the_original_
     assert [h.value for h in kafka.read(src + "-retry")] == [b"always", b"always"], "no hop for the fatal record"
 
 
+def test_a_tombstone_an_empty_key_and_an_empty_value_come_back_from_the_retry_topic_as_they_were(
+    kafka: KafkaTestKit,
+) -> None:
+    """None and empty bytes are different records: a hop keeps each as it was (key order on, the default)."""
+    src, out = kafka.topic(partitions=1), kafka.topic(partitions=1)
+    kafka.produce(src, [{"key": b"k", "value": None}, {"key": b"", "value": b"v"}, {"key": None, "value": b""}])
+    app = make_app(kafka)
+    attempts: dict[tuple[bytes | None, bytes | None], list[int]] = defaultdict(list)
+
+    @app.listener(src, output=out, max_attempts=3, backoff=0.3, dlq=True, retry="topics")
+    def handle(record: Record) -> bytes:
+        attempts[(record.key, record.value)].append(record.attempt)
+        if record.attempt == 1:
+            raise Transient("once")
+        return b"%r/%r" % (record.key, record.value)
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(out)) == 3, 30, message="three outputs")
+        wait_for(lambda: _hops_committed(kafka, app.group_id, src), 30, message="the hops committed")
+    assert attempts == {(b"k", None): [1, 2], (b"", b"v"): [1, 2], (None, b""): [1, 2]}
+    assert sorted(kafka.values(out)) == sorted([b"b'k'/None", b"b''/b'v'", b"None/b''"])
+
+
 def test_a_hop_its_retry_topic_refuses_dead_letters_its_record_saying_why_and_the_partition_goes_on(
     kafka: KafkaTestKit,
 ) -> None:
