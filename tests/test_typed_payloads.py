@@ -193,7 +193,7 @@ def test_an_avro_serializer_registers_the_subject_of_the_topic_each_record_goes_
         assert sorted(d["order"] for d in decoded) == list(range(5)), topic
 
 
-@pytest.mark.parametrize("retry", ["rollback", "in_place"])
+@pytest.mark.parametrize("retry", ["rollback", "in_place", "topics"])
 def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as_consumed(
     kafka: KafkaTestKit, capsys: pytest.CaptureFixture[str], retry: str
 ) -> None:
@@ -215,9 +215,35 @@ def test_a_key_that_cannot_be_decoded_is_dead_lettered_with_its_key_and_value_as
     assert [r.key for r in kafka.read(out)] == [b"%d" % i for i in sorted(set(keys))], "int keys encoded as JSON"
     (dead,) = kafka.read(src + "-dlt")
     assert (dead.key, dead.value) == (b"four", _good(4))
+    if retry == "topics":
+        assert kafka.read(src + "-retry") == [], "not retryable: dead-lettered at once, no hop"
     (entry,) = inspect_dlq(kafka.bootstrap_servers, src + "-dlt")
     assert entry.info.attempts == 1
     assert f"cannot decode the key of {src}/0@4 as int" in (entry.info.exception_message or "")
     assert main(["dlq", "inspect", src + "-dlt", "--bootstrap-servers", kafka.bootstrap_servers]) == 0
     (row,) = capsys.readouterr().out.splitlines()[1:2]
     assert "DecodeError" in row and f"cannot decode the key of {src}/0@4" in row, row
+
+
+def test_through_the_retry_topics_a_typed_record_comes_back_decoded_and_is_output_once(kafka: KafkaTestKit) -> None:
+    """``retry="topics"``: the hop carries the bytes as consumed, and each attempt from the retry topic decodes them
+    again (key and value typed, the raw bytes kept), so a retried record's output is what its first attempt's would
+    have been."""
+    src, out = kafka.topic(), kafka.topic()
+    kafka.produce(src, [(b"%d" % i, _good(i)) for i in range(5)])
+    app = make_app(kafka)
+    seen: list[tuple[Any, Any, int, bytes | None]] = []
+
+    @app.listener(src, output=out, key_type=int, value_type=Order, dlq=True, retry="topics", backoff=0.3)
+    def handle(record: Record) -> tuple[int, Invoice]:
+        seen.append((record.key, record.value, record.attempt, record.raw_value))
+        if record.key == 2 and record.attempt < 3:
+            raise TimeoutError("the invoicing service is slow")
+        return record.key, Invoice(order=record.value.id, total=record.value.amount)
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(out)) == 5, 30, message="five invoices")
+    retried = [(key, value, attempt, raw) for key, value, attempt, raw in seen if key == 2]
+    assert retried == [(2, Order(id=2, amount=0.2), attempt, _good(2)) for attempt in (1, 2, 3)], retried
+    invoices = {int(r.key or b""): json.loads(r.value or b"") for r in kafka.read(out)}
+    assert invoices == {i: {"order": i, "total": i / 10} for i in range(5)}, "each invoice once, typed both ways"
