@@ -10,9 +10,9 @@ fail (attempt 1, each hops to the retry topic), plus the retry records a poll br
 back at attempt 2 (they fail again and hop) and as many at attempt 3 (they succeed). Each unit runs through the
 listener's record runner on a ``fencing="group"`` container's :class:`~kafkatx.TransactionUnit`, against a stub
 confluent-kafka Producer whose calls do nothing (as ``micro_hot_path.py`` does), the retry records built from the
-hops the runner produced in the transaction before (their real headers, as a run reads back its own fresh hops). Beside it, the same input records with no failure on a default
-listener (run 2's path) and on a ``retry="topics"`` listener with keys in retry (what key order costs the records
-that do not fail). The cost per failure is (4t unit - run 2 unit) / failures per unit: what the failures and the
+hops the runner produced in the transaction before (their real headers, as a run reads back its own fresh hops).
+Beside it, the same input records with no failure on a default listener (run 2's path) and on a ``retry="topics"``
+listener with keys in retry (what key order costs the records that do not fail). The cost per failure is (4t unit - run 2 unit) / failures per unit: what the failures and the
 retry records add to the processing thread, the figure docs/BENCHMARKS.md's run 4t divides the same way.
 """
 
