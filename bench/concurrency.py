@@ -14,6 +14,15 @@ handler, so it is measured over ``--baseline-records`` records (its rate does
 not depend on how many): at 20 ms a record, 10,000 would take over 3 minutes.
 The one-key runs check that ordering holds: all records of one key wait for
 each other, so ``in_flight=100`` gains nothing there.
+
+``--transient PCT`` adds, per kind, the ``in_flight`` run with ``retry="topics"``
+twice: on clean data, and with PCT% of the records failing at attempts 1-2
+(the default back-off of 1 s, so each waits in the retry topics twice while
+its partition goes on; its key's later records follow it). Each gives its
+main flow (from the first handler call to the commit of every input
+offset) and the time until the last retried record's output is visible.
+
+    python bench/concurrency.py --kinds async --transient 1 --records 10000
 """
 
 from __future__ import annotations
@@ -55,21 +64,40 @@ def _input(kit: KafkaTestKit, records: int, keys: int) -> str:
 
 
 def run_once(
-    kit: KafkaTestKit, kind: str, in_flight: int, records: int, keys: int, wait: float, fencing: str = "auto"
+    kit: KafkaTestKit,
+    kind: str,
+    in_flight: int,
+    records: int,
+    keys: int,
+    wait: float,
+    fencing: str = "auto",
+    transient: float | None = None,
 ) -> float:
-    """One App over a fresh input; returns records/s from the first handler call to the last commit."""
+    """One App over a fresh input; returns records/s from the first handler call to the last commit. With
+    ``transient`` (a percentage; 0: clean data), ``retry="topics"`` and that share of the records failing at
+    attempts 1-2: returns the main flow's records/s (every input offset committed) and prints the rest."""
     src, out = _input(kit, records, keys), kit.topic(partitions=PARTITIONS)
-    app = App(f"conc-{uuid.uuid4().hex[:8]}", bootstrap_servers=kit.bootstrap_servers, instance_id="bench")
+    failing = set() if not transient else {b"k%d:%d" % (i % keys, i // keys) for i in _every(records, transient)}
+    app = App(
+        f"conc-{uuid.uuid4().hex[:8]}",
+        bootstrap_servers=kit.bootstrap_servers,
+        instance_id="bench",
+        create_topics=transient is not None,  # the retry topics and the dead-letter topic
+    )
     first: list[float] = []
     last_commit = [0.0]
     app.on(TransactionCommitted)(lambda e: last_commit.__setitem__(0, time.perf_counter()))
     options: dict[str, Any] = {"output": out, "in_flight": in_flight, "fencing": fencing}
+    if transient is not None:
+        options.update(retry="topics", dlq=True)
     if kind == "async":
 
         async def enrich(record: Record) -> tuple[bytes | None, bytes | None]:
             if not first:
                 first.append(time.perf_counter())
             await asyncio.sleep(wait)
+            if failing and record.attempt < 3 and record.value in failing:
+                raise TimeoutError("a dependency timed out")
             return record.key, record.value
 
         app.add_listener(enrich, src, **options)
@@ -79,6 +107,8 @@ def run_once(
             if not first:
                 first.append(time.perf_counter())
             time.sleep(wait)
+            if failing and record.attempt < 3 and record.value in failing:
+                raise TimeoutError("a dependency timed out")
             return record.key, record.value
 
         app.add_listener(enrich_sync, src, **options)
@@ -88,11 +118,28 @@ def run_once(
             if app.failure is not None:
                 raise app.failure
             time.sleep(0.05)
+        main_flow = time.perf_counter() - first[0]
+        while transient and len(kit.values(out)) < records:  # the retried records' outputs
+            if app.failure is not None:
+                raise app.failure
+            time.sleep(0.2)
     finally:
         app.stop(timeout=60)
     elapsed = last_commit[0] - first[0]
     _check(kit.values(out), records, keys)
-    return records / elapsed
+    if transient is None:
+        return records / elapsed
+    print(
+        f"  {kind:5}: in_flight={in_flight} retry='topics', {transient:g}% failing at attempts 1-2: main flow "
+        f"{records / main_flow:7.1f} rec/s ({main_flow:.2f} s), last output at {elapsed:.2f} s"
+    )
+    return records / main_flow
+
+
+def _every(records: int, percent: float) -> list[int]:
+    """``percent`` % of ``range(records)``, spread evenly."""
+    step = 100.0 / percent
+    return [int(i * step) for i in range(int(records * percent / 100))]
 
 
 def _check(values: list[bytes | None], records: int, keys: int) -> None:
@@ -116,6 +163,7 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, default=20.0)
     parser.add_argument("--in-flight", type=int, default=100)
     parser.add_argument("--kinds", default="async,sync")
+    parser.add_argument("--transient", type=float, default=None, help="also retry='topics' with PCT%% failing")
     parser.add_argument(
         "--fencing", default="auto", help='"group": one transaction per poll (the embedded broker picks "partition")'
     )
@@ -142,6 +190,10 @@ def main() -> None:
                 f"  {kind:5}: in_flight={args.in_flight}, one key {one_key:7.1f} rec/s "
                 f"({args.baseline_records} records) = {one_key / one:.2f}x, input order kept"
             )
+            if args.transient is not None:
+                clean = run_once(kit, kind, args.in_flight, args.records, args.keys, wait, args.fencing, 0.0)
+                flaky = run_once(kit, kind, args.in_flight, args.records, args.keys, wait, args.fencing, args.transient)
+                print(f"  {kind:5}: retry='topics' main flow with failures / on clean data = {flaky / clean:.2f}x")
     finally:
         broker.stop()
 

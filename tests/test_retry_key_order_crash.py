@@ -36,7 +36,7 @@ APP = textwrap.dedent(
         "group.instance.id": os.environ["APP_NAME"] + "-w"})
 
     @app.listener(os.environ["SRC"], output=os.environ["OUT"], retry="topics", max_attempts=3,
-                  backoff=float(os.environ["BACKOFF_S"]), dlq=True)
+                  backoff=float(os.environ["BACKOFF_S"]), dlq=True, in_flight=int(os.environ["IN_FLIGHT"]))
     def handle(record: Record) -> tuple[bytes | None, bytes]:
         with open(os.environ["CALLS"], "a") as f:
             f.write(f"{record.value.decode()} {record.attempt}\\n")
@@ -52,9 +52,12 @@ APP = textwrap.dedent(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("in_flight", [1, pytest.param(4, marks=pytest.mark.long, id="concurrent")])
 def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles_nothing_and_keeps_key_order(
-    kafka: KafkaTestKit, tmp_path: Path
+    kafka: KafkaTestKit, tmp_path: Path, in_flight: int
 ) -> None:
+    """``in_flight=4`` (``-m long``): the same with records handled concurrently (the follow is produced in its
+    turn, before the stalled record of another key)."""
     (tmp_path / "retry_app.py").write_text(APP)
     src, out = kafka.topic(), kafka.topic()
     kafka.topic(name=src + "-retry")  # read below before the App has started
@@ -69,6 +72,7 @@ def test_a_sigkill_with_records_in_retry_and_a_follow_in_flight_loses_or_doubles
         "MARK": str(tmp_path / "stalled"),
         "PYTHONUNBUFFERED": "1",
         "BACKOFF_S": str(BACKOFF_S),
+        "IN_FLIGHT": str(in_flight),
     }
     kafka.produce(src, [{"key": b"k", "value": v} for v in (b"head", b"f-1", b"f-2")])
     command = [sys.executable, "-m", "kafkatx", "run", "retry_app:app", "--bootstrap-servers"]

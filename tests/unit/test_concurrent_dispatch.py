@@ -13,7 +13,7 @@ from fakes import FakeHost, listener
 
 from kafkatx import InvalidConfigurationError, OutputError, Record, send
 from kafkatx.events import HandlerFailed, TransactionCommitted
-from kafkatx.listener.runners.concurrent import LaneSchedule, lanes_of
+from kafkatx.listener.runners.lanes import LaneSchedule, lanes_of
 from kafkatx.record import ConsumedMessage
 from kafkatx.rollback.durable import decode
 
@@ -430,3 +430,91 @@ def test_an_output_the_client_refuses_fails_its_own_record_only() -> None:
     assert recovered == [0]
     assert host.producer.committed_values == [b"b:1", b"c:2", b"d:3"]
     assert host.producer.committed_offsets == {("in", 0): 4}
+
+
+# -- retry="topics": the gate before each record ------------------------------------------------------------
+def test_a_retry_record_takes_its_lane_by_its_input_topic() -> None:
+    """Read back from a retry topic, a record takes turns with its key's input records (one lane)."""
+    msgs = [*keyed(b"k1"), cast(ConsumedMessage, Message(topic="in-retry", partition=0, offset=5, key=b"k1"))]
+    assert lanes_of(msgs, "key") == [("in", b"k1"), ("in-retry", b"k1")]
+    origin = {"in-retry": "in"}
+    assert lanes_of(msgs, "key", lambda topic: origin.get(topic, topic)) == [("in", b"k1")] * 2
+
+
+@pytest.mark.parametrize("kind", ["async", "threads"])
+def test_with_retry_topics_a_failed_record_hops_in_its_turn_and_its_keys_later_records_follow_it(kind: str) -> None:
+    """Concurrently handled: the record that failed hops to the retry topic in its turn among the outputs, and the
+    transaction goes on past it (as with one record at a time): its key's later records, which wait for that in
+    its lane, follow it (not called, their attempt unchanged); the others run; each output once, in input order."""
+    calls: list[tuple[int, int]] = []
+
+    def body(record: Record) -> bytes:
+        calls.append((record.offset, record.attempt))
+        if record.offset == 2:
+            raise TimeoutError("a dependency timed out")
+        return record.value or b""
+
+    async def enrich_async(record: Record) -> bytes:
+        await asyncio.sleep(0.001 * (record.offset % 3))
+        return body(record)
+
+    def enrich(record: Record) -> bytes:
+        time.sleep(0.001 * (record.offset % 3))
+        return body(record)
+
+    handler = enrich_async if kind == "async" else enrich
+    host = FakeHost(listener(handler, in_flight=4, retry="topics", max_attempts=3, backoff=1.0))
+    runner = host.runner()
+    keys = [b"a", b"b", b"k", b"c", b"k", b"d", b"k"]
+    try:
+        runner(host.unit(keyed(*keys)))
+    finally:
+        runner.close()
+    [only] = host.producer.transactions
+    assert only.outcome == "committed"
+    assert only.produced == [
+        ("out", b"a:0"),
+        ("out", b"b:1"),
+        ("in-retry", b"k:2"),
+        ("out", b"c:3"),
+        ("in-retry", b"k:4"),
+        ("out", b"d:5"),
+        ("in-retry", b"k:6"),
+    ], "in input order: the failed record's hop in its turn, its key's later records behind it, the others run"
+    assert only.offsets == {IN: 7}
+    assert sorted(calls) == [(0, 1), (1, 1), (2, 1), (3, 1), (5, 1)], "each called once; followers not at all"
+    assert host.retry_hops is not None and host.retry_hops.book.keys_in_retry(IN) == {b"k": [2, 4, 6]}
+    [failed] = host.events_of(HandlerFailed)
+    assert failed.record is not None and (failed.record.offset, failed.attempt) == (2, 1)
+
+
+def test_with_retry_topics_a_failed_recovery_in_its_turn_ends_the_transaction_before_the_record() -> None:
+    """Settled in its turn, a record whose dead letter could not be written ends its transaction before it (the
+    records before it commit, it waits recovery_backoff); on its next delivery it is recovered without a call."""
+    calls: list[int] = []
+    recoveries: list[tuple[int, int]] = []
+
+    async def handle(record: Record) -> bytes:
+        calls.append(record.offset)
+        if record.value == b"-:1":
+            raise ValueError("poison")
+        return record.value or b""
+
+    def recoverer(record: Record, error: BaseException) -> None:
+        recoveries.append((record.offset, record.attempt))
+        if len(recoveries) == 1:
+            raise ConnectionError("the dead-letter topic is down")
+
+    spec = listener(handle, in_flight=2, retry="topics", max_attempts=1, recovery_backoff=4.0, dlq=recoverer)
+    host = FakeHost(spec)
+    runner = host.runner()
+    try:
+        runner(host.unit(keyed(None, None, None)))
+        assert host.producer.committed_offsets == {IN: 1}, "the record before it committed; it did not"
+        runner(host.unit(host.deferred.pop(IN)[0]))  # handed back after recovery_backoff
+    finally:
+        runner.close()
+    assert calls == [0, 1, 2], "the handler is not called again for the record"
+    assert host.producer.committed_offsets == {IN: 3}
+    assert recoveries == [(1, 1), (1, 1)]
+    assert [e.attempt for e in host.events_of(HandlerFailed)] == [1]

@@ -45,7 +45,6 @@ def test_retry_topics_keeps_key_order_by_default_and_refuses_partition_order_say
     ("options", "named"),
     [
         ({"after_rollback": DefaultAfterRollbackProcessor()}, "after_rollback"),
-        ({"in_flight": 4}, "in_flight=4"),
         ({"overlap_commit": True}, "overlap_commit"),
         ({"database": "sqlite://"}, "database="),
     ],

@@ -145,6 +145,25 @@ def test_a_commit_of_input_partitions_only_leaves_the_retry_records_it_did_not_c
     assert keys.in_retry() == 0
 
 
+def test_a_follow_of_a_record_whose_work_the_commit_left_out_is_not_in_retry_after_it() -> None:
+    """Handled concurrently, a record past a failed one may pass the gate (and follow) before the failure cuts the
+    transaction short; its work is discarded and it is handled again. Its follow counts only if the commit
+    covers the record: otherwise its key would keep an entry no hop stands for, and its later records would
+    follow that entry for ever."""
+    hops = _hops()
+    keys = _keys(hops)
+    keys.rebuilt(("orders", 0), [(b"k", 0, Place("orders-retry", 5))])
+    keys.began(A)
+    assert hops.admit(_input(4, b"k")) != _input(4, b"k"), "it follows k's head"
+    keys.committed(A, {("orders", 0): 3}, [], hops.hop_of)  # the transaction was cut before offset 4
+    assert keys.keys_in_retry(("orders", 0)) == {b"k": [0]}, "only the head is in retry"
+    keys.began(A)
+    [follow] = hops.admit(_input(4, b"k"))  # type: ignore[misc]  # handled again: it follows again
+    assert follow[0] == "orders-retry"
+    keys.committed(A, {("orders", 0): 5}, [], hops.hop_of)
+    assert keys.keys_in_retry(("orders", 0)) == {b"k": [0, 4]}
+
+
 def test_a_head_that_hops_again_keeps_its_followers_behind_it_in_its_new_level() -> None:
     plan = RetryTopicPlan(FailurePolicy(max_attempts=4, backoff=lambda state: float(state.attempt_number)))
     hops = RetryHops(plan, ["orders"], "grp", clock=lambda: 1000.0, key_order=True)

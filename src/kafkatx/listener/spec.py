@@ -172,7 +172,7 @@ def build_spec(
     in_flight, ordering, is_async = _concurrency_of(handler, opts, options, kind, runner, records_handler)
     database = _database_of(opts.get("database"), kind, runner, retry, records_handler)
     if retry == "topics":
-        _check_retry_topics(opts, options, kind, runner, in_flight, is_async, f"{where} {name!r} ({on_topics})")
+        _check_retry_topics(opts, options, kind, runner, f"{where} {name!r} ({on_topics})")
     decoding = _decoding_of(opts, kind, runner, records_handler)
     serializer = output_serializer(serializer, decoding is not None, output)
     handler_called = handler if decoding is None or records_handler else typed_handler(handler, decoding)
@@ -384,8 +384,6 @@ def _check_retry_topics(
     given: Mapping[str, Any],
     kind: str,
     runner: RunnerFactory | None,
-    in_flight: int,
-    is_async: bool,
     listener: str,
 ) -> None:
     """``retry="topics"`` (issue 40, docs/RETRY_TOPICS.md): what it does not go with yet is refused, by option."""
@@ -402,9 +400,6 @@ def _check_retry_topics(
         else 'retry="topics" cannot go with database= yet (the database position store knows input partitions '
         'only): drop database=, or use retry="rollback"'
         if opts["database"] is not None
-        else f'retry="topics" cannot go with {"in_flight=" + str(in_flight) if in_flight > 1 else "an async def handler"}'
-        " yet (records handled concurrently): use in_flight=1 with a def handler"
-        if in_flight > 1 or is_async
         else 'retry="topics" cannot go with overlap_commit=True (the overlapped commit polls the input topics '
         "only): drop overlap_commit"
         if given.get("overlap_commit") is True

@@ -216,65 +216,59 @@ class RetryHops:
                 self._publish(RetryHandled(self._listener, self._worker, view))
 
     def viewing(self, handler: Callable[[Record], Any]) -> Callable[[Record], Any]:
-        """``handler`` called with each record's :meth:`view`; with key order, unless the record follows.
+        """``handler`` called with each record's view, unless :meth:`admit` says the record follows or passes (what
+        it says then is sent as the handler's ``send()``\\ s are). The one-at-a-time runner's handler.
 
         A record of an input topic costs a dictionary lookup here, and with key order one more when some key is
         in retry (:attr:`~kafkatx.retry_topics.keys.RetryKeys.maybe`); a record read back from a retry topic is
         parsed once (:meth:`arrived`)."""
-        if self.keys is not None:
-            return self._in_key_order(handler, self.keys)
-        origin, handled, arrived = self._origin, self.book.handled, self.arrived
+        origin, handled, admit = self._origin, self.book.handled, self.admit
+        maybe = self.keys.maybe if self.keys is not None else None
 
         def handle(record: Record) -> Any:
-            if record.topic not in origin:
-                return handler(record)
-            seen = arrived(record)
-            if seen is None:  # another group's hop: it lets it pass
-                return None
-            result = handler(seen)
-            if seen is not record:
-                handled(seen)
-            return result
+            if record.topic in origin or (maybe and record.key in maybe):
+                # ``key`` is still the key's bytes here (runners fill it from the Message; typed decoding runs
+                # inside this gate): ``raw_key`` would cost a property call.
+                seen = admit(record)
+                if isinstance(seen, list):  # it passes, or follows its key's record in retry
+                    for output in seen:
+                        send(*output)
+                    return None
+                result = handler(seen)
+                if seen is not record:
+                    handled(seen)
+                return result
+            return handler(record)
 
         return handle
 
-    def _in_key_order(self, handler: Callable[[Record], Any], keys: RetryKeys) -> Callable[[Record], Any]:
-        """:meth:`viewing` with key order: a record whose key has an earlier record in retry follows it."""
-        origin, handled, arrived = self._origin, self.book.handled, self.arrived
-        ahead, consumed, follow, maybe = keys.ahead, keys.consumed, self.follow, keys.maybe
-
-        def read_back(record: Record) -> Any:
-            """A record from a retry topic: it runs if it is its key's head by now, else it follows again."""
-            seen = arrived(record)
-            if seen is None:
-                return None
-            retried = seen is not record
-            if retried:
-                consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
-            place = ahead(seen)
-            if place is not None:
-                follow(seen, place)
-                if retried:
-                    self._rewritten(seen)
-                return None
-            result = handler(seen)
-            if retried:
-                handled(seen)
-            return result
-
-        def in_key_order(record: Record) -> Any:
-            if record.topic in origin:
-                return read_back(record)
-            # Its key may have a record in retry: look it up. ``key`` is still the key's bytes here (runners fill it
-            # from the Message; typed decoding runs inside this gate): ``raw_key`` would cost a property call.
-            if maybe and record.key in maybe:
-                place = ahead(record)
-                if place is not None:
-                    follow(record, place)
-                    return None
-            return handler(record)
-
-        return in_key_order
+    def admit(self, record: Record) -> Record | list[PendingOutput]:
+        """What ``record`` (as consumed, from an input or a retry topic) comes to before any handler is called: the
+        record its handler is called with (its input view), or the outputs that stand for its handling, produced
+        with its offset: none for a hop another consumer group wrote (it passes), or, with key order, the hop that
+        sends it behind its key's earlier record in retry (it follows, its attempt unchanged; booked now, counted
+        once its record commits). A record read back runs only if it is its key's head by then; otherwise it
+        follows again. The caller tells :attr:`book` a read back record it ran whose handler returned
+        (:meth:`~kafkatx.retry_topics.keys.RetryKeys.handled`)."""
+        keys = self.keys
+        if record.topic not in self._origin:
+            place = keys.ahead(record) if keys is not None else None
+            return record if place is None else [self._follow(record, place, record)]
+        seen = self.arrived(record)
+        if seen is None:
+            return []
+        if keys is None:
+            return seen
+        retried = seen is not record
+        if retried:
+            keys.consumed(seen)  # read back from a retry topic: no longer ahead of the records after it
+        place = keys.ahead(seen)
+        if place is None:
+            return seen
+        followed = self._follow(seen, place, record)
+        if retried:
+            self._rewritten(seen)
+        return [followed]
 
     @property
     def retry_topics(self) -> tuple[str, ...]:
@@ -283,6 +277,16 @@ class RetryHops:
 
     def is_retry_topic(self, topic: str) -> bool:
         return topic in self._origin
+
+    def input_topic(self, topic: str) -> str:
+        """The input topic whose records ``topic`` holds: itself, or the one a retry topic is of."""
+        return self._origin.get(topic, topic)
+
+    def ran(self, record: Record, seen: Record) -> None:
+        """The handler of ``record`` (as :meth:`admit` let it run, called with ``seen``) returned in the open
+        transaction: a read back record is noted handled, told once its transaction commits."""
+        if seen is not record:
+            self.book.handled(seen)
 
     def mirrored(self, tps: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
         """The retry partitions owned with input partitions ``tps``: ``(T + suffix, p)`` for each ``(T, p)``."""
@@ -352,9 +356,12 @@ class RetryHops:
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def hop(self, view: Record, exception: BaseException, failures: int, delay: float) -> PendingOutput | None:
+    def hop(
+        self, view: Record, exception: BaseException, failures: int, delay: float, consumed: Record | None = None
+    ) -> PendingOutput | None:
         """The output sending ``view`` (an input record that failed its ``failures``-th attempt) to the retry
-        topic of its next attempt, due ``delay`` seconds from now; None if the plan has no retry left."""
+        topic of its next attempt, due ``delay`` seconds from now; None if the plan has no retry left.
+        ``consumed``: the record as consumed (from an input or a retry topic), whose commit the hop's counts with."""
         level = self.plan.level_for(failures)
         if level is None:
             return None
@@ -363,22 +370,27 @@ class RetryHops:
         headers.insert(0, (HOP_ID, self._remember(view, failures + 1)))
         self._with_spans(view, headers)
         topic = view.topic + level.suffix
-        self.book.wrote(view, Place(topic, due_ms))
+        self.book.wrote(view, Place(topic, due_ms), None if consumed is None else _at(consumed))
         self._written_to((topic, view.partition), due_ms)
         return (topic, view.raw_value, view.raw_key, headers, view.partition)
 
     def follow(self, view: Record, place: Place) -> None:
         """Send ``view`` behind its key's head, to ``place`` (the head's retry topic, due when it is), in the
         handler's transaction (as its ``send()``): no attempt spent, no failure to name."""
+        send(*self._follow(view, place, None))
+
+    def _follow(self, view: Record, place: Place, consumed: Record | None) -> PendingOutput:
+        """The output that sends ``view`` behind its key's head (:meth:`follow`), booked for the commit of
+        ``consumed`` (the record as consumed)."""
         attempt = max(view.attempt, 1)
         headers = hop_headers(view, None, group_id=self.group_id, next_attempt=attempt, due_ms=place.due_ms)
         headers.insert(0, (HOP_ID, self._remember(view, attempt)))
         self._with_spans(view, headers)
-        send(place.topic, view.raw_value, view.raw_key, headers, view.partition)
         self._written_to((place.topic, view.partition), place.due_ms)
-        self.book.wrote(view, place)
+        self.book.wrote(view, place, None if consumed is None else _at(consumed))
         if self._publish is not None:
             self._publish(RecordFollowed(self._listener, self._worker, view, place.topic))
+        return (place.topic, view.raw_value, view.raw_key, headers, view.partition)
 
     def _remember(self, view: Record, attempt: int) -> bytes:
         """The ``kafkatx_retry-hop`` header of a hop of ``view`` whose delivery is ``attempt``, remembered with what
@@ -456,3 +468,8 @@ class RetryHops:
 
     def _of_another_group(self, group: str | None) -> bool:
         return group is not None and self.group_id is not None and group != self.group_id
+
+
+def _at(record: Record) -> tuple[TP, int]:
+    """Where ``record`` was consumed: its partition and offset."""
+    return (record.topic, record.partition), record.offset

@@ -90,7 +90,9 @@ class _Journal:
     __slots__ = ("wrote", "overlay", "handled", "marked")
 
     def __init__(self) -> None:
-        self.wrote: list[tuple[TP, bytes | None, int, Place]] = []
+        #: ``(input TP, key, input offset, place, the record consumed)``: the hop counts once the transaction
+        #: commits that record (None: it counts with the commit).
+        self.wrote: list[tuple[TP, bytes | None, int, Place, tuple[TP, int] | None]] = []
         #: (input TP, key) -> its entries as this transaction sees them (copied on first change).
         self.overlay: dict[tuple[TP, bytes], Entries] = {}
         #: (input TP, input offset) -> the input view of a retry record whose handler returned in it.
@@ -152,14 +154,17 @@ class RetryKeys:
         head = min(entries)
         return entries[head] if head < view.offset else None
 
-    def wrote(self, view: Record, place: Place) -> None:
-        """A hop of ``view`` to ``place`` was produced in the open transaction."""
+    def wrote(self, view: Record, place: Place, consumed: tuple[TP, int] | None = None) -> None:
+        """A hop of ``view`` to ``place`` was produced in the open transaction, for the record ``consumed`` (its
+        partition and offset as consumed: an input or a retry record). With ``consumed``, the hop joins the book
+        only if the commit covers that record: handled concurrently, a record past a failed one may have been
+        gated (and booked) before the failure cut the transaction short, its work discarded with it."""
         key = view.raw_key
         journal = self._current
         if journal is None:
             return
         tp = (view.topic, view.partition)
-        journal.wrote.append((tp, key, view.offset, place))
+        journal.wrote.append((tp, key, view.offset, place, consumed))
         journal.handled.pop((tp, view.offset), None)  # it failed after its handler returned (its outputs did)
         if key is not None and self.key_order:  # a keyless record is counted, never followed
             self._own(journal, tp, key)[view.offset] = place
@@ -210,7 +215,9 @@ class RetryKeys:
                         handled.append(view)
         if journal is not None:
             self._unmark(journal)
-            for tp, key, offset, place in journal.wrote:
+            for tp, key, offset, place, consumed_at in journal.wrote:
+                if consumed_at is not None and consumed_at[1] >= offsets.get(consumed_at[0], -1):
+                    continue  # its record was not committed: nor was the hop, which went with that record's work
                 keys = self._keys.setdefault(tp, {})
                 entries = keys.get(key)
                 if entries is None:

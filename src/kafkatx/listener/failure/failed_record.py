@@ -142,7 +142,7 @@ def _hop(scope: FailureScope, record: Record, exc: BaseException, hops: RetryHop
     if verdict.action is Action.ABANDON:  # stopping: the records before it commit; it comes again next start
         return Hold(record, exc, 0.0)
     if verdict.action is Action.RETRY:
-        output = hops.hop(view, exc, verdict.attempt, verdict.delay)
+        output = hops.hop(view, exc, verdict.attempt, verdict.delay, record)
         if output is not None:
             scope.produce(output)  # confirmed by the commit, as a dead letter sent in the batch's transaction
             return None

@@ -23,6 +23,15 @@ runner does:
   record not started yet: what is in flight finishes, the prefix commits,
   and the rest is fetched again.
 
+With ``retry="topics"`` a gate (:class:`RecordGate`, the listener's retry
+topics) stands before each record's call, asked on the loop's thread as the
+record starts: a record read back becomes its input record, one that follows
+its key's record in retry is not called (the hop that sends it is its
+output), and a retry record takes its lane by its input topic. A failed record
+is settled in its turn among the outputs (its hop, or its dead letter) and the
+batch goes on past it; its lane waits until then, so that the next record of
+its key is gated knowing what became of it.
+
 With ``retry="in_place"`` a record's attempts run in its own task (the
 decisions on the loop's thread, as the one-at-a-time runner takes them), and
 a record the policy gives up is recovered inside the transaction in its turn
@@ -37,14 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
 import inspect
 import logging
 import threading
 import time
 import types
-from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
@@ -63,6 +70,7 @@ from kafkatx.listener.host import (
     UnitRecovery,
     UnitTransaction,
 )
+from kafkatx.listener.runners.lanes import LaneSchedule, lane_keys, lanes_of
 from kafkatx.outputs import PendingOutput, collect_outputs, unproducible_stop
 from kafkatx.record import ConsumedMessage, Record, to_record
 from kafkatx.rollback.decision import decide_failure
@@ -76,88 +84,33 @@ __all__ = [
     "DispatchSettings",
     "DispatchUnit",
     "InPlaceRecoveryFailed",
-    "LaneSchedule",
     "NotAwaitedError",
-    "lanes_of",
+    "RecordGate",
+    "SettleInTurn",
     "refuse_awaitable",
 ]
 
 
-def lanes_of(msgs: Sequence[ConsumedMessage], ordering: str) -> list[Hashable]:
-    """Each record's ordering lane: records of one lane are handled one at a time, in order.
-
-    ``"key"``: its topic and key (a record without a key: its partition);
-    ``"partition"``: its partition; ``"none"``: itself.
-    """
-    return _lanes(((m.topic(), m.partition(), m.key()) for m in msgs), ordering)
+#: ``settle(index, record, exc)``: settle record ``index``'s failure in the open transaction; True if it was (the
+#: batch goes on past it), False if the transaction must end before it (the runner keeps how).
+SettleInTurn = Callable[[int, Record, BaseException], bool]
 
 
-def _lanes(coordinates: Iterable[tuple[str, int, bytes | None]], ordering: str) -> list[Hashable]:
-    """The lanes of records given as ``(topic, partition, key)``."""
-    if ordering == "none":
-        return list(range(len(list(coordinates))))
-    if ordering == "partition":
-        return [(topic, partition) for topic, partition, _ in coordinates]
-    return [(topic, partition) if key is None else (topic, key) for topic, partition, key in coordinates]
+class RecordGate(Protocol):
+    """What stands before a record's handler (``retry="topics"``: kafkatx.retry_topics.hops): whether the record
+    runs, with which view of it, and which lane it takes turns in."""
 
+    def admit(self, record: Record) -> Record | list[PendingOutput]:
+        """The record to call the handler with, or the outputs that stand for its handling (it is not called)."""
+        ...
 
-class LaneSchedule:
-    """Which record may start next: the lowest index whose lane is free, at most ``in_flight`` at once.
+    def ran(self, record: Record, seen: Record) -> None:
+        """The handler admitted for ``record`` returned, called with ``seen``."""
+        ...
 
-    ``cut`` is the first index that may not start (the batch's end, a
-    failed record, or the first record not started when time ran out);
-    records before it in a busy lane still start once their lane frees up.
-    """
-
-    def __init__(self, lanes: Sequence[Hashable], in_flight: int) -> None:
-        self._lane_of = lanes
-        self._in_flight = in_flight
-        self._queues: dict[Hashable, deque[int]] = {}
-        for index, lane in enumerate(lanes):
-            queue = self._queues.get(lane)
-            if queue is None:
-                queue = self._queues[lane] = deque()
-            queue.append(index)
-        self._ready = sorted(q[0] for q in self._queues.values())  # a sorted list is a heap
-        self._started = bytearray(len(lanes))
-        self._lowest_unstarted = 0
-        self.running = 0
-        self.cut = len(lanes)
-
-    def take(self) -> int | None:
-        """The next record to start, or None (all lanes busy, ``in_flight`` reached, or nothing left)."""
-        ready = self._ready
-        if self.running >= self._in_flight or not ready or ready[0] >= self.cut:
-            return None
-        index = heapq.heappop(ready)
-        self.running += 1
-        self._started[index] = 1
-        return index
-
-    def finished(self, index: int) -> None:
-        """Record ``index`` finished: the next record of its lane may start."""
-        self.running -= 1
-        queue = self._queues[self._lane_of[index]]
-        queue.popleft()
-        if queue:
-            heapq.heappush(self._ready, queue[0])
-
-    def stop_at(self, index: int) -> None:
-        """Start no record at or past ``index``."""
-        self.cut = min(self.cut, index)
-
-    def stop_starting(self) -> None:
-        """Start no record that has not started yet (time is up, or the container stops)."""
-        started, low = self._started, self._lowest_unstarted
-        while low < len(started) and started[low]:
-            low += 1
-        self._lowest_unstarted = low
-        self.stop_at(low)
-
-    @property
-    def idle(self) -> bool:
-        """Nothing runs and nothing more may start: the batch is over."""
-        return self.running == 0 and (not self._ready or self._ready[0] >= self.cut)
+    def input_topic(self, topic: str) -> str:
+        """The topic a record of ``topic`` takes its lane by."""
+        ...
 
 
 class DispatchSettings(HandlerSettings, BatchSettings, FailureSettings, Protocol):
@@ -191,30 +144,50 @@ class ConcurrentDispatch:
     and (for a plain handler) its thread pool live as long as the container.
     """
 
-    def __init__(self, spec: DispatchSettings) -> None:
+    def __init__(self, spec: DispatchSettings, gate: RecordGate | None = None) -> None:
+        """``gate``: decides before each record's call whether it runs, and on which view (retry topics); it is
+        asked on the loop's thread (the container's), in the order records start, one lane's in offset order."""
         self.spec = spec
+        self.gate = gate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     # -- the runner's side ---------------------------------------------------------------
     def handle(
-        self, unit: DispatchUnit, msgs: Sequence[ConsumedMessage], budget: float
+        self,
+        unit: DispatchUnit,
+        msgs: Sequence[ConsumedMessage],
+        budget: float,
+        settle: SettleInTurn | None = None,
     ) -> tuple[int, HandlerFailure | None]:
         """Handle ``msgs`` in the open transaction; return how many of them (a prefix) are done, and the failure
         of the record right after that prefix, if one failed (every record before it done and produced).
 
-        Sends no offsets: the runner settles the failure first (listener/failure/failed_record.py).
+        Sends no offsets: the runner settles the failure first (listener/failure/failed_record.py), or, with
+        ``settle``, each failed record is settled in its turn among the outputs, and the batch goes on past it
+        unless ``settle`` says the transaction must end before it (that record is then the failure returned,
+        settled already). Its lane waits for that: the next record of its key starts knowing what became of it.
         """
-        run = _BatchRun(self, unit, msgs, budget)
+        run = _BatchRun(self, unit, msgs, budget, settle)
         self.event_loop().run_until_complete(run.finished)
         failure, cut = run.failure, run.schedule.cut
         return cut, failure if failure is not None and failure.index == cut else None
 
     def replay(self, record: Record) -> list[PendingOutput]:
         """Run the handler for ``record`` (after a rollback) and return its encoded outputs."""
+        gate, seen = self.gate, record
+        if gate is not None:
+            admitted = gate.admit(record)
+            if isinstance(admitted, list):
+                return admitted
+            seen = admitted
         if self.spec.is_async:
-            return self.event_loop().run_until_complete(self.call_async(record))
-        return self.call(record)
+            outputs = self.event_loop().run_until_complete(self.call_async(seen))
+        else:
+            outputs = self.call(seen)
+        if gate is not None:
+            gate.ran(record, seen)
+        return outputs
 
     __call__ = replay
 
@@ -227,7 +200,8 @@ class ConcurrentDispatch:
         return self.event_loop().run_until_complete(self._replay_all(records))
 
     async def _replay_all(self, records: Sequence[Record]) -> list[list[PendingOutput] | BaseException | None]:
-        lanes = _lanes(((r.topic, r.partition, r.key) for r in records), self.spec.ordering)
+        topic_of = self.gate.input_topic if self.gate is not None else _same
+        lanes = lane_keys(((topic_of(r.topic), r.partition, r.raw_key) for r in records), self.spec.ordering)
         schedule = LaneSchedule(lanes, self.spec.in_flight)
         outcomes: list[list[PendingOutput] | BaseException | None] = [None] * len(records)
         running: dict[asyncio.Future[list[PendingOutput]], int] = {}
@@ -290,7 +264,22 @@ class ConcurrentDispatch:
         """Start handling ``record`` on the loop (a task) or the pool (a future of the loop).
 
         With ``unit`` and ``retry="in_place"``, a failed attempt is retried (or left to recover) in the task.
+        With a :attr:`gate`, the handler is called with what it admits, or not at all (a future done already
+        with the outputs that stand for the record's handling).
         """
+        gate = self.gate
+        if gate is None:
+            return self._start(record, unit)
+        admitted = gate.admit(record)
+        if isinstance(admitted, list):  # not called: it passes, or follows its key's record in retry
+            passed: asyncio.Future[list[PendingOutput]] = self.event_loop().create_future()
+            passed.set_result(admitted)
+            return passed
+        future = self._start(admitted, unit)
+        future.add_done_callback(functools.partial(_ran, gate, record, admitted))
+        return future
+
+    def _start(self, record: Record, unit: DispatchUnit | None) -> asyncio.Future[Any]:
         loop = self.event_loop()
         if unit is not None and self.spec.retry == "in_place":
             return loop.create_task(self._in_place(unit, record))
@@ -358,6 +347,15 @@ class InPlaceRecoveryFailed(Exception):
         self.failure, self.error = failure, error
 
 
+class _Failed:
+    """A record whose call failed, its failure settled when its turn to produce comes (``settle`` given)."""
+
+    __slots__ = ("record", "exc")
+
+    def __init__(self, record: Record, exc: BaseException) -> None:
+        self.record, self.exc = record, exc
+
+
 class _Recover:
     """An in-place record whose attempts are over: recovered when its turn to produce comes."""
 
@@ -382,6 +380,27 @@ def refuse_awaitable(listener: str, result: Any) -> int:
     )
 
 
+def _error_of(future: asyncio.Future[Any]) -> BaseException | None:
+    return asyncio.CancelledError() if future.cancelled() else future.exception()
+
+
+def _is_record_failure(error: BaseException | None) -> bool:
+    """True if ``error`` is the record's own failure (not the client's, a declaration's, a stop's or an interrupt)."""
+    return isinstance(error, Exception) and not (
+        isinstance(error, (KafkaClientError, Abandoned)) and not isinstance(error, OutputError)
+    )
+
+
+def _ran(gate: RecordGate, record: Record, seen: Record, future: asyncio.Future[Any]) -> None:
+    """A gated record's call ended: the gate is told if its handler returned."""
+    if not future.cancelled() and future.exception() is None:
+        gate.ran(record, seen)
+
+
+def _same(topic: str) -> str:
+    return topic
+
+
 def _name_thread(name: str) -> None:
     """A pool thread takes the container thread's name: log lines are attributed to the listener by it."""
     threading.current_thread().name = name
@@ -391,15 +410,23 @@ class _BatchRun:
     """One pass of a unit's records through a :class:`LaneSchedule`, driven by completions on the loop."""
 
     def __init__(
-        self, dispatch: ConcurrentDispatch, unit: DispatchUnit, msgs: Sequence[ConsumedMessage], budget: float
+        self,
+        dispatch: ConcurrentDispatch,
+        unit: DispatchUnit,
+        msgs: Sequence[ConsumedMessage],
+        budget: float,
+        settle: SettleInTurn | None = None,
     ) -> None:
         self._dispatch, self._unit, self._msgs = dispatch, unit, msgs
+        self._settle_in_turn = settle
         self._deadline = time.perf_counter() + budget
-        self.schedule = LaneSchedule(lanes_of(msgs, dispatch.spec.ordering), dispatch.spec.in_flight)
+        gate = dispatch.gate
+        lanes = lanes_of(msgs, dispatch.spec.ordering, gate.input_topic if gate is not None else None)
+        self.schedule = LaneSchedule(lanes, dispatch.spec.in_flight)
         self._records: dict[int, Record] = {}
         self._started = False
         self._running: dict[int, asyncio.Future[Any]] = {}
-        self._done: dict[int, list[PendingOutput] | _Recover] = {}  # finished records past the produced prefix
+        self._done: dict[int, list[PendingOutput] | _Recover | _Failed] = {}  # finished, past the produced prefix
         self._next_to_produce = 0
         self.failure: HandlerFailure | None = None
         self._error: BaseException | None = None  # a client error: the whole transaction fails with it
@@ -447,7 +474,9 @@ class _BatchRun:
 
     def _finished_one(self, index: int, future: asyncio.Future[Any]) -> None:
         del self._running[index]
-        self.schedule.finished(index)
+        # A failure settled in its turn holds its lane until then (_settle_failed).
+        held = self._settle_in_turn is not None and _is_record_failure(_error_of(future))
+        self.schedule.finished(index, hold_lane=held)
         try:
             self._settle(index, future)
         except BaseException as exc:  # noqa: BLE001 - as in _start_more
@@ -458,15 +487,17 @@ class _BatchRun:
     def _settle(self, index: int, future: asyncio.Future[Any]) -> None:
         """Record ``index`` finished: count its success and produce what is due, or note its failure."""
         record = self._records.pop(index)
-        error = asyncio.CancelledError() if future.cancelled() else future.exception()
+        error = _error_of(future)
         if error is None:
             outcome = future.result()
             self._done[index] = outcome  # a success's count ends when its offset commits
             self._produce_prefix()
-        elif isinstance(error, Exception) and not (
-            isinstance(error, (KafkaClientError, Abandoned)) and not isinstance(error, OutputError)
-        ):
-            self._failed(index, record, error)
+        elif _is_record_failure(error):
+            if self._settle_in_turn is not None:
+                self._done[index] = _Failed(record, error)
+                self._produce_prefix()
+            else:
+                self._failed(index, record, error)
         else:  # the client failed, a declaration error, a stop during a back-off, KeyboardInterrupt: no record's
             self._error = self._error or error
             self.schedule.stop_starting()
@@ -483,7 +514,10 @@ class _BatchRun:
         while index < cut and index in done:
             outcome = done.pop(index)
             try:
-                if isinstance(outcome, _Recover):
+                if isinstance(outcome, _Failed):
+                    if not self._settle_failed(index, outcome):
+                        return
+                elif isinstance(outcome, _Recover):
                     if not self._recover(index, outcome):
                         return
                 else:
@@ -498,6 +532,18 @@ class _BatchRun:
                 return
             index += 1
         self._next_to_produce = index
+
+    def _settle_failed(self, index: int, outcome: _Failed) -> bool:
+        """Settle a failed record in the open transaction, in its turn, and free its lane. False if the
+        transaction must end before it: it is then the batch's failure (settled already)."""
+        settle = self._settle_in_turn
+        assert settle is not None
+        settled = settle(index, outcome.record, outcome.exc)
+        self.schedule.release(index)
+        if not settled:
+            self.failure = HandlerFailure(index, outcome.exc, outcome.record)
+            self.schedule.stop_at(index)
+        return settled
 
     def _recover(self, index: int, outcome: _Recover) -> bool:
         """Recover an in-place record in the open transaction, in its turn. False if the recoverer failed."""

@@ -131,8 +131,13 @@ class RecordRunner:
         self._stopped_at = -1
         self._cut: _Cut | None = None
         self._ahead = False  # handling ahead of a commit (listener/loop/overlap.py): a failure is left for later
+        #: The concurrent dispatch's failed record settled in its turn, before which its transaction ends.
+        self._turn_cut: _Cut | None = None
         #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
-        self._dispatch = ConcurrentDispatch(self.spec) if self.spec.in_flight > 1 or self.spec.is_async else None
+        #: With retry topics, each record passes their gate of key order first (on the loop's thread, in order).
+        self._dispatch = (
+            ConcurrentDispatch(self.spec, self._hops) if self.spec.in_flight > 1 or self.spec.is_async else None
+        )
         #: What re-runs the batch-mates after a rollback: the concurrent dispatch re-runs them together.
         self._replay: Replay = self.replay if self._dispatch is None else self._dispatch
 
@@ -270,14 +275,22 @@ class RecordRunner:
             self._stopped_at, self._cut = stopped_at, cut
 
     def _dispatched(self, unit: Unit, msgs: Sequence[ConsumedMessage]) -> None:
-        """Handle ``msgs`` concurrently (listener/runners/concurrent.py); a prefix of them may be all that commits."""
+        """Handle ``msgs`` concurrently (listener/runners/concurrent.py); a prefix of them may be all that commits.
+
+        With retry topics each failed record is settled in its turn (a hop lets the transaction go on, as with one
+        record at a time); otherwise the transaction ends at the first, settled here."""
         assert self._dispatch is not None
-        handled, failure = self._dispatch.handle(unit, msgs, self._c.transaction_budget)
+        settle = functools.partial(self._settle_in_turn, unit) if self._hops is not None else None
+        self._turn_cut = None
+        handled, failure = self._dispatch.handle(unit, msgs, self._c.transaction_budget, settle)
         offsets = next_offsets(msgs[:handled])
         if failure is not None:
             record = failure.record
             state = unit.tracker.state(record)
-            if state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
+            cut = self._taken_turn_cut()
+            if cut is not None:  # settled in its turn, and the transaction ends before it
+                pass
+            elif state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
                 cut = _Cut.after(retry_recovery(unit, record, self._hops))
             else:
                 cut = self._failed(unit, record, failure.exc, failure.index, False)
@@ -291,6 +304,21 @@ class RecordRunner:
             self._cut, handled = cut, cut.index
         unit.send_offsets(offsets)
         self._stopped_at = handled if handled < len(msgs) else -1
+
+    def _taken_turn_cut(self) -> _Cut | None:
+        """The cut :meth:`_settle_in_turn` kept (read once)."""
+        cut, self._turn_cut = self._turn_cut, None
+        return cut
+
+    def _settle_in_turn(self, unit: Unit, index: int, record: Record, exc: BaseException) -> bool:
+        """The concurrent dispatch's failed record ``index``, settled in the open transaction in its turn (retry
+        topics): True if it was (hopped, or recovered), False if the transaction ends before it (kept for
+        :meth:`_dispatched`). An abort raises, as in the one-at-a-time loop."""
+        cut = self._failed(unit, record, exc, index, False)
+        if cut is None:
+            return True
+        self._turn_cut = cut
+        return False
 
     def replay(self, record: Record) -> list[PendingOutput]:
         """Run the handler for ``record`` and return its encoded outputs (returned and sent)."""
