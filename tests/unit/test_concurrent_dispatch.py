@@ -59,6 +59,18 @@ def test_at_most_in_flight_records_run_at_once() -> None:
     assert schedule.take() == 4
 
 
+def test_a_finished_record_may_hold_its_lane_until_released_without_holding_a_place_in_flight() -> None:
+    """A failure settled in its turn (retry topics): its key's next record waits for that, the others do not."""
+    schedule = LaneSchedule(["k", "k", "b", "c"], in_flight=2)
+    assert [schedule.take(), schedule.take(), schedule.take()] == [0, 2, None]
+    schedule.finished(0, hold_lane=True)  # record 0 failed: settled when its turn comes
+    assert schedule.take() == 3, "a place in flight is free; lane k is held"
+    schedule.finished(2)
+    assert schedule.take() is None
+    schedule.release(0)
+    assert schedule.take() == 1
+
+
 def test_a_cut_stops_new_records_past_it_but_not_those_before_it_in_a_busy_lane() -> None:
     schedule = LaneSchedule(["a", "a", "b", "c"], in_flight=4)
     assert [schedule.take(), schedule.take(), schedule.take()] == [0, 2, 3]
