@@ -809,6 +809,30 @@ def test_bounced_copiers_with_records_in_retry_topics_copy_exactly_once(tmp_path
     )
 
 
+@pytest.mark.bounce
+@pytest.mark.timeout(300)
+def test_bounced_copiers_handling_50_records_at_once_with_records_in_retry_topics_copy_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """Retry topics with records handled concurrently (each failure settled in its turn, its key's records gated
+    behind it) through SIGTERMs and SIGKILLs: each copied once, in input order."""
+    run_bounce_test(
+        tmp_path,
+        Scenario(
+            records=12_000,
+            partitions=3,
+            rounds=2,
+            copier_failure="mixed",
+            sleep_s=0.004,
+            abort_every=300,
+            retry="topics",
+            backoff=0.2,
+            key_run=50,
+            in_flight=50,
+        ),
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The full matrix (-m bounce): every variant that needs only what the embedded broker does right.
 
