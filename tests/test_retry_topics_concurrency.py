@@ -16,7 +16,7 @@ from tenacity import wait_exponential
 
 from kafkatx import Record
 from kafkatx.dlq.headers import parse_dead_letter_headers
-from kafkatx.events import RecordsInRetry
+from kafkatx.events import HandlerFailed, OutageStarted, RecordsInRetry
 from kafkatx.testing import KafkaTestKit, running, wait_for
 
 
@@ -173,3 +173,51 @@ def test_concurrent_handlers_without_key_order_retry_through_the_topics_and_dead
     assert (dead.value, info.original_topic, info.original_partition, info.attempts) == (b"v-7", src, 1, 3)
     attempts = calls.attempts
     assert attempts[b"v-7"] == [1, 2, 3] and attempts[b"v-3"] == attempts[b"v-30"] == [1, 2]
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_an_outage_with_records_in_retry_counts_no_attempt_and_loses_or_doubles_nothing(
+    kafka: KafkaTestKit, in_flight: int
+) -> None:
+    """A dependency goes down while a record waits in the retry topic with its key's next record behind it: the
+    listener pauses (the outage aborts the transaction and is waited out), no attempt is counted for it, and once
+    the dependency is back every output comes out once, each key's in input order."""
+    src, out = kafka.topic(), kafka.topic()
+    app = make_app(kafka)
+    down = threading.Event()
+    calls: list[tuple[bytes, int, bool]] = []
+    lock = threading.Lock()
+    failed: list[HandlerFailed] = []
+    started: list[OutageStarted] = []
+    app.on(HandlerFailed)(failed.append)
+    app.on(OutageStarted)(started.append)
+
+    @app.listener(src, output=out, retry="topics", max_attempts=3, backoff=0.5, dlq=True, in_flight=in_flight)
+    def handle(record: Record) -> tuple[bytes | None, bytes]:
+        value = record.value or b""
+        with lock:
+            calls.append((value, record.attempt, down.is_set()))
+        if down.is_set():
+            raise ConnectionError("the pricing service is unreachable")
+        if value == b"a0" and record.attempt == 1:
+            raise Transient("a0 attempt 1")
+        return record.key, value.upper()
+
+    first = [(b"a", b"a0"), (b"a", b"a1"), (b"b", b"b0"), (b"b", b"b1")]
+    later = [(b"c", b"c0"), (b"a", b"a2"), (b"c", b"c1")]
+    with running(app):
+        kafka.produce(src, [{"key": k, "value": v} for k, v in first])
+        wait_for(lambda: len(kafka.read(src + "-retry")) == 2, 30, message="a0 in retry, a1 behind it")
+        down.set()
+        kafka.produce(src, [{"key": k, "value": v} for k, v in later])
+        wait_for(lambda: sum(1 for _, _, was_down in calls if was_down) >= 3, 30, message="retried during the outage")
+        down.clear()
+        wait_for(lambda: len(kafka.read(out)) == 7, 60, message="every output after the outage")
+        wait_for(lambda: kafka.caught_up(app.group_id, src), 30, message="every input offset committed")
+    outputs = kafka.read(out)
+    assert Counter(r.value for r in outputs) == Counter(v.upper() for _, v in first + later), "each output once"
+    assert [r.value for r in outputs if r.key == b"a"] == [b"A0", b"A1", b"A2"], "key a in input order"
+    assert [(e.record.value if e.record else None, e.attempt) for e in failed] == [(b"a0", 1)], "the outage counted"
+    assert len(started) == 1
+    assert [a for v, a, was_down in calls if v == b"a0" and not was_down] == [1, 2]
+    assert kafka.read(src + "-dlt") == []
