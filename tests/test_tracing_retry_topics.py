@@ -93,3 +93,38 @@ def test_an_attempt_from_a_retry_topic_links_to_the_failed_attempts_also_those_o
     assert all(not name.startswith(("kafkatx_", "retry_topic-")) for r in seen for name, _ in r.headers), (
         "the handler never sees the hop's headers"
     )
+
+
+def test_concurrently_handled_attempts_from_a_retry_topic_link_to_their_own_records_failed_attempts(
+    kafka: KafkaTestKit,
+) -> None:
+    """``in_flight=4``: several records fail at attempts 1-2 at the same time; each attempt 3 links to its own
+    record's attempts 1 and 2, in that record's trace, whichever records ran beside it."""
+    src, out = kafka.topic(), kafka.topic()
+    parents = {b"r%d" % i: b"00-%032x-%016x-01" % (TRACE_ID + i, 0x1000 + i) for i in range(6)}
+    kafka.produce(src, [{"key": v, "value": v, "headers": [("traceparent", p)]} for v, p in parents.items()])
+    provider, exporter = _provider()
+    app = make_app(kafka, tracing=provider)
+
+    @app.listener(src, output=out, dlq=True, retry="topics", max_attempts=3, backoff=0.2, in_flight=4)
+    async def handle(record: Record) -> bytes:
+        if record.attempt < 3 and record.value in (b"r1", b"r2", b"r4"):
+            raise Transient("not yet")
+        return b"done-" + (record.value or b"")
+
+    with running(app):
+        wait_for(lambda: len(kafka.read(out)) == 6, 30, message="every record's output")
+    spans = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get("messaging.operation.type")]
+    by_trace: dict[int, list[ReadableSpan]] = {}
+    for span in spans:
+        by_trace.setdefault(span.context.trace_id, []).append(span)
+    for i, value in enumerate(parents):
+        attempts = sorted(by_trace[TRACE_ID + i], key=lambda s: (s.attributes or {})["kafkatx.attempt"])
+        numbers = [(s.attributes or {})["kafkatx.attempt"] for s in attempts]
+        if value in (b"r1", b"r2", b"r4"):
+            assert numbers == [1, 2, 3], value
+            one, two, three = attempts
+            assert [link.context.span_id for link in two.links] == [one.context.span_id], value
+            assert [link.context.span_id for link in three.links] == [one.context.span_id, two.context.span_id]
+        else:
+            assert numbers == [1] and not attempts[0].links, value
