@@ -790,32 +790,15 @@ def test_bounced_copiers_handling_50_records_at_once_copy_exactly_once(tmp_path:
 
 @pytest.mark.bounce
 @pytest.mark.timeout(300)
-def test_bounced_copiers_with_records_in_retry_topics_copy_exactly_once(tmp_path: Path) -> None:
-    """Issue 40: records waiting in a retry topic (and the records of their key behind them) through SIGTERMs and
-    SIGKILLs: each copied once, in input order."""
-    run_bounce_test(
-        tmp_path,
-        Scenario(
-            records=12_000,
-            partitions=3,
-            rounds=2,
-            copier_failure="mixed",
-            sleep_s=0.001,
-            abort_every=300,
-            retry="topics",
-            backoff=0.2,
-            key_run=50,
-        ),
-    )
-
-
-@pytest.mark.bounce
-@pytest.mark.timeout(300)
-def test_bounced_copiers_handling_50_records_at_once_with_records_in_retry_topics_copy_exactly_once(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("in_flight", "sleep_s"), [pytest.param(1, 0.001, id="one-at-a-time"), pytest.param(50, 0.004, id="50-at-once")]
+)
+def test_bounced_copiers_with_records_in_retry_topics_copy_exactly_once(
+    tmp_path: Path, in_flight: int, sleep_s: float
 ) -> None:
-    """Retry topics with records handled concurrently (each failure settled in its turn, its key's records gated
-    behind it) through SIGTERMs and SIGKILLs: each copied once, in input order."""
+    """Issue 40: records waiting in a retry topic (and the records of their key behind them) through SIGTERMs and
+    SIGKILLs: each copied once, in input order. ``in_flight=50``: records handled concurrently (each failure
+    settled in its turn, its key's records gated behind it)."""
     run_bounce_test(
         tmp_path,
         Scenario(
@@ -823,12 +806,12 @@ def test_bounced_copiers_handling_50_records_at_once_with_records_in_retry_topic
             partitions=3,
             rounds=2,
             copier_failure="mixed",
-            sleep_s=0.004,
+            sleep_s=sleep_s,
             abort_every=300,
             retry="topics",
             backoff=0.2,
             key_run=50,
-            in_flight=50,
+            in_flight=in_flight,
         ),
     )
 

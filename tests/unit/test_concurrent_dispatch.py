@@ -298,9 +298,12 @@ def test_the_records_before_a_failed_one_commit_once_and_the_rest_comes_next(max
     assert host.producer.committed_offsets == {IN: 40} and not host.tracker
 
 
-def test_a_retried_recovery_counts_no_new_failure_when_records_run_concurrently() -> None:
+@pytest.mark.parametrize("retry", ["rollback", "topics"])
+def test_a_retried_recovery_counts_no_new_failure_when_records_run_concurrently(retry: str) -> None:
     """Rule 4 of failed_record.py, concurrently: a record whose recoverer failed is recovered on its next delivery
-    without calling the handler and without counting a failure: it is dead-lettered at the attempt it failed."""
+    without calling the handler and without counting a failure: it is dead-lettered at the attempt it failed.
+    With retry topics its failure is settled in its turn: the dead letter that could not be written ends the
+    transaction before it, as it does when the transaction ends at the failure."""
     calls: list[int] = []
     recoveries: list[tuple[int, int]] = []
 
@@ -315,10 +318,11 @@ def test_a_retried_recovery_counts_no_new_failure_when_records_run_concurrently(
         if len(recoveries) == 1:
             raise ConnectionError("the dead-letter topic is down")
 
-    host = FakeHost(listener(handle, in_flight=2, max_attempts=1, recovery_backoff=4.0, dlq=recoverer))
+    host = FakeHost(listener(handle, in_flight=2, max_attempts=1, recovery_backoff=4.0, dlq=recoverer, retry=retry))
     runner = host.runner()
     try:
         runner(host.unit(keyed(None, None, None)))
+        assert host.producer.committed_offsets == {IN: 1}, "the record before it committed; it did not"
         runner(host.unit(host.deferred.pop(IN)[0]))  # handed back after recovery_backoff
     finally:
         runner.close()
@@ -498,35 +502,3 @@ def test_with_retry_topics_a_failed_record_hops_in_its_turn_and_its_keys_later_r
     assert host.retry_hops is not None and host.retry_hops.book.keys_in_retry(IN) == {b"k": [2, 4, 6]}
     [failed] = host.events_of(HandlerFailed)
     assert failed.record is not None and (failed.record.offset, failed.attempt) == (2, 1)
-
-
-def test_with_retry_topics_a_failed_recovery_in_its_turn_ends_the_transaction_before_the_record() -> None:
-    """Settled in its turn, a record whose dead letter could not be written ends its transaction before it (the
-    records before it commit, it waits recovery_backoff); on its next delivery it is recovered without a call."""
-    calls: list[int] = []
-    recoveries: list[tuple[int, int]] = []
-
-    async def handle(record: Record) -> bytes:
-        calls.append(record.offset)
-        if record.value == b"-:1":
-            raise ValueError("poison")
-        return record.value or b""
-
-    def recoverer(record: Record, error: BaseException) -> None:
-        recoveries.append((record.offset, record.attempt))
-        if len(recoveries) == 1:
-            raise ConnectionError("the dead-letter topic is down")
-
-    spec = listener(handle, in_flight=2, retry="topics", max_attempts=1, recovery_backoff=4.0, dlq=recoverer)
-    host = FakeHost(spec)
-    runner = host.runner()
-    try:
-        runner(host.unit(keyed(None, None, None)))
-        assert host.producer.committed_offsets == {IN: 1}, "the record before it committed; it did not"
-        runner(host.unit(host.deferred.pop(IN)[0]))  # handed back after recovery_backoff
-    finally:
-        runner.close()
-    assert calls == [0, 1, 2], "the handler is not called again for the record"
-    assert host.producer.committed_offsets == {IN: 3}
-    assert recoveries == [(1, 1), (1, 1)]
-    assert [e.attempt for e in host.events_of(HandlerFailed)] == [1]
