@@ -161,6 +161,7 @@ class RecordRunner:
                 signal = exc
             # Outside the except block, so that nothing the handler raises from here on chains to it.
             msgs = self._committed(current, msgs, started) if signal is None else self._signalled(current, msgs, signal)
+            signal = None  # its traceback holds this frame: kept here, the two would be a reference cycle
 
     def _signalled(
         self,
@@ -401,6 +402,9 @@ class RecordRunner:
                         error = exc
                 if error is not None:  # outside the except block: no chained context
                     cut = self._failed(unit, record, error, handled + _position(step_msgs, walk), in_place, flush)
+                    # Its traceback holds this frame: left here, the two would be a cycle keeping the unit's
+                    # messages (and the whole stack's frames) until the cyclic collector found it.
+                    error = None
                 if partition != run_partition or topic != run_topic:
                     run_topic, run_partition = _next_run(offsets, run_topic, run_partition, run_last, topic, partition)
                 run_last = offset
@@ -437,36 +441,49 @@ class RecordRunner:
         output refused after others of the record went out. Without ``flush`` (the concurrent dispatch) a retry
         is not called here: the record comes first in the next transaction.
         """
-        spec, buf = self.spec, self._buffer
+        buf = self._buffer
         buf.clear()
         if self._ahead:  # handled ahead of a commit: fetched again, it fails in a transaction of its own
             return _Cut()  # (handle_ahead reports where it stopped; the rest is fetched again)
-        while True:
-            if type(error) is PartlyProducedError:  # some of its outputs are in the transaction: only an abort helps
-                raise HandlerFailure(index, error.error, record)
-            if isinstance(error, KafkaClientError) and type(error) is not NotAwaitedError:
-                raise error  # the client's or the transaction's state failed (producing its outputs): KIP-1050's reaction
-            if self._aborts_for(unit, error):
-                raise HandlerFailure(index, error, record)
-            if not self._settles:  # a custom after-rollback processor decides, once the records before it committed
-                return _Cut(handover=HandlerFailure(0, error, record))
-            outcome = settle_failure(unit, record, error, wait_in_transaction=in_place, hops=self._hops)
-            if not isinstance(outcome, CallAgain):
-                return _Cut.after(outcome)
-            if flush is None:
-                return _Cut(Hold(record, error, 0.0))
-            record = outcome.record
-            again: Exception | None = None
-            try:
-                collect_outputs(self._handler(record), spec.output, spec.serializer, spec.name, buf)
-                if buf:
-                    unit.outputs += flush()
-            except Exception as exc:
-                again = exc
-            if again is None:
-                return None
-            buf.clear()
-            error = again
+        again: Exception | None = None
+        try:
+            while True:
+                if type(error) is PartlyProducedError:  # some of its outputs are in the transaction: only an abort
+                    raise HandlerFailure(index, error.error, record)
+                if isinstance(error, KafkaClientError) and type(error) is not NotAwaitedError:
+                    raise error  # the client's or the transaction's state failed (producing its outputs): KIP-1050
+                if self._aborts_for(unit, error):
+                    raise HandlerFailure(index, error, record)
+                if not self._settles:  # a custom after-rollback processor decides, once the records before it commit
+                    return _Cut(handover=HandlerFailure(0, error, record))
+                outcome = settle_failure(unit, record, error, wait_in_transaction=in_place, hops=self._hops)
+                if not isinstance(outcome, CallAgain):
+                    return _Cut.after(outcome)
+                if flush is None:
+                    return _Cut(Hold(record, error, 0.0))
+                record = outcome.record
+                again = self._called_again(unit, record, flush)
+                if again is None:
+                    return None
+                buf.clear()
+                error = again
+        finally:
+            # A traceback holds the frames its exception passed through, and each frame its caller: this frame,
+            # still holding the exception when it returns, would make a reference cycle of the whole stack.
+            del error, again
+
+    def _called_again(self, unit: Unit, record: Record, flush: Flush) -> Exception | None:
+        """Call the handler for ``record`` again in the open transaction, its outputs produced through ``flush``;
+        what it raised, if it did. (Caught here, the exception's traceback holds this frame, which lets go of it
+        when it returns: held by the caller's frame it would make a reference cycle.)"""
+        spec, buf = self.spec, self._buffer
+        try:
+            collect_outputs(self._handler(record), spec.output, spec.serializer, spec.name, buf)
+            if buf:
+                unit.outputs += flush()
+        except Exception as exc:
+            return exc
+        return None
 
     def _aborts_for(self, unit: UnitContainerState, error: BaseException) -> bool:
         """True if ``error`` is no record's failure and must undo the whole transaction: an outage (the listener
