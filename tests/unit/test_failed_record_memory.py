@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -67,6 +68,47 @@ def test_a_transaction_whose_records_failed_leaves_no_reference_cycle(
         gc.collect()
         runner(host.unit(_messages(10, 10)))
         host.events.clear()  # the events hold the exceptions: a subscriber may keep them, that is its choice
+        assert host.producer.committed_offsets == {("in", 0): 20}
+        assert gc.collect() == 0, "objects in reference cycles were left behind by the failed records"
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_with_tracing_on_a_failed_records_exception_leaves_no_reference_cycle(
+    collector_off: None, is_async: bool
+) -> None:
+    """The traced handler holds the exception for its span while it passes through: it lets go of it as well."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kafkatx.tracing import Tracing
+
+    def fail(record: Record) -> bytes:
+        if record.offset in (13, 19):
+            raise TimeoutError("a dependency timed out")
+        return record.value or b""
+
+    async def fail_async(record: Record) -> bytes:
+        return fail(record)
+
+    spec = listener(fail_async if is_async else fail, retry="topics")
+    tracing = Tracing(TracerProvider())
+    traced = replace(
+        spec,
+        handler=tracing.wrap(spec, "group"),
+        while_committing=tracing.defer_spans(spec, 0),
+        untraced_roots=tracing.untraced_roots(spec, 0),
+        hop_trace=tracing.hop_links,
+    )
+    host = FakeHost(traced)
+    runner = host.runner()
+    try:
+        runner(host.unit(_messages(0, 10)))
+        host.events.clear()
+        gc.collect()
+        runner(host.unit(_messages(10, 10)))
+        host.events.clear()
         assert host.producer.committed_offsets == {("in", 0): 20}
         assert gc.collect() == 0, "objects in reference cycles were left behind by the failed records"
     finally:

@@ -88,6 +88,7 @@ def wrap_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[Record],
         finally:
             bind_sink(previous)
             outputs = finish(span, key, token, context, record, sink, error)
+            error = None  # the exception's traceback holds this frame: kept, the two would be a reference cycle
         return outputs
 
     return traced
@@ -177,6 +178,7 @@ def wrap_async_handler(spec: TracedListener, spans: RecordSpans) -> Callable[[Re
         finally:
             bind_sink(previous)
             outputs = finish(span, key, token, context, record, sink, error)
+            error = None  # the exception's traceback holds this frame: kept, the two would be a reference cycle
         return outputs
 
     return traced_async

@@ -120,6 +120,7 @@ class RecordSpans:
             key = (self.group_id, record.topic, record.partition, record.offset)
             self._attempt_ended(key, pending.get_span_context(), error)
             deferred.add(pending, f"process {record.topic}", self.attributes(record), start, end, error)
+            error = None  # the exception's traceback holds this frame: kept, the two would be a reference cycle
         if result is None:
             return traced_outputs(sink, head.headers_of(pending, None)) if sink else None
         if type(result) is bytes:  # the common case: one value, encoded once, with the trace
