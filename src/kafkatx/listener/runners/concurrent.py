@@ -276,7 +276,8 @@ class ConcurrentDispatch:
             passed.set_result(admitted)
             return passed
         future = self._start(admitted, unit)
-        future.add_done_callback(functools.partial(_ran, gate, record, admitted))
+        if admitted is not record:  # read back from a retry topic: noted handled once its call returned
+            future.add_done_callback(functools.partial(_ran, gate, record, admitted))
         return future
 
     def _start(self, record: Record, unit: DispatchUnit | None) -> asyncio.Future[Any]:

@@ -287,14 +287,13 @@ class RecordRunner:
         offsets = next_offsets(msgs[:handled])
         if failure is not None:
             record = failure.record
-            state = unit.tracker.state(record)
-            cut = self._taken_turn_cut()
-            if cut is not None:  # settled in its turn, and the transaction ends before it
-                pass
-            elif state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
-                cut = _Cut.after(retry_recovery(unit, record, self._hops))
-            else:
-                cut = self._failed(unit, record, failure.exc, failure.index, False)
+            cut = self._taken_turn_cut()  # settled in its turn already, the transaction ending before it
+            if cut is None:
+                state = unit.tracker.state(record)
+                if state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
+                    cut = _Cut.after(retry_recovery(unit, record, self._hops))
+                else:
+                    cut = self._failed(unit, record, failure.exc, failure.index, False)
             if cut is None:  # recovered in this transaction: its offset commits, the records after it come next
                 offsets[(record.topic, record.partition)] = record.offset + 1
                 cut = _Cut()
