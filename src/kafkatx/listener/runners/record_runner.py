@@ -69,6 +69,7 @@ from kafkatx.listener.runners.concurrent import (
     NotAwaitedError,
     refuse_awaitable,
 )
+from kafkatx.listener.runners.cut import Cut
 from kafkatx.outputs import PendingOutput, collect_outputs
 from kafkatx.record import UNSHARED_REFCOUNT, ConsumedMessage, MessageRecord, Record
 from kafkatx.result_emitters import Emit, Flush, HeldOutputs, PartlyProducedError, ResultEmitters
@@ -81,26 +82,6 @@ if TYPE_CHECKING:
 __all__ = ["RecordRunner", "RunnerHost"]
 
 log = logging.getLogger("kafkatx.container")
-
-
-class _Cut:
-    """Where a transaction ended before its last record, on a failure, and what comes after it.
-
-    ``index``: the first record not committed (with a ``hold``, that record's own offset is committed, carrying
-    its count). ``hold``: its partition waits; ``handover``: a custom after-rollback processor decides about it;
-    neither: the records from ``index`` are handled next, from memory.
-    """
-
-    __slots__ = ("index", "hold", "handover")
-
-    def __init__(self, hold: Hold | None = None, handover: HandlerFailure | None = None) -> None:
-        self.index = 0
-        self.hold, self.handover = hold, handover
-
-    @classmethod
-    def after(cls, hold: Hold | None) -> _Cut | None:
-        """A cut holding ``hold``'s record, or None: the record was settled in the transaction, which goes on."""
-        return None if hold is None else cls(hold)
 
 
 class RunnerHost(ContainerIdentity, ContainerLiveness, ContainerTransactions, Protocol):
@@ -129,10 +110,10 @@ class RecordRunner:
         # same units): the hot path need not ask each Message.
         self._only_topic = self.spec.topics[0] if len(self.spec.topics) == 1 and self._hops is None else None
         self._stopped_at = -1
-        self._cut: _Cut | None = None
+        self._cut: Cut | None = None
         self._ahead = False  # handling ahead of a commit (listener/loop/overlap.py): a failure is left for later
         #: The concurrent dispatch's failed record settled in its turn, before which its transaction ends.
-        self._turn_cut: _Cut | None = None
+        self._turn_cut: Cut | None = None
         #: ``in_flight > 1`` or an ``async def`` handler: the unit's records are handled concurrently.
         #: With retry topics, each record passes their gate of key order first (on the loop's thread, in order).
         self._dispatch = (
@@ -202,7 +183,7 @@ class RecordRunner:
             unit.rewind(msgs[stopped_at:])
         return []
 
-    def _taken_cut(self) -> _Cut | None:
+    def _taken_cut(self) -> Cut | None:
         """Where the last transaction's work ended on a failure (set by the work, read once)."""
         cut, self._cut = self._cut, None
         return cut
@@ -211,7 +192,7 @@ class RecordRunner:
         """True while the poll is recent enough for its records to be handled from memory (not fetched again)."""
         return time.monotonic() - self._c.polled_at < self._c.transaction_budget
 
-    def _after_cut(self, unit: Unit, msgs: list[ConsumedMessage], cut: _Cut) -> list[ConsumedMessage]:
+    def _after_cut(self, unit: Unit, msgs: list[ConsumedMessage], cut: Cut) -> list[ConsumedMessage]:
         """The transaction before a failed record committed: hold its partition, or hand it over; the records to
         handle next, from memory (none: they were sought back)."""
         rest = msgs[cut.index :]
@@ -291,12 +272,12 @@ class RecordRunner:
             if cut is None:
                 state = unit.tracker.state(record)
                 if state is not None and state.pending_recovery:  # its recoverer failed before: not run, recovered
-                    cut = _Cut.after(retry_recovery(unit, record, self._hops))
+                    cut = Cut.after(retry_recovery(unit, record, self._hops))
                 else:
                     cut = self._failed(unit, record, failure.exc, failure.index, False)
             if cut is None:  # recovered in this transaction: its offset commits, the records after it come next
                 offsets[(record.topic, record.partition)] = record.offset + 1
-                cut = _Cut()
+                cut = Cut()
                 cut.index = failure.index + 1
             else:
                 offsets[(record.topic, record.partition)] = record.offset
@@ -305,7 +286,7 @@ class RecordRunner:
         unit.send_offsets(offsets)
         self._stopped_at = handled if handled < len(msgs) else -1
 
-    def _taken_turn_cut(self) -> _Cut | None:
+    def _taken_turn_cut(self) -> Cut | None:
         """The cut :meth:`_settle_in_turn` kept (read once)."""
         cut, self._turn_cut = self._turn_cut, None
         return cut
@@ -386,7 +367,7 @@ class RecordRunner:
                 record.key, record.value = msg.key(), msg.value()
                 error = cut = None
                 if failing and _settled_before(tracker, record, msg):  # its recoverer failed before: recover it
-                    cut = _Cut.after(retry_recovery(unit, record, self._hops))
+                    cut = Cut.after(retry_recovery(unit, record, self._hops))
                 else:
                     try:
                         result = handler(record)
@@ -407,7 +388,7 @@ class RecordRunner:
                 if partition != run_partition or topic != run_topic:
                     run_topic, run_partition = _next_run(offsets, run_topic, run_partition, run_last, topic, partition)
                 run_last = offset
-                if cut is not None:  # the transaction ends before this record: its own offset commits (_Cut)
+                if cut is not None:  # the transaction ends before this record: its own offset commits (Cut)
                     run_last = offset - 1
                     cut.index = self._stopped_at = handled + _position(step_msgs, walk)
                     self._cut = cut
@@ -431,11 +412,11 @@ class RecordRunner:
         index: int,
         in_place: bool,
         flush: Flush | None = None,
-    ) -> _Cut | None:
+    ) -> Cut | None:
         """A record's call raised: its held work is dropped, and the failure settled in the open transaction.
 
         None: it was called again and succeeded (its outputs produced through ``flush``), or recovered; a
-        :class:`_Cut`: the transaction ends before it. What must be undone whole raises :class:`HandlerFailure`
+        :class:`Cut`: the transaction ends before it. What must be undone whole raises :class:`HandlerFailure`
         (an abort): an outage (the listener waits, nothing is counted), a client error, a declaration error, an
         output refused after others of the record went out. Without ``flush`` (the concurrent dispatch) a retry
         is not called here: the record comes first in the next transaction.
@@ -443,7 +424,7 @@ class RecordRunner:
         buf = self._buffer
         buf.clear()
         if self._ahead:  # handled ahead of a commit: fetched again, it fails in a transaction of its own
-            return _Cut()  # (handle_ahead reports where it stopped; the rest is fetched again)
+            return Cut()  # (handle_ahead reports where it stopped; the rest is fetched again)
         again: Exception | None = None
         try:
             while True:
@@ -454,12 +435,12 @@ class RecordRunner:
                 if self._aborts_for(unit, error):
                     raise HandlerFailure(index, error, record)
                 if not self._settles:  # a custom after-rollback processor decides, once the records before it commit
-                    return _Cut(handover=HandlerFailure(0, error, record))
+                    return Cut(handover=HandlerFailure(0, error, record))
                 outcome = settle_failure(unit, record, error, wait_in_transaction=in_place, hops=self._hops)
                 if not isinstance(outcome, CallAgain):
-                    return _Cut.after(outcome)
+                    return Cut.after(outcome)
                 if flush is None:
-                    return _Cut(Hold(record, error, 0.0))
+                    return Cut(Hold(record, error, 0.0))
                 record = outcome.record
                 again = self._called_again(unit, record, flush)
                 if again is None:
