@@ -19,6 +19,8 @@ class FakeConsumer:
         self.positions: dict[tuple[str, int], int] = {}
         self.high: dict[tuple[str, int], int] = {}
         self.committed_offsets: dict[tuple[str, int], int] = {}
+        #: The cached low watermarks (0 unless set; -1001: none fetched yet).
+        self.low: dict[tuple[str, int], int] = {}
         self.paused: set[tuple[str, int]] = set()
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -28,7 +30,8 @@ class FakeConsumer:
 
     def get_watermark_offsets(self, partition: TopicPartition, cached: bool = False) -> tuple[int, int]:
         assert cached, "only what the client already knows: no request per poll"
-        return 0, self.high.get((partition.topic, partition.partition), -1001)
+        tp = (partition.topic, partition.partition)
+        return self.low.get(tp, 0), self.high.get(tp, -1001)
 
     def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
         return [
@@ -66,6 +69,18 @@ def test_a_partition_nothing_was_read_from_counts_from_its_committed_offset_or_i
     assert fake.paused == {R0}
     drained.pause_read_to_end(consumer, {R0, R1})
     assert fake.paused == {R0}, "still unread: R1 keeps fetching"
+
+
+def test_a_partition_with_nothing_committed_is_paused_at_its_end_once_its_first_offset_is_known() -> None:
+    """Its first look came before any fetch answered (no low watermark cached yet): the start is looked up again at
+    the next look, not taken as unknown for good (the feed then fetched the empty partition in a loop all run)."""
+    drained, fake, consumer = _setup()
+    fake.low, fake.high = {R0: -1001}, {R0: -1001}
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == set()
+    fake.low, fake.high = {R0: 0}, {R0: 0}  # the first fetch answered: an empty partition
+    drained.pause_read_to_end(consumer, {R0})
+    assert fake.paused == {R0}
 
 
 def test_a_partition_the_client_knows_nothing_of_yet_keeps_fetching() -> None:

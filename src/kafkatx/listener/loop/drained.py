@@ -161,7 +161,9 @@ class DrainedPartitions:
 
 
 def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
-    """Where fetching ``tps`` starts: the group's committed offset, else the partition's first (earliest)."""
+    """Where fetching ``tps`` starts: the group's committed offset, else the partition's first (earliest); those
+    not known yet are left out (kept as unknown, an empty partition was never seen at its end and was fetched in a
+    loop for the whole run)."""
     try:
         committed = consumer.committed(topic_partitions(tps), timeout=5)
     except Exception:
@@ -172,11 +174,13 @@ def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
         tp = (c.topic, c.partition)
         if c.offset >= 0:
             starts[tp] = c.offset
-        else:
-            try:
-                starts[tp] = int(consumer.get_watermark_offsets(c, cached=True)[0])
-            except Exception:
-                continue
+            continue
+        try:
+            low = int(consumer.get_watermark_offsets(c, cached=True)[0])
+        except Exception:
+            continue
+        if low >= 0:  # not known before a fetch answered: asked again at the next look, not kept unknown for good
+            starts[tp] = low
     return starts
 
 
