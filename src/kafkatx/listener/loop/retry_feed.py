@@ -69,13 +69,6 @@ log = logging.getLogger("kafkatx.container")
 #: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
 #: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
 _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
-#: The retry consumer's fetching, once a fetch brought records: its next fetch waits until the container has polled
-#: them and up to ``fetch.queue.backoff.ms`` more (librdkafka postpones a partition's fetch while the consumer's
-#: queue holds ``queued.min.messages``). Left at librdkafka's defaults, it fetched on at once; a broker that answers
-#: an empty fetch at once (the embedded one) then answered it in a loop until the due-time gate paused the
-#: partition at the container's next poll: about one fetch per retry record read (run 4t: 36,000 fetches for 20,000
-#: records, against 300 with these), each taking the broker's time from the main flow.
-_FEED_FETCHING = {"queued.min.messages": 1, "fetch.queue.backoff.ms": 50}
 #: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
@@ -98,7 +91,6 @@ class RetryFeed:
         config = {k: v for k, v in consumer_config.items() if k not in _NOT_FOR_THE_FEED}
         config["auto.offset.reset"] = "earliest"  # no commit yet: every hop written so far is this owner's
         config["enable.auto.commit"] = False
-        config.update(_FEED_FETCHING)
         self._config = config
         self.consumer: Consumer | None = None
         #: Key order: reads retry partitions to their end at assignment (rebuild), never commits.
