@@ -103,6 +103,15 @@ class DrainedPartitions:
             self.paused.update(ends)
         return waking
 
+    def at_end(self, consumer: Consumer, ends: Mapping[TP, int]) -> None:
+        """``ends``' partitions were just assigned at their end (each: its offset), read to it by the rebuild:
+        paused here until a hop is written to them."""
+        if ends:
+            for tp, offset in ends.items():
+                self.sought_to(tp, offset)
+            quietly(consumer.pause, list(ends))
+            self.paused.update(ends)
+
     def written(self, consumer: Consumer, due_ms: Mapping[TP, int], assigned: set[TP]) -> dict[TP, int]:
         """Hops were written to ``due_ms``' partitions (each: when the first of them is due, epoch ms): they are
         fetched until the client has read past them. Returns those paused here, which stay paused: the caller

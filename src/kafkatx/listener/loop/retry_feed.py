@@ -49,7 +49,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any, cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from kafkatx.client.offsets import TP
 from kafkatx.errors import KafkaTxError
@@ -62,13 +62,24 @@ from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "read_to_end"]
+__all__ = ["RetryFeed", "feed_fetching", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
 #: Properties of the container's consumer config that the retry consumer leaves out: it never joins the group
 #: (no static identity to claim), and the lag metrics read the container's consumer's statistics only.
 _NOT_FOR_THE_FEED = ("group.instance.id", "stats_cb", "statistics.interval.ms")
+#: The retry consumer's fetching once a fetch brought records: its next fetch waits until the container has polled
+#: its queue and up to ``fetch.queue.backoff.ms`` more (librdkafka postpones a partition's fetch while the
+#: consumer's queue holds ``queued.min.messages`` ops). At librdkafka's defaults it fetched on at once, and a broker
+#: that answers an empty fetch at once (the embedded one) answered it in a loop until the due-time gate paused the
+#: partition at the container's next poll: about one fetch per retry record read (run 4t: 36,000 fetches for 20,000
+#: records, against 300 with these), each taking the broker's time from the main flow. librdkafka counts every op
+#: in that queue, not only records: log lines (kafkatx's logger takes them through the queue) and statistics
+#: (never given to this consumer) too. An op waiting holds fetching back until the container's next poll takes it,
+#: which is harmless while they are rare, but ``debug`` logging makes them a stream that can hold fetching back
+#: for good: with ``debug`` set, the retry consumer keeps librdkafka's defaults (:func:`feed_fetching`).
+_FETCH_AFTER_POLL = {"queued.min.messages": 1, "fetch.queue.backoff.ms": 50}
 #: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
@@ -91,6 +102,7 @@ class RetryFeed:
         config = {k: v for k, v in consumer_config.items() if k not in _NOT_FOR_THE_FEED}
         config["auto.offset.reset"] = "earliest"  # no commit yet: every hop written so far is this owner's
         config["enable.auto.commit"] = False
+        config.update(feed_fetching(config))
         self._config = config
         self.consumer: Consumer | None = None
         #: Key order: reads retry partitions to their end at assignment (rebuild), never commits.
@@ -191,9 +203,12 @@ class RetryFeed:
         mirrored = [tp for tp in self.hops.mirrored(inputs) if tp not in self.assigned]
         if not mirrored:
             return []
+        ends = self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         # No offset given: librdkafka starts from the group's committed offset (auto.offset.reset when none),
-        # read with require_stable under read_committed, so a previous owner's pending commit is waited for.
-        partitions = [TopicPartition(t, p) for t, p in mirrored]
+        # read with require_stable under read_committed, so a previous owner's pending commit is waited for. One the
+        # rebuild read to its end finding nothing starts there, paused until a hop is written to it: left fetching
+        # from its committed offset, it was fetched in a loop until a poll found it at its end (drained.py).
+        partitions = [TopicPartition(t, p, ends.get((t, p), OFFSET_INVALID)) for t, p in mirrored]
         consumer.incremental_assign(partitions)
         self.assigned.update(mirrored)
         self._drained.forget(mirrored)  # resumed below: a new assignment starts fetching
@@ -201,12 +216,14 @@ class RetryFeed:
             consumer.resume(partitions)
         except Exception:
             log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
+        self._drained.at_end(consumer, ends)
         log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
-        self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         return mirrored
 
-    def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> None:
-        """The records in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end."""
+    def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> dict[TP, int]:
+        """The records in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end. Returns
+        those of ``mirrored`` found empty from their committed offset, each with its end (where fetching it would
+        find the next hop written to it); none if the read failed."""
         consumer, scanner, hops = self.consumer, self._scanner, self.hops
         assert consumer is not None and scanner is not None and hops is not None
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
@@ -214,8 +231,9 @@ class RetryFeed:
         starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
         self._delivered.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
+        ends: dict[TP, int] = {}
         try:
-            read = read_to_end(scanner, starts, self.name)
+            read = read_to_end(scanner, starts, self.name, ends)
         except KafkaTxError as stalled:
             if hops.keys is not None:  # key order depends on it
                 raise KafkaTxError(
@@ -225,8 +243,9 @@ class RetryFeed:
             log.warning(
                 "listener %s: %s; records in retry are not counted until the next assignment", self.name, stalled
             )
-            return
+            return {}
         for msg in read:
+            ends.pop((msg.topic(), msg.partition()), None)  # not empty: fetched from its committed offset
             hop = hops.hop_of(msg)
             if hop is not None:
                 tp, key, offset = hop
@@ -239,6 +258,8 @@ class RetryFeed:
             sum(len(f) for f in found.values()),
             _fmt(inputs),
         )
+        self._delivered.update(ends)
+        return ends
 
     def revoke(self, inputs: Iterable[TP]) -> list[TP]:
         """Input partitions ``inputs`` were revoked or lost: give up their retry partitions; returns them."""
@@ -384,9 +405,19 @@ class RetryFeed:
                 self._drained.fetch_again(consumer, (tp,))
 
 
-def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> list[ConsumedMessage]:
+def feed_fetching(config: dict[str, Any]) -> dict[str, Any]:
+    """The fetch settings of a retry consumer of ``config``: fetch again only after a poll (see
+    :data:`_FETCH_AFTER_POLL`, in place of the container's consumer's, which are for the input's flow) unless
+    ``debug`` logging is on."""
+    return {} if config.get("debug") else dict(_FETCH_AFTER_POLL)
+
+
+def read_to_end(
+    scanner: Consumer, starts: list[TopicPartition], name: str, ends: dict[TP, int] | None = None
+) -> list[ConsumedMessage]:
     """What ``starts``' partitions hold from their offsets to their end (read_committed: the last stable offset);
-    :class:`~kafkatx.KafkaTxError` once :data:`REBUILD_TIMEOUT_S` passed without a record or an end reached."""
+    :class:`~kafkatx.KafkaTxError` once :data:`REBUILD_TIMEOUT_S` passed without a record or an end reached.
+    ``ends``, if given, gets each partition's end offset."""
     records: list[ConsumedMessage] = []
     if not starts:
         return records
@@ -406,7 +437,10 @@ def read_to_end(scanner: Consumer, starts: list[TopicPartition], name: str) -> l
                 if error is None:
                     records.append(cast("ConsumedMessage", msg))
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    left.discard((msg.topic(), msg.partition()))
+                    end = cast("ConsumedMessage", msg)  # an end of partition names its partition and offset
+                    left.discard((end.topic(), end.partition()))
+                    if ends is not None:
+                        ends[(end.topic(), end.partition())] = end.offset()
                 else:
                     log.warning("listener %s: reading the retry partitions: %s", name, error)
             if msgs:
