@@ -5,9 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from kafkatx.listener.loop.drained import DrainedPartitions
+from kafkatx.listener.loop.retry_feed import nothing_past
 
 R0, R1 = ("t-retry", 0), ("t-retry", 1)
 
@@ -449,3 +450,18 @@ def test_hops_written_while_the_client_learns_nothing_new_are_kept_as_one_mark()
     fake.high[R0] = 9  # fetched: the client knows a higher high watermark
     drained.written(consumer, {R0: 200_000}, {R0})
     assert drained._unseen[R0] == [(9, 200_000)], "those seen are let go"
+
+
+def test_a_retry_partition_is_assigned_at_its_end_only_when_nothing_lies_past_its_committed_offset() -> None:
+    """The read at assignment found no record: a partition ending where it was read from (or never written, read
+    from its beginning) starts at its end, paused; one with aborted records or transaction markers past its
+    committed offset is fetched from there (the embedded broker skips records after an abort marker it did not
+    fetch)."""
+    starts = [
+        TopicPartition("t-retry", 0, 7),  # committed 7, ends at 7: nothing past it
+        TopicPartition("t-retry", 1, 7),  # committed 7, ends at 9: an aborted hop and its marker, or a marker
+        TopicPartition("t-retry", 2, OFFSET_BEGINNING),  # nothing committed, never written
+        TopicPartition("t-retry", 3, OFFSET_BEGINNING),  # nothing committed, an aborted hop and its marker
+    ]
+    ends = {("t-retry", 0): 7, ("t-retry", 1): 9, ("t-retry", 2): 0, ("t-retry", 3): 2}
+    assert nothing_past(starts, ends) == {("t-retry", 0): 7, ("t-retry", 2): 0}

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
@@ -62,7 +62,7 @@ from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "feed_fetching", "read_to_end"]
+__all__ = ["RetryFeed", "feed_fetching", "nothing_past", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -206,8 +206,8 @@ class RetryFeed:
         ends = self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         # No offset given: librdkafka starts from the group's committed offset (auto.offset.reset when none),
         # read with require_stable under read_committed, so a previous owner's pending commit is waited for. One the
-        # rebuild read to its end finding nothing starts there, paused until a hop is written to it: left fetching
-        # from its committed offset, it was fetched in a loop until a poll found it at its end (drained.py).
+        # rebuild found ending at its committed offset starts there, paused until a hop is written to it: left
+        # fetching, it was fetched in a loop until a poll found it at its end (drained.py).
         partitions = [TopicPartition(t, p, ends.get((t, p), OFFSET_INVALID)) for t, p in mirrored]
         consumer.incremental_assign(partitions)
         self.assigned.update(mirrored)
@@ -222,8 +222,8 @@ class RetryFeed:
 
     def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> dict[TP, int]:
         """The records in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end. Returns
-        those of ``mirrored`` found empty from their committed offset, each with its end (where fetching it would
-        find the next hop written to it); none if the read failed."""
+        those of ``mirrored`` whose end is their committed offset (or 0, none committed), each with its end: where
+        fetching it would find the next hop written to it; none if the read failed."""
         consumer, scanner, hops = self.consumer, self._scanner, self.hops
         assert consumer is not None and scanner is not None and hops is not None
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
@@ -258,6 +258,7 @@ class RetryFeed:
             sum(len(f) for f in found.values()),
             _fmt(inputs),
         )
+        ends = nothing_past(starts, ends)
         self._delivered.update(ends)
         return ends
 
@@ -410,6 +411,21 @@ def feed_fetching(config: dict[str, Any]) -> dict[str, Any]:
     :data:`_FETCH_AFTER_POLL`, in place of the container's consumer's, which are for the input's flow) unless
     ``debug`` logging is on."""
     return {} if config.get("debug") else dict(_FETCH_AFTER_POLL)
+
+
+def nothing_past(starts: Iterable[TopicPartition], ends: Mapping[TP, int]) -> dict[TP, int]:
+    """Of the partitions read from ``starts`` to ``ends`` without a record, those with nothing at all between: each
+    ends where it started (or at 0, read from its beginning). A retry partition is assigned there, paused.
+
+    Not the others: what lies unread between is aborted records and transaction markers, and on the embedded broker
+    a read_committed fetch that starts past an abort marker skips the same producer's later records
+    (:meth:`RetryFeed.refetch`); fetched from the committed offset, the marker is seen."""
+    begin = {(tp.topic, tp.partition): tp.offset for tp in starts}
+    return {
+        tp: end
+        for tp, end in ends.items()
+        if tp in begin and (end == begin[tp] or (begin[tp] == OFFSET_BEGINNING and end == 0))
+    }
 
 
 def read_to_end(
