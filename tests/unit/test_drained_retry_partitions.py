@@ -8,7 +8,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from kafkatx.listener.loop.drained import DrainedPartitions
-from kafkatx.listener.loop.retry_feed import nothing_past
+from kafkatx.listener.loop.retry_feed import first_offset, nothing_past
 
 R0, R1 = ("t-retry", 0), ("t-retry", 1)
 
@@ -72,7 +72,7 @@ def test_a_partition_nothing_was_read_from_counts_from_its_committed_offset_or_i
     assert fake.paused == {R0}, "still unread: R1 keeps fetching"
 
 
-def test_a_partition_with_nothing_committed_is_paused_at_its_end_once_its_first_offset_is_known() -> None:
+def test_a_partition_with_nothing_committed_is_paused_at_its_end_once_itsfirst_offset_is_known() -> None:
     """Its first look came before any fetch answered (no low watermark cached yet): the start is looked up again at
     the next look, not taken as unknown for good (the feed then fetched the empty partition in a loop all run)."""
     drained, fake, consumer = _setup()
@@ -465,3 +465,22 @@ def test_a_retry_partition_is_assigned_at_its_end_only_when_nothing_lies_past_it
     ]
     ends = {("t-retry", 0): 7, ("t-retry", 1): 9, ("t-retry", 2): 0, ("t-retry", 3): 2}
     assert nothing_past(starts, ends) == {("t-retry", 0): 7, ("t-retry", 2): 0}
+
+
+def test_the_rebuild_reads_a_retry_partition_from_its_committed_offset_else_from_itsfirst_offset_asked() -> None:
+    """Left to librdkafka as "the beginning", the lookup made every rebuild of an assignment half a second longer;
+    if the first offset cannot be asked, librdkafka's beginning it is."""
+
+    class Scanner:
+        def __init__(self, answer: Any) -> None:
+            self.answer = answer
+
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return cast("tuple[int, int]", self.answer)
+
+    first = first_offset
+    assert first(cast(Any, Scanner((3, 10))), ("t-retry", 0), 7) == 7, "committed: from there"
+    assert first(cast(Any, Scanner((3, 10))), ("t-retry", 0), -1001) == 3, "none committed: its first offset"
+    assert first(cast(Any, Scanner(RuntimeError("timed out"))), ("t-retry", 0), -1001) == OFFSET_BEGINNING

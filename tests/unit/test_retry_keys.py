@@ -220,9 +220,17 @@ class _Scanner:
     def __init__(self, *batches: list[Message]) -> None:
         self.batches = list(batches)
         self.assigned: list[Any] = []
+        #: as librdkafka's: kept across assignments
+        self.paused: set[tuple[str, int]] = set()
 
     def assign(self, partitions: list[Any]) -> None:
         self.assigned = partitions
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update((tp.topic, tp.partition) for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update((tp.topic, tp.partition) for tp in partitions)
 
     def unassign(self) -> None:
         self.assigned = []
@@ -241,6 +249,30 @@ def test_the_rebuild_reads_every_retry_partition_to_its_end() -> None:
     starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 7)]
     assert read_to_end(cast(Any, scanner), starts, "orders") == [hop]
     assert scanner.assigned == [] and scanner.batches == [], "both ends reached, the partitions given back"
+
+
+def test_a_retry_partition_read_to_its_end_is_paused_while_the_others_are_read_and_fetched_again_next_time() -> None:
+    """On a broker that answers an empty fetch at once, a partition left fetching at its end is fetched in a loop
+    while the rebuild waits for the others; librdkafka keeps the pause across assignments, so the next rebuild
+    resumes what it assigns."""
+    scanner = _Scanner([_eof(0)], [], [_eof(1)])
+    starts = [TopicPartition("orders-retry", 0, 0), TopicPartition("orders-retry", 1, 7)]
+    ends: dict[tuple[str, int], int] = {}
+    paused_while_waiting: list[set[tuple[str, int]]] = []
+    consume = scanner.consume
+
+    def watched(num_messages: int, timeout: float) -> list[Message]:
+        paused_while_waiting.append(set(scanner.paused))
+        return consume(num_messages, timeout)
+
+    scanner.consume = watched  # type: ignore[method-assign]
+    read_to_end(cast(Any, scanner), starts, "orders", ends)
+    assert paused_while_waiting[1:] == [{("orders-retry", 0)}] * 2, "paused at its end while partition 1 was read"
+    assert set(ends) == {("orders-retry", 0), ("orders-retry", 1)}
+    paused_while_waiting.clear()
+    scanner.batches = [[_eof(0)]]
+    read_to_end(cast(Any, scanner), starts[:1], "orders")
+    assert ("orders-retry", 0) not in paused_while_waiting[0], "assigned again: fetched again"
 
 
 def test_a_rebuild_that_makes_no_progress_stops_the_container_rather_than_lose_key_order(

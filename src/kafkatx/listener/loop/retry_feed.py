@@ -52,6 +52,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from kafkatx.client.offsets import TP
+from kafkatx.client.partitions import quietly
 from kafkatx.errors import KafkaTxError
 from kafkatx.listener.host import ContainerPositions
 from kafkatx.listener.loop.drained import DrainedPartitions
@@ -62,7 +63,7 @@ from kafkatx.retry_topics.headers import due_ms_of
 from kafkatx.retry_topics.hops import RetryHops
 from kafkatx.retry_topics.keys import Place
 
-__all__ = ["RetryFeed", "feed_fetching", "nothing_past", "read_to_end"]
+__all__ = ["RetryFeed", "feed_fetching", "first_offset", "nothing_past", "read_to_end"]
 
 log = logging.getLogger("kafkatx.container")
 
@@ -83,6 +84,8 @@ _FETCH_AFTER_POLL = {"queued.min.messages": 1, "fetch.queue.backoff.ms": 50}
 #: How long rebuilding the records in retry of an assignment may go without progress (reading retry partitions to
 #: their end: a large backlog takes as long as it takes, a read that stalls stops the container).
 REBUILD_TIMEOUT_S = 30.0
+#: How long the rebuild waits for a retry partition's first offset before leaving it to librdkafka.
+_WATERMARK_TIMEOUT_S = 5.0
 #: How long before a held retry partition's next record is due its hold ends: the fetch after a resume takes a
 #: while, and a record fetched early waits in memory (its partition paused) for its time.
 WAKE_EARLY_MS = 300
@@ -228,7 +231,7 @@ class RetryFeed:
         assert consumer is not None and scanner is not None and hops is not None
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
-        starts = [TopicPartition(t, p, max(committed.get((t, p), -1), OFFSET_BEGINNING)) for t, p in mirrored]
+        starts = [TopicPartition(t, p, first_offset(scanner, (t, p), committed.get((t, p), -1))) for t, p in mirrored]
         self._delivered.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
         ends: dict[TP, int] = {}
@@ -245,7 +248,7 @@ class RetryFeed:
             )
             return {}
         for msg in read:
-            ends.pop((msg.topic(), msg.partition()), None)  # not empty: fetched from its committed offset
+            ends.pop((msg.topic(), msg.partition()), None)  # a record read (after its end was seen too): not paused
             hop = hops.hop_of(msg)
             if hop is not None:
                 tp, key, offset = hop
@@ -406,6 +409,20 @@ class RetryFeed:
                 self._drained.fetch_again(consumer, (tp,))
 
 
+def first_offset(scanner: Consumer, tp: TP, committed: int) -> int:
+    """Where reading retry partition ``tp`` starts: its committed offset, else its first offset (asked now; if that
+    fails, librdkafka's "beginning"). Left to librdkafka as the beginning, its lookup made each rebuild of an
+    assignment take half a second longer, most of it fetching the partitions already at their end in a loop."""
+    if committed >= 0:
+        return committed
+    try:
+        low = scanner.get_watermark_offsets(TopicPartition(*tp), timeout=_WATERMARK_TIMEOUT_S)
+    except Exception:
+        log.debug("first offset of retry partition %s unknown", tp, exc_info=True)
+        return OFFSET_BEGINNING
+    return OFFSET_BEGINNING if low is None or low[0] < 0 else int(low[0])
+
+
 def feed_fetching(config: dict[str, Any]) -> dict[str, Any]:
     """The fetch settings of a retry consumer of ``config``: fetch again only after a poll (see
     :data:`_FETCH_AFTER_POLL`, in place of the container's consumer's, which are for the input's flow) unless
@@ -439,6 +456,7 @@ def read_to_end(
         return records
     left = {(tp.topic, tp.partition) for tp in starts}
     scanner.assign(starts)
+    quietly(scanner.resume, left)  # librdkafka keeps a pause flag across assignments: paused at an end before
     try:
         deadline = time.monotonic() + REBUILD_TIMEOUT_S
         while left:
@@ -447,7 +465,9 @@ def read_to_end(
                     f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
                     f"progress for {REBUILD_TIMEOUT_S:g}s, so the records in retry cannot be rebuilt"
                 )
-            msgs = scanner.consume(500, 0.2)
+            # a short wait: consume() returns at its timeout unless 500 events came, and each partition's end is
+            # only paused once seen here
+            msgs = scanner.consume(500, 0.02)
             for msg in msgs:
                 error = msg.error()
                 if error is None:
@@ -455,6 +475,9 @@ def read_to_end(
                 elif error.code() == KafkaError._PARTITION_EOF:
                     end = cast("ConsumedMessage", msg)  # an end of partition names its partition and offset
                     left.discard((end.topic(), end.partition()))
+                    # read to its end: left fetching while the others are read, fetched in a loop on a broker that
+                    # answers an empty fetch at once
+                    quietly(scanner.pause, [(end.topic(), end.partition())])
                     if ends is not None:
                         ends[(end.topic(), end.partition())] = end.offset()
                 else:
