@@ -33,6 +33,13 @@ ENV_INSTANCE = "KAFKATX_INSTANCE_ID"
 #: slow batch and half of librdkafka's 60 s default.
 DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
 
+#: The listener consumer's ``fetch.queue.backoff.ms``, in place of librdkafka's 1000. Once a partition's local
+#: queue is over its thresholds (``queued.min.messages``, ``queued.max.messages.kbytes``), librdkafka looks at
+#: it again only this much later; a listener that empties its queue within that second then waits for input
+#: (confluentinc/librdkafka#2879). 50 ms is ~10k records of a 200k records/s listener, far below the 100k a
+#: partition's queue holds by default; the check it adds is a timer, not a request (docs/BENCHMARKS.md, "Waiting for input").
+FETCH_QUEUE_BACKOFF_MS = 50
+
 # Settings kafkatx owns: overriding them would silently break exactly-once.
 _FORBIDDEN_CONSUMER = {
     "enable.auto.commit": "true would commit offsets outside the transaction",
@@ -154,6 +161,7 @@ class ClientConfig:
             "isolation.level": "read_committed",
         }
         cfg.setdefault("client.id", f"{self.name}-{self.instance_id}-{spec.name}-{worker}")
+        cfg.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
         if self.static_membership and not self._random_id:
             # KIP-345: the consumer keeps its membership across a restart under the same instance id.
             cfg.setdefault("group.instance.id", f"{self.instance_id}-{spec.name}-{worker}")
