@@ -87,7 +87,7 @@ def test_the_count_and_oldest_due_change_when_a_transaction_commits_never_before
     hops.book.began(TXN)  # aborted: begun again, its hops are dropped
     hops.hop(_input(0), TimeoutError("t"), 1, 1.0)
     hops.hop(_input(1, None), TimeoutError("t"), 1, 2.0)
-    hops.committed(TXN, {("orders", 0): 2}, [])
+    hops.committed(TXN, {("orders", 0): 2})
     assert _told(events) == [(2, NOW_S + 1.0)]
     assert hops.book.oldest_due_ms() == 1_001_000
 
@@ -102,21 +102,24 @@ def test_a_retry_handled_is_told_once_its_offset_committed_and_a_failed_one_hops
     )
     assert _told(events) == [(2, NOW_S + 1.0)], "rebuilt at assignment"
     msgs = [_read_back(first, 10, 1_001_000), _read_back(second, 11, 1_002_000)]
+    hops.delivered(cast("list[ConsumedMessage]", msgs))  # by the retry feed, to the container
     hops.book.began(TXN)
     _call(hops, lambda record: b"ok", _as_record(msgs[0]))
     _call(hops, lambda record: b"ok", _as_record(msgs[1]))
     hops.hop(second, TimeoutError("its outputs failed"), 2, 1.0)  # handled, then failed: it hops again
-    hops.committed(TXN, {("orders-retry", 0): 12}, cast("list[ConsumedMessage]", msgs))
+    hops.committed(TXN, {("orders-retry", 0): 12})
     assert [(r.topic, r.offset, r.attempt) for r in _handled(events)] == [("orders", 0, 2)]
     assert _told(events)[-1] == (1, NOW_S + 1.0), "the first left; the second is in retry again, due anew"
     again = _read_back(second, 12, 1_001_000)
+    hops.delivered([cast("ConsumedMessage", again)])
     hops.book.began(TXN)
     _call(hops, lambda record: b"ok", _as_record(again))
-    hops.committed(TXN, {("orders-retry", 0): 12}, [cast("ConsumedMessage", again)])  # its offset not committed
+    hops.committed(TXN, {("orders-retry", 0): 12})  # its offset not committed
     assert len(_handled(events)) == 1 and _told(events)[-1] == (1, NOW_S + 1.0), "not handled until it commits"
+    hops.delivered([cast("ConsumedMessage", again)])  # fetched again after an abort: the same record, once
     hops.book.began(TXN)
     _call(hops, lambda record: b"ok", _as_record(again))
-    hops.committed(TXN, {("orders-retry", 0): 13}, [cast("ConsumedMessage", again)])
+    hops.committed(TXN, {("orders-retry", 0): 13})
     assert [(r.offset, r.attempt) for r in _handled(events)] == [(0, 2), (1, 2)]
     assert _told(events)[-1] == (0, None)
 

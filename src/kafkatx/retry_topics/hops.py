@@ -17,7 +17,9 @@ It does no I/O: the output goes to the open transaction through the unit, so
 the hop and the offset of the record it replaces commit together.
 
 It holds the container's records in retry (``book``, a :class:`~kafkatx.retry_topics.keys.RetryKeys`, kept
-as the transactions commit: the count and earliest due time the metrics publish, and the retries handled).
+as the transactions commit: the count and earliest due time the metrics publish, and the retries handled); the
+retry feed tells it the retry records it hands the container (:meth:`RetryHops.delivered`), so that a commit
+finds those it took out of retry among them.
 With ``ordering="key"`` the book is also ``keys``, and :meth:`RetryHops.viewing` is then the gate of key order: a
 record whose key has an earlier record in retry is not handed to the handler;
 it follows that record (:meth:`RetryHops.follow`, sent like a ``send()`` of the
@@ -30,7 +32,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kafkatx.client.offsets import TP
@@ -116,6 +118,7 @@ class RetryHops:
         "_worker",
         "_last",
         "_origins",
+        "_delivered",
         "_sent",
         "_token",
         "_hops_sent",
@@ -160,6 +163,10 @@ class RetryHops:
         #: What :meth:`hop_of` answers for the retry records :meth:`arrived` parsed, by their coordinates: their
         #: commit reads none of their headers again (taken out as it reads them; cleared past _ORIGINS_KEPT).
         self._origins: dict[tuple[str, int, int], tuple[TP, bytes | None, int]] = {}
+        #: The retry records the feed delivered to the container and no commit covered yet, per retry partition, by
+        #: offset: what a commit takes out of retry is read here (the records below its offsets), not picked out of
+        #: every record of its transaction. Delivered again (fetched again after an abort), a record replaces itself.
+        self._delivered: dict[TP, dict[int, ConsumedMessage]] = {}
         #: The hops written here and not read back yet, by their ``kafkatx_retry-hop`` header (this object's random
         #: token and a count): what each carries of its input view, so that reading it back parses no header.
         self._sent: dict[bytes, _Sent] = {}
@@ -205,10 +212,36 @@ class RetryHops:
             due = None if oldest_due_ms is None else oldest_due_ms / 1000.0
             self._publish(RecordsInRetry(self._listener, self._worker, records, due))
 
-    def committed(self, txn: object, offsets: Mapping[TP, int], consumed: Sequence[ConsumedMessage]) -> None:
-        """Producer ``txn`` committed ``offsets`` with ``consumed``: the book follows, and each retry record it
-        committed as handled is told (:class:`~kafkatx.events.RetryHandled`)."""
-        handled = self.book.committed(txn, offsets, consumed, self.hop_of)
+    def delivered(self, records: Iterable[ConsumedMessage]) -> None:
+        """The retry feed hands ``records`` (of retry partitions) to the container: a commit whose offsets pass one
+        of them took it out of retry (:meth:`committed`)."""
+        delivered = self._delivered
+        for msg in records:
+            tp = (msg.topic(), msg.partition())
+            by_offset = delivered.get(tp)
+            if by_offset is None:
+                by_offset = delivered[tp] = {}
+            by_offset[msg.offset()] = msg
+
+    def undelivered(self, tps: Iterable[TP]) -> None:
+        """Retry partitions ``tps`` were given up (revoked, closed): their records delivered are forgotten."""
+        for tp in tps:
+            self._delivered.pop(tp, None)
+
+    def _covered(self, offsets: Mapping[TP, int]) -> list[ConsumedMessage]:
+        """The records delivered below ``offsets`` (a commit's next offsets), taken out of :attr:`_delivered`."""
+        delivered, covered = self._delivered, []
+        for tp, end in offsets.items():
+            by_offset = delivered.get(tp)
+            if by_offset:
+                for offset in [o for o in by_offset if o < end]:
+                    covered.append(by_offset.pop(offset))
+        return covered
+
+    def committed(self, txn: object, offsets: Mapping[TP, int]) -> None:
+        """Producer ``txn`` committed ``offsets``: the retry records delivered below them leave the book, its hops
+        join, and each retry record it committed as handled is told (:class:`~kafkatx.events.RetryHandled`)."""
+        handled = self.book.committed(txn, offsets, self._covered(offsets), self.hop_of)
         if len(self._origins) > _ORIGINS_KEPT:  # parsed in transactions that did not commit (aborted, revoked)
             self._origins.clear()
         if handled and self._publish is not None:

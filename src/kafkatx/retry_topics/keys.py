@@ -44,9 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
-
-from confluent_kafka import Message
 
 from kafkatx.client.offsets import TP
 from kafkatx.record import ConsumedMessage, Record
@@ -63,17 +60,11 @@ HopOf = Callable[[ConsumedMessage], "tuple[TP, bytes | None, int] | None"]
 def _retry_records(
     consumed: Sequence[ConsumedMessage], origin: Mapping[str, str], offsets: Mapping[TP, int]
 ) -> list[ConsumedMessage]:
-    """The records of ``consumed`` from retry topics, picked out without a Python step per record (a commit looks
-    at every record of its transaction): confluent-kafka's ``Message.topic`` called by ``map``, in C. None of them
-    when the commit's ``offsets`` hold no retry partition (a transaction of input records only, as on clean data):
-    then it committed no retry record, and the records are not looked at."""
+    """The records of ``consumed`` from retry topics; none when the commit's ``offsets`` hold no retry partition
+    (then it committed no retry record)."""
     if not any(tp[0] in origin for tp in offsets):
         return []
-    try:
-        topics = list(map(Message.topic, consumed))  # type: ignore[arg-type]
-    except TypeError:  # not confluent-kafka Messages (a test's own): through their own topic()
-        topics = [m.topic() for m in consumed]
-    return list(compress(consumed, map(origin.__contains__, topics)))
+    return [msg for msg in consumed if msg.topic() in origin]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +189,8 @@ class RetryKeys:
         self, txn: object, offsets: Mapping[TP, int], consumed: Sequence[ConsumedMessage], hop_of: HopOf
     ) -> list[Record]:
         """Producer ``txn`` committed ``offsets``: the retry records of ``consumed`` below them leave (read from
-        their hop headers by ``hop_of``), then the hops it wrote join. Returns the input views of the retry
+        their hop headers by ``hop_of``), then the hops it wrote join. ``consumed``: the records the transaction
+        may have taken out of retry (the container's: those its retry feed delivered below ``offsets``). Returns the input views of the retry
         records it committed whose handler returned (and that did not hop again): the retries handled."""
         journal = self._journals.pop(id(txn), None)
         if self._current is journal:

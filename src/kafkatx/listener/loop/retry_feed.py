@@ -141,6 +141,8 @@ class RetryFeed:
         consumers, self.consumer, self._scanner = (self.consumer, self._scanner), None, None
         self._drained.forget(self.assigned)
         self._waiting.clear()
+        if self.hops is not None:
+            self.hops.undelivered(self.assigned)
         self.assigned.clear()
         for consumer in consumers:
             if consumer is not None:
@@ -273,6 +275,7 @@ class RetryFeed:
             return []
         if self.hops is not None:
             self.hops.book.forget(inputs)  # their next owner rebuilds them from the retry topics
+            self.hops.undelivered(mirrored)
         self.assigned.difference_update(mirrored)
         self._drained.forget(mirrored)
         self._waiting.drop(None, mirrored)
@@ -327,6 +330,8 @@ class RetryFeed:
         if not msgs and not released:
             return msgs
         self._released.update((m.topic(), m.partition()) for m in released)
+        hops.delivered(released)
+        hops.delivered(due)
         handed = cast("list[Message]", [*released, *due])
         return handed if errors is None else errors + handed
 

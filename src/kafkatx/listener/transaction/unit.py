@@ -400,7 +400,7 @@ class TransactionUnit(DatabaseSteps):
         self._c.committed(self._offsets)
         hops = self._c.retry_hops
         if hops is not None:  # the records it took out of retry and put in, as committed
-            hops.committed(self._producer, self._offsets, self.messages)
+            hops.committed(self._producer, self._offsets)
         if self.messages:
             outage = self._c.outage
             if outage.active:  # records went through: the outage may be over
