@@ -14,15 +14,16 @@ R0, R1 = ("t-retry", 0), ("t-retry", 1)
 
 
 class FakeConsumer:
-    """What DrainedPartitions reads of a consumer: positions, cached watermarks, committed offsets, pause/resume."""
+    """What DrainedPartitions reads of a consumer: positions, cached watermarks, pause/resume (no request: no
+    committed offsets asked per poll; the rebuild at assignment tells where each partition starts)."""
 
     def __init__(self) -> None:
         self.positions: dict[tuple[str, int], int] = {}
         self.high: dict[tuple[str, int], int] = {}
-        self.committed_offsets: dict[tuple[str, int], int] = {}
         #: The cached low watermarks (0 unless set; -1001: none fetched yet).
         self.low: dict[tuple[str, int], int] = {}
         self.paused: set[tuple[str, int]] = set()
+        self.requests = 0
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return [
@@ -35,10 +36,9 @@ class FakeConsumer:
         return self.low.get(tp, 0), self.high.get(tp, -1001)
 
     def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
-        return [
-            TopicPartition(p.topic, p.partition, self.committed_offsets.get((p.topic, p.partition), -1001))
-            for p in partitions
-        ]
+        """A request to the group coordinator, from the container's thread: counted, so that a test can say none."""
+        self.requests += 1
+        return [TopicPartition(p.topic, p.partition, -1001) for p in partitions]
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         self.paused.update((p.topic, p.partition) for p in partitions)
@@ -62,14 +62,16 @@ def test_a_partition_read_to_its_end_is_paused_and_one_with_records_left_is_not(
     assert fake.paused == {R0} and drained.paused == {R0}
 
 
-def test_a_partition_nothing_was_read_from_counts_from_its_committed_offset_or_its_start() -> None:
+def test_a_partition_nothing_was_read_from_counts_from_where_the_rebuild_started_it_or_its_first_offset() -> None:
     drained, fake, consumer = _setup()
     fake.high = {R0: 4, R1: 4}
-    fake.committed_offsets = {R0: 4}  # R1: nothing committed, fetched from its first offset (0), 4 records left
+    # R0: the rebuild told its committed offset; R1: not told, fetched from its first offset (0), 4 records left
+    drained.started({R0: 4, R1: OFFSET_BEGINNING})
     drained.pause_read_to_end(consumer, {R0, R1})
     assert fake.paused == {R0}
     drained.pause_read_to_end(consumer, {R0, R1})
     assert fake.paused == {R0}, "still unread: R1 keeps fetching"
+    assert fake.requests == 0, "no committed offsets asked of the broker from the container's thread while it polls"
 
 
 def test_a_partition_with_nothing_committed_is_paused_at_its_end_once_itsfirst_offset_is_known() -> None:

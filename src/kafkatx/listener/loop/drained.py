@@ -80,8 +80,8 @@ class DrainedPartitions:
             return {}
         positions = {(p.topic, p.partition): p.offset for p in consumer.position(topic_partitions(fetching))}
         unread = [tp for tp in fetching if positions.get(tp, -1) < 0 and tp not in self._start]
-        if unread:
-            self._start.update(_starts(consumer, unread))
+        if unread:  # assigned without a start told (:meth:`started`): from the first offset, once the client knows it
+            self._start.update(_first_offsets(consumer, unread))
         ends, waking = [], {}
         for tp in fetching:
             position = positions.get(tp, -1)
@@ -102,6 +102,11 @@ class DrainedPartitions:
             quietly(consumer.pause, ends)
             self.paused.update(ends)
         return waking
+
+    def started(self, starts: Mapping[TP, int]) -> None:
+        """Newly assigned partitions start fetching at ``starts`` (each: its committed offset, else its first
+        offset, as the rebuild at assignment asked them; a negative one, not known, is left out)."""
+        self._start.update((tp, offset) for tp, offset in starts.items() if offset >= 0)
 
     def at_end(self, consumer: Consumer, ends: Mapping[TP, int]) -> None:
         """``ends``' partitions were just assigned at their end (each: its offset), read to it by the rebuild:
@@ -169,26 +174,17 @@ class DrainedPartitions:
             self._high_before.pop(tp, None)
 
 
-def _starts(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
-    """Where fetching ``tps`` starts: the group's committed offset, else the partition's first (earliest); those
-    not known yet are left out (kept as unknown, an empty partition was never seen at its end and was fetched in a
-    loop for the whole run)."""
-    try:
-        committed = consumer.committed(topic_partitions(tps), timeout=5)
-    except Exception:
-        log.debug("committed offsets of retry partitions %s unknown", tps, exc_info=True)
-        return {}
+def _first_offsets(consumer: Consumer, tps: list[TP]) -> dict[TP, int]:
+    """The first offsets of ``tps`` as the client knows them (its cached low watermarks); those not known yet are
+    left out, to be asked again at the next look (kept as unknown, an empty partition was never seen at its end and
+    was fetched in a loop for the whole run)."""
     starts = {}
-    for c in committed:
-        tp = (c.topic, c.partition)
-        if c.offset >= 0:
-            starts[tp] = c.offset
-            continue
+    for tp in tps:
         try:
-            low = int(consumer.get_watermark_offsets(c, cached=True)[0])
+            low = int(consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[0])
         except Exception:
             continue
-        if low >= 0:  # not known before a fetch answered: asked again at the next look, not kept unknown for good
+        if low >= 0:
             starts[tp] = low
     return starts
 

@@ -208,7 +208,7 @@ class RetryFeed:
         mirrored = [tp for tp in self.hops.mirrored(inputs) if tp not in self.assigned]
         if not mirrored:
             return []
-        ends = self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
+        ends, starts = self._rebuild([tp for tp in inputs if tp[0] in self.hops.inputs], mirrored)
         # No offset given: librdkafka starts from the group's committed offset (auto.offset.reset when none),
         # read with require_stable under read_committed, so a previous owner's pending commit is waited for. One the
         # rebuild found ending at its committed offset starts there, paused until a hop is written to it: left
@@ -221,20 +221,23 @@ class RetryFeed:
             consumer.resume(partitions)
         except Exception:
             log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
+        self._drained.started(starts)
         self._drained.at_end(consumer, ends)
         log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
         return mirrored
 
-    def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> dict[TP, int]:
+    def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> tuple[dict[TP, int], dict[TP, int]]:
         """The records in retry of ``inputs``, from their retry partitions ``mirrored`` read to the end. Returns
         those of ``mirrored`` whose end is their committed offset (or 0, none committed), each with its end: where
-        fetching it would find the next hop written to it; none if the read failed."""
+        fetching it would find the next hop written to it (none if the read failed); and where each of ``mirrored``
+        starts (its committed offset, else its first offset; negative if not known)."""
         consumer, scanner, hops = self.consumer, self._scanner, self.hops
         assert consumer is not None and scanner is not None and hops is not None
         wanted = [TopicPartition(t, p) for t, p in [*inputs, *mirrored]]
         committed = {(c.topic, c.partition): c.offset for c in consumer.committed(wanted, REBUILD_TIMEOUT_S)}
         starts = [TopicPartition(t, p, first_offset(scanner, (t, p), committed.get((t, p), -1))) for t, p in mirrored]
         self._delivered.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
+        started = {(tp.topic, tp.partition): tp.offset for tp in starts}
         found: dict[TP, list[tuple[bytes | None, int, Place]]] = {tp: [] for tp in inputs}
         ends: dict[TP, int] = {}
         try:
@@ -248,7 +251,7 @@ class RetryFeed:
             log.warning(
                 "listener %s: %s; records in retry are not counted until the next assignment", self.name, stalled
             )
-            return {}
+            return {}, started
         for msg in read:
             ends.pop((msg.topic(), msg.partition()), None)  # a record read (after its end was seen too): not paused
             hop = hops.hop_of(msg)
@@ -265,7 +268,7 @@ class RetryFeed:
         )
         ends = nothing_past(starts, ends)
         self._delivered.update(ends)
-        return ends
+        return ends, started
 
     def revoke(self, inputs: Iterable[TP]) -> list[TP]:
         """Input partitions ``inputs`` were revoked or lost: give up their retry partitions; returns them."""
