@@ -37,7 +37,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
 #: queue is over its thresholds (``queued.min.messages``, ``queued.max.messages.kbytes``), librdkafka looks at
 #: it again only this much later; a listener that empties its queue within that second then waits for input
 #: (confluentinc/librdkafka#2879). 50 ms is ~10k records of a 200k records/s listener, far below the 100k a
-#: partition's queue holds by default; the check it adds is a timer, not a request (docs/BENCHMARKS.md, "Waiting for input").
+#: partition's queue holds by default; the check it adds is a timer, not a request (docs/BENCHMARKS.md, "Waiting
+#: for input").
 FETCH_QUEUE_BACKOFF_MS = 50
 
 # Settings kafkatx owns: overriding them would silently break exactly-once.

@@ -118,7 +118,7 @@ class RetryHops:
         "_worker",
         "_last",
         "_origins",
-        "_delivered",
+        "_uncommitted",
         "_sent",
         "_token",
         "_hops_sent",
@@ -163,10 +163,10 @@ class RetryHops:
         #: What :meth:`hop_of` answers for the retry records :meth:`arrived` parsed, by their coordinates: their
         #: commit reads none of their headers again (taken out as it reads them; cleared past _ORIGINS_KEPT).
         self._origins: dict[tuple[str, int, int], tuple[TP, bytes | None, int]] = {}
-        #: The retry records the feed delivered to the container and no commit covered yet, per retry partition, by
+        #: The retry records the feed delivered to the container that no commit covered yet, per retry partition, by
         #: offset: what a commit takes out of retry is read here (the records below its offsets), not picked out of
         #: every record of its transaction. Delivered again (fetched again after an abort), a record replaces itself.
-        self._delivered: dict[TP, dict[int, ConsumedMessage]] = {}
+        self._uncommitted: dict[TP, dict[int, ConsumedMessage]] = {}
         #: The hops written here and not read back yet, by their ``kafkatx_retry-hop`` header (this object's random
         #: token and a count): what each carries of its input view, so that reading it back parses no header.
         self._sent: dict[bytes, _Sent] = {}
@@ -215,24 +215,24 @@ class RetryHops:
     def delivered(self, records: Iterable[ConsumedMessage]) -> None:
         """The retry feed hands ``records`` (of retry partitions) to the container: a commit whose offsets pass one
         of them took it out of retry (:meth:`committed`)."""
-        delivered = self._delivered
+        uncommitted = self._uncommitted
         for msg in records:
             tp = (msg.topic(), msg.partition())
-            by_offset = delivered.get(tp)
+            by_offset = uncommitted.get(tp)
             if by_offset is None:
-                by_offset = delivered[tp] = {}
+                by_offset = uncommitted[tp] = {}
             by_offset[msg.offset()] = msg
 
     def undelivered(self, tps: Iterable[TP]) -> None:
         """Retry partitions ``tps`` were given up (revoked, closed): their records delivered are forgotten."""
         for tp in tps:
-            self._delivered.pop(tp, None)
+            self._uncommitted.pop(tp, None)
 
     def _covered(self, offsets: Mapping[TP, int]) -> list[ConsumedMessage]:
-        """The records delivered below ``offsets`` (a commit's next offsets), taken out of :attr:`_delivered`."""
-        delivered, covered = self._delivered, []
+        """The records delivered below ``offsets`` (a commit's next offsets), taken out of :attr:`_uncommitted`."""
+        uncommitted, covered = self._uncommitted, []
         for tp, end in offsets.items():
-            by_offset = delivered.get(tp)
+            by_offset = uncommitted.get(tp)
             if by_offset:
                 for offset in [o for o in by_offset if o < end]:
                     covered.append(by_offset.pop(offset))
