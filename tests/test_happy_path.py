@@ -80,6 +80,8 @@ def _one_transaction(kafka: KafkaTestKit, monkeypatch: pytest.MonkeyPatch, fenci
 
     turns = _Turns()
     monkeypatch.setattr(ListenerContainer, "_poll_and_process", turns.wrap(ListenerContainer._poll_and_process))
+    # The turn as on Apache Kafka: the embedded broker's partitions at their end are held (quiet_partitions.py)
+    monkeypatch.setattr("kafkatx.app.application.is_embedded_broker", lambda *args, **kwargs: False)
     with running(app):
         kafka.produce(src, [b"first"])  # the first transaction is preceded by a claim (the crash guard's marker)
         wait_for(lambda: kafka.committed(app.group_id, src) == {0: 1}, 30, message="the first record committed")

@@ -26,7 +26,7 @@ from kafkatx.app.membership import StaleMemberWatch, leave_group_on_clean_stop, 
 from kafkatx.app.signals import StopRequests
 from kafkatx.app.startup import check_client_config, prepare_topics, resolve_fencing
 from kafkatx.app.transactions import ProducerTransactions, Transaction
-from kafkatx.client.brokers import warn_about_chained_listeners
+from kafkatx.client.brokers import is_embedded_broker, warn_about_chained_listeners
 from kafkatx.errors import (
     ContainerError,
     InvalidConfigurationError,
@@ -143,6 +143,8 @@ class App(BatchListeners):
         self.topic_partitions = topic_partitions
         self.shutdown_timeout = shutdown_timeout
         self.cluster_id: str | None = None
+        #: False on the embedded broker, which answers an empty fetch at once (listener/loop/quiet_partitions.py).
+        self.broker_holds_empty_fetches = True
         #: On the embedded broker: the check for static members left behind by killed processes.
         self._stale_members: StaleMemberWatch | None = None
         self.events = EventBus()
@@ -338,6 +340,7 @@ class App(BatchListeners):
                 dead_letter_trace=tracing.dead_letter_headers if tracing is not None else None,
             )
             resolve_fencing(self.client_config, self.listeners, self.cluster_id)
+            self.broker_holds_empty_fetches = not is_embedded_broker(self.resolved_bootstrap_servers(), self.cluster_id)
             self.client_config.warn_without_instance_id()
             self._stopped.clear()
             self._exited = set()

@@ -14,13 +14,18 @@ from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP
 
-__all__ = ["quietly", "topic_partitions"]
+__all__ = ["partition_list", "quietly", "topic_partitions"]
 
 log = logging.getLogger("kafkatx.container")
 
 
 def topic_partitions(tps: Iterable[TP]) -> list[TopicPartition]:
     return [TopicPartition(t, p) for t, p in tps]
+
+
+def partition_list(tps: Iterable[TP]) -> str:
+    """``tps`` for a log line: ``topic[p], ...`` in order, or "nothing"."""
+    return ", ".join(f"{t}[{p}]" for t, p in sorted(tps)) or "nothing"
 
 
 def quietly(method: Callable[[list[TopicPartition]], object], tps: Iterable[TP]) -> None:

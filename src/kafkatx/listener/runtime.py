@@ -27,6 +27,10 @@ class Runtime(Protocol[C_contra]):
     events: EventBus
     transaction_timeout_ms: int
     max_producer_recreations: int
+    #: False on a broker that answers a fetch finding nothing at once instead of holding it up to
+    #: ``fetch.wait.max.ms`` (the embedded one): the container then pauses input partitions read to their end a
+    #: moment (listener/loop/quiet_partitions.py).
+    broker_holds_empty_fetches: bool
 
     @property
     def transaction_retry_timeout(self) -> float:

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from kafkatx.client.bounded import BoundedCaller, CallInProgress
 from kafkatx.client.offsets import TP
+from kafkatx.client.partitions import partition_list
 from kafkatx.client.producer import TransactionalProducer
 from kafkatx.database.session import DatabaseSession
 from kafkatx.errors import (
@@ -48,6 +49,7 @@ from kafkatx.listener.loop.health import StallCheck, UnassignedWatch, blocked_pr
 from kafkatx.listener.loop.idle import IdleDuties
 from kafkatx.listener.loop.overlap import overlap_of
 from kafkatx.listener.loop.partition_turns import partition_stage
+from kafkatx.listener.loop.quiet_partitions import QuietPartitions
 from kafkatx.listener.loop.retry_feed import RetryFeed
 from kafkatx.listener.loop.retry_stalls import RetryStalls
 from kafkatx.listener.loop.time_limits import fence_hold, transaction_budget
@@ -100,9 +102,7 @@ class ListenerContainer:
         self._held = False  # the outage hold polled last turn (asked once more when the hold ends)
         #: With ``database=``: the database transaction each Kafka transaction carries (committed first).
         self.database = DatabaseSession(spec.database, self.group_id, self.name) if spec.database is not None else None
-        if (
-            self.database is not None and spec.kind == "record"
-        ):  # outputs stored per input partition (BatchRunner's own)
+        if self.database is not None and spec.kind == "record":  # outputs kept per input partition (as BatchRunner)
             spec = self.spec = replace(spec, handler=self.database.attributing(spec.handler))
         self.failure: BaseException | None = None
         self.stop_reason = "normal"
@@ -122,15 +122,16 @@ class ListenerContainer:
         self._handled_at = self.polled_at  # when records were last handled or committed: the idle stage's clock
         self._idle = IdleDuties(self, spec.idle_event_interval)  # listener/loop/idle.py: the loop's idle stage
         self._stall_check = StallCheck(self)
+        #: The embedded broker: input partitions read to their end wait paused a moment (quiet_partitions.py).
+        self._quiet = None if runtime.broker_holds_empty_fetches or spec.overlap_commit else QuietPartitions(self)
         #: Since when (time.monotonic()) the container has been handling a batch; None between batches.
         self.handling_since: float | None = None
         #: Set once the group gave this container its assignment (maybe empty) since start.
         self.assignment_received = threading.Event()
         self.consumer_config = runtime.consumer_config(spec, self.group_id, worker)
         #: Whether the cluster answers (listener/loop/brokers.py): fed by the consumer's error_cb and the idle stage.
-        self.brokers = BrokerWatch(
-            self.name, worker, str(self.consumer_config.get("bootstrap.servers", "the cluster")), self.publish
-        )
+        bootstrap = str(self.consumer_config.get("bootstrap.servers", "the cluster"))
+        self.brokers = BrokerWatch(self.name, worker, bootstrap, self.publish)
         self.consumer_config["error_cb"] = self.brokers.error_cb(self.consumer_config.get("error_cb"))
         self.transaction_budget = transaction_budget(spec, runtime.transaction_timeout_ms, self.consumer_config)
         self.fence_hold = fence_hold(self.consumer_config)
@@ -347,7 +348,7 @@ class ListenerContainer:
         self._membership = None
         tps = [(p.topic, p.partition) for p in partitions]
         self.assigned.update(tps)
-        log.info("listener %s assigned %s", self.name, _fmt_tps(tps))
+        log.info("listener %s assigned %s", self.name, partition_list(tps))
         if partitions:
             # librdkafka keeps a partition's pause flag across revoke and re-assign; kafkatx's own
             # pauses end with the assignment they were made for, so a new assignment starts unpaused.
@@ -388,7 +389,7 @@ class ListenerContainer:
             producer = self._partition_producers.pop(tp, None)
             if producer is not None:
                 producer.close()
-        log.info("listener %s %s %s", self.name, "lost" if lost else "revoked", _fmt_tps(tps))
+        log.info("listener %s %s %s", self.name, "lost" if lost else "revoked", partition_list(tps))
         self.publish(PartitionsRevoked(self.name, self.worker, tuple(tps), lost))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -535,8 +536,11 @@ class ListenerContainer:
     def _poll_timeout(self) -> float:
         """A poll waits up to ``max_batch_ms`` (within 10-500 ms), and no longer than the next pause's end."""
         timeout = min(max(self.spec.max_batch_ms, 10), 500) / 1000.0
-        if self._paused_until:  # wake up when the next pause ends, not a poll later
-            timeout = max(0.0, min(timeout, min(self._paused_until.values()) - time.monotonic()))
+        wake = min(self._paused_until.values()) if self._paused_until else None
+        if self._quiet is not None:
+            wake = self._quiet.wake_by(wake)
+        if wake is not None:  # wake up when the next pause ends, not a poll later
+            timeout = max(0.0, min(timeout, wake - time.monotonic()))
         return timeout
 
     def _consume(self, timeout: float) -> list[Message]:
@@ -548,6 +552,8 @@ class ListenerContainer:
         self.polled_at = time.monotonic()
         if msgs and self._fill is not None and len(msgs) < spec.max_batch_records:
             msgs = self._fill(consumer, msgs)
+        if self._quiet is not None:  # the embedded broker: partitions at their end wait paused a moment
+            self._quiet.after_poll()
         if self.polled_at >= self._stall_check.due:  # every STALL_CHECK_S (listener/loop/health.py)
             self._stall_check.run(self.polled_at)
         if not self.assigned:
@@ -592,7 +598,3 @@ class ListenerContainer:
         if deferred:
             self._handle_batch(deferred)
         return bool(deferred)
-
-
-def _fmt_tps(tps: list[TP]) -> str:
-    return ", ".join(f"{t}[{p}]" for t, p in sorted(tps)) or "nothing"

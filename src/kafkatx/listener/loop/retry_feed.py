@@ -52,7 +52,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from kafkatx.client.offsets import TP
-from kafkatx.client.partitions import quietly
+from kafkatx.client.partitions import partition_list, quietly
 from kafkatx.errors import KafkaTxError
 from kafkatx.listener.host import ContainerPositions
 from kafkatx.listener.loop.drained import DrainedPartitions
@@ -223,7 +223,7 @@ class RetryFeed:
             log.debug("resume of newly assigned %s failed", mirrored, exc_info=True)
         self._drained.started(starts)
         self._drained.at_end(consumer, ends)
-        log.info("listener %s assigned retry partitions %s", self.name, _fmt(mirrored))
+        log.info("listener %s assigned retry partitions %s", self.name, partition_list(mirrored))
         return mirrored
 
     def _rebuild(self, inputs: list[TP], mirrored: list[TP]) -> tuple[dict[TP, int], dict[TP, int]]:
@@ -264,7 +264,7 @@ class RetryFeed:
             "listener %s: %d record(s) in retry on %s, rebuilt from the retry topics",
             self.name,
             sum(len(f) for f in found.values()),
-            _fmt(inputs),
+            partition_list(inputs),
         )
         ends = nothing_past(starts, ends)
         self._delivered.update(ends)
@@ -470,7 +470,7 @@ def read_to_end(
         while left:
             if time.monotonic() > deadline:
                 raise KafkaTxError(
-                    f"listener {name!r}: reading the retry partitions {_fmt(sorted(left))} to their end made no "
+                    f"listener {name!r}: reading the retry partitions {partition_list(left)} to their end made no "
                     f"progress for {REBUILD_TIMEOUT_S:g}s, so the records in retry cannot be rebuilt"
                 )
             # a short wait: consume() returns at its timeout unless 500 events came, and each partition's end is
@@ -506,7 +506,3 @@ def _seek(consumer: Consumer, tp: TP, offset: int) -> bool:
         log.debug("seek of retry partition %s failed", tp, exc_info=True)
         return False
     return True
-
-
-def _fmt(tps: list[TP]) -> str:
-    return ", ".join(f"{t}[{p}]" for t, p in sorted(tps))
