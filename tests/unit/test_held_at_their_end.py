@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from confluent_kafka import TopicPartition
 
 from kafkatx.client.offsets import TP
-from kafkatx.listener.loop.quiet_partitions import QUIET_HOLD_S, QUIET_OFF_AFTER_FAILURE_S, QuietPartitions
+from kafkatx.listener.loop.quiet_partitions import (
+    QUIET_HOLD_S,
+    QUIET_OFF_AFTER_FAILURE_S,
+    QUIET_REFRESH_S,
+    QuietPartitions,
+)
 
 A, B = ("in", 0), ("in", 1)
 
@@ -173,3 +178,23 @@ def test_a_partition_revoked_while_held_is_forgotten_not_resumed() -> None:
     quiet.after_poll()
     assert consumer.resumed == [] and quiet.held == {}  # a new assignment starts unpaused (the container's rule)
     assert consumer.asked == []
+
+
+def test_a_partition_held_a_while_is_fetched_once_anyway() -> None:
+    """Asked of a read_committed consumer, the broker tells the last stable offset: a partition held below a crashed
+    producer's open transaction would never fetch the high watermark that shows the records waiting behind it (the
+    stall check and /readyz look for them)."""
+    quiet, consumer, _host, clock = stage({A: 50, B: 20}, {A: 50, B: 80})
+    quiet.after_poll()
+    resumed_at = []
+    for _ in range(int(QUIET_REFRESH_S / QUIET_HOLD_S) + 2):
+        clock.now += QUIET_HOLD_S
+        quiet.after_poll()
+        if consumer.resumed:
+            resumed_at.append(clock.now)
+            break
+    assert consumer.resumed == [A] and consumer.paused == set()
+    assert resumed_at[0] - 100.0 >= QUIET_REFRESH_S
+    consumer.highs[A] = 53  # that fetch saw records behind the position: left fetching for the stall check
+    quiet.after_poll()
+    assert consumer.paused == set()

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from confluent_kafka import Consumer, TopicPartition
@@ -59,6 +59,11 @@ QUIET_HOLD_S = 0.05
 QUIET_ASK_TIMEOUT_S = 0.5
 #: After the broker did not answer that, how long nothing is held.
 QUIET_OFF_AFTER_FAILURE_S = 5.0
+#: How long a partition is held at most before it is fetched once anyway. Asked of a read_committed consumer, the
+#: broker tells the last stable offset, and a paused partition's high watermark is not fetched: a partition held
+#: below a crashed producer's open transaction would never show the records waiting behind it (the stall check of
+#: listener/loop/health.py looks for them, and /readyz reports them).
+QUIET_REFRESH_S = 1.0
 
 
 class QuietHost(Protocol):
@@ -85,6 +90,8 @@ class QuietPartitions:
         self.held: dict[TP, float] = {}
         #: Until when nothing is held (the broker did not answer).
         self._off_until = 0.0
+        #: Since when each held partition has been held without a fetch.
+        self._since: dict[TP, float] = {}
         #: The high watermarks the broker told for partitions resumed because they moved: at their end only once
         #: the position reached them (the client's own, from its last fetch, may not have moved yet).
         self._told: dict[TP, int] = {}
@@ -96,14 +103,17 @@ class QuietPartitions:
         if consumer is None or not host.assigned:
             self.held.clear()
             self._told.clear()
+            self._since.clear()
             return
         now = self._clock()
+        resumed: Collection[TP] = ()
         if self.held and min(self.held.values()) <= now:
-            self._hold_ended(consumer, now)
+            resumed = self._hold_ended(consumer, now)
         if now < self._off_until:
             return
-        paused = host.paused_until
-        fetching = [tp for tp in host.assigned if tp not in self.held and tp not in paused]
+        paused, held = host.paused_until, self.held
+        # (those just resumed are looked at after the poll that fetches them)
+        fetching = [tp for tp in host.assigned if tp not in held and tp not in paused and tp not in resumed]
         if fetching:
             ends = _at_end(consumer, fetching, host.committed_offset, self._told)
             if ends:
@@ -123,42 +133,55 @@ class QuietPartitions:
         quietly(consumer.pause, tps)
         for tp in tps:
             self._told.pop(tp, None)
+            self._since.setdefault(tp, now)
         until = now + QUIET_HOLD_S
         self.held.update((tp, until) for tp in tps)
 
-    def _hold_ended(self, consumer: Consumer, now: float) -> None:
+    def _hold_ended(self, consumer: Consumer, now: float) -> list[TP]:
         """The partitions whose hold ended: their high watermarks asked while still paused (resumed first, each
-        would be fetched in a loop while the others are asked); those unchanged held again, those moved resumed."""
+        would be fetched in a loop while the others are asked); those unchanged held again, those moved resumed,
+        and those held :data:`QUIET_REFRESH_S` without a fetch resumed for one. Returns those resumed."""
         host = self._host
-        assigned, paused = host.assigned, host.paused_until
+        assigned, paused, since = host.assigned, host.paused_until, self._since
         ended = [tp for tp, until in self.held.items() if until <= now]
         if not ended:
-            return
+            return []
         for tp in ended:
             del self.held[tp]
         # revoked: the next assignment starts unpaused; held by the container: its pause resumes it
         due = [tp for tp in ended if tp in assigned and tp not in paused]
+        for tp in ended:
+            if tp not in due:
+                since.pop(tp, None)
         if not due:
-            return
+            return []
         if now < self._off_until:
-            quietly(consumer.resume, due)
-            return
-        moved: dict[TP, int] = {}
+            self._resume(consumer, due)
+            return due
+        resume: list[TP] = []
         for tp in due:
             high = self._ask(consumer, tp)
             if high is None:
-                quietly(consumer.resume, due)
-                return
+                self._resume(consumer, due)
+                return due
             if high < 0 or high > _start(consumer, tp, host.committed_offset, high):
-                moved[tp] = high
+                self._told[tp] = high
+                resume.append(tp)
+            elif now - since.get(tp, now) >= QUIET_REFRESH_S:
+                resume.append(tp)
         until = now + QUIET_HOLD_S
-        self.held.update((tp, until) for tp in due if tp not in moved)  # still paused
-        if moved:
-            self._told.update(moved)
-            quietly(consumer.resume, list(moved))
+        self.held.update((tp, until) for tp in due if tp not in resume)  # still paused
+        if resume:
+            self._resume(consumer, resume)
             # A consumer whose partitions were all paused lets librdkafka's broker thread sleep: it would fetch them
             # ~0.85 s later. A request to the broker wakes it, and the fetch follows within a millisecond.
-            self._ask(consumer, next(iter(moved)))
+            self._ask(consumer, resume[0])
+        return resume
+
+    def _resume(self, consumer: Consumer, tps: list[TP]) -> None:
+        for tp in tps:
+            self._since.pop(tp, None)
+        quietly(consumer.resume, tps)
 
     def _ask(self, consumer: Consumer, tp: TP) -> int | None:
         """``tp``'s high watermark, asked of the broker; None if it did not answer (then nothing is held for a
