@@ -441,6 +441,28 @@ def yield_broker_snapshots(pid: int) -> list[int]:
     return tids
 
 
+#: The broker's snapshots in memory need room for a few of them (850 MB each during runs 4t and 4t0).
+MEMORY_DATA_DIR_MIN_FREE = 8 << 30
+
+
+def broker_data_dir(choice: str, stack: contextlib.ExitStack) -> tuple[str | None, str]:
+    """Where the embedded broker keeps its data during the runs, and a note saying so. ``memory`` (the default):
+    a directory on /dev/shm, removed at the end. noida-db writes everything it holds to its snapshot file 1-2 s
+    after each change (400-850 MB during runs 4t and 4t0); on disk, the kernel's page cache and writeback of those
+    files took system CPU from the runs: run 4t's main flow read 133k records/s there (median of 3) against 164k in
+    memory (15), run 4t0 ~220k in both (docs/BENCHMARKS.md). Apache Kafka writes each record to its log once and does no such work. ``disk``: a
+    temporary directory, as the broker's tests use; any other value: that directory."""
+    if choice == "disk":
+        return None, "the embedded broker's data in a temporary directory on disk (--broker-data-dir disk)"
+    if choice != "memory":
+        return choice, f"the embedded broker's data in {choice} (--broker-data-dir)"
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= MEMORY_DATA_DIR_MIN_FREE:
+        path = stack.enter_context(tempfile.TemporaryDirectory(dir=shm, prefix="kafkatx-bench-broker-"))
+        return path, "the embedded broker's data (its snapshots) in memory, on /dev/shm (--broker-data-dir disk: not)"
+    return None, "the embedded broker's data on disk: /dev/shm is missing or has too little room (docs/BENCHMARKS.md)"
+
+
 class LoadMeter:
     """CPU used during a run by everything except the run's process and the broker: the noise."""
 
@@ -1051,6 +1073,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "as a network does (e.g. 2); loading and checking the topics goes around it (default 0: loopback)",
     )
     p.add_argument(
+        "--broker-data-dir",
+        default="memory",
+        help="where the embedded broker keeps its data: memory (default: on /dev/shm, so that writing its snapshot "
+        "files does not take the machine's CPU from the runs; see broker_data_dir), disk (a temporary directory), or "
+        "a path",
+    )
+    p.add_argument(
         "--no-yield-snapshots",
         dest="yield_snapshots",
         action="store_false",
@@ -1136,7 +1165,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     reps: dict[str, list[dict[str, Any]]] = {k: [] for k in args.runs}
     state_dir = Path(tempfile.mkdtemp(prefix="kafkatx-bench-quix-state-"))
-    with LocalBroker() as broker, contextlib.ExitStack() as network:
+    broker_dirs = contextlib.ExitStack()
+    data_dir, data_note = broker_data_dir(args.broker_data_dir, broker_dirs)
+    notes.append(data_note)
+    with broker_dirs, LocalBroker(data_dir=data_dir) as broker, contextlib.ExitStack() as network:
         bs = broker.bootstrap_servers
         runs_bs = bs  # what the measured runs connect to: the broker, or the delay proxy in front of it
         if args.delay_ms > 0:
