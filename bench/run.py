@@ -450,7 +450,7 @@ def broker_data_dir(choice: str, stack: contextlib.ExitStack) -> tuple[str | Non
     a directory on /dev/shm, removed at the end. noida-db writes everything it holds to its snapshot file 1-2 s
     after each change (400-850 MB during runs 4t and 4t0); on disk, the kernel's page cache and writeback of those
     files took system CPU from the runs: run 4t's main flow read 133k records/s there (median of 3) against 164k in
-    memory (15), run 4t0 ~220k in both (docs/BENCHMARKS.md). Apache Kafka writes each record to its log once and does no such work. ``disk``: a
+    memory (25), run 4t0 220-230k in both (docs/BENCHMARKS.md). Apache Kafka writes each record to its log once and does no such work. ``disk``: a
     temporary directory, as the broker's tests use; any other value: that directory."""
     if choice == "disk":
         return None, "the embedded broker's data in a temporary directory on disk (--broker-data-dir disk)"
